@@ -1,0 +1,23 @@
+"""Errors raised for bad model files and bad user input.
+
+The CLI turns these into one line on stderr and exit code 2; nothing below `app/` prints.
+"""
+
+
+class EmberError(Exception):
+    """Base class for errors the user can act on (bad file, bad flag, impossible budget)."""
+
+
+class ModelFormatError(EmberError):
+    """A model, tokenizer or artifact file is malformed or unsupported.
+
+    The message names the file and the field at fault.
+    """
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+class UnsupportedModelError(ModelFormatError):
+    """The file is well formed but uses an architecture or quant type Ember cannot run."""
