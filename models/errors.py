@@ -21,3 +21,7 @@ class ModelFormatError(EmberError):
 
 class UnsupportedModelError(ModelFormatError):
     """The file is well formed but uses an architecture or quant type Ember cannot run."""
+
+
+class ConfigError(EmberError, ValueError):
+    """A setting is out of range (sampling parameters, budgets, sizes); the message says how to fix it."""

@@ -1,0 +1,317 @@
+"""A validating GGUF reader: metadata, tensor directory, memory-mapped tensor data.
+
+Every field is checked against the file before it is used, because model files come from the
+internet: counts and string lengths must fit in the bytes that remain, tensor extents must lie
+inside the data section without overlapping, shapes must agree with the quant block size.
+Nothing is allocated in proportion to a count read from the file until that count has been
+checked against the file size.
+
+The `gguf` package supplies the format's constants (value types, quant block sizes) and the
+writer Ember uses for its tiny test models. Its `GGUFReader` is not used for loading: it takes
+~20 s on the default model's 262k-token vocabulary, this reader well under a second.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from .errors import ModelFormatError, UnsupportedModelError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML tensors have at most four dimensions
+MAX_ARRAY_NESTING = 2
+
+# Fixed-size scalar value types: struct format (little-endian).
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+_NUMPY_DTYPES = {
+    GGUFValueType.UINT8: np.uint8,
+    GGUFValueType.INT8: np.int8,
+    GGUFValueType.UINT16: np.uint16,
+    GGUFValueType.INT16: np.int16,
+    GGUFValueType.UINT32: np.uint32,
+    GGUFValueType.INT32: np.int32,
+    GGUFValueType.FLOAT32: np.float32,
+    GGUFValueType.BOOL: np.bool_,
+    GGUFValueType.UINT64: np.uint64,
+    GGUFValueType.INT64: np.int64,
+    GGUFValueType.FLOAT64: np.float64,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives in the file.
+
+    `shape` is in PyTorch order (outermost first): GGUF lists dimensions innermost first, so a
+    weight GGUF calls [640, 2048] is shape (2048, 640) here, rows of 640 contiguous elements.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: int
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def qtype_name(self) -> str:
+        return GGMLQuantizationType(self.qtype).name
+
+
+class _Cursor:
+    """Reads little-endian fields from the mapped file, never past its end."""
+
+    def __init__(self, path: Path, buf: memoryview):
+        self.path, self.buf, self.pos = path, buf, 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
+
+    def need(self, nbytes: int, what: str) -> None:
+        if nbytes < 0 or nbytes > self.remaining:
+            raise ModelFormatError(
+                self.path,
+                f"{what} needs {nbytes} bytes at offset {self.pos} but the file has "
+                f"{self.remaining} left (truncated or corrupt file)",
+            )
+
+    def scalar(self, fmt: str, what: str):
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self, what: str) -> str:
+        length = self.scalar("<Q", f"length of {what}")
+        self.need(length, what)
+        raw = bytes(self.buf[self.pos : self.pos + length])
+        self.pos += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelFormatError(self.path, f"{what} is not valid UTF-8 ({exc.reason})") from None
+
+    def array(self, count: int, vtype: GGUFValueType, what: str) -> np.ndarray:
+        dtype = np.dtype(_NUMPY_DTYPES[vtype])
+        self.need(count * dtype.itemsize, what)
+        out = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
+        self.pos += count * dtype.itemsize
+        return out
+
+
+def _value_type(cur: _Cursor, what: str) -> GGUFValueType:
+    raw = cur.scalar("<I", f"type of {what}")
+    try:
+        return GGUFValueType(raw)
+    except ValueError:
+        raise ModelFormatError(cur.path, f"{what} has unknown value type {raw}") from None
+
+
+def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -> Any:
+    if vtype in _SCALAR_FORMATS:
+        return cur.scalar(_SCALAR_FORMATS[vtype], what)
+    if vtype == GGUFValueType.STRING:
+        return cur.string(what)
+    if vtype != GGUFValueType.ARRAY:
+        raise ModelFormatError(cur.path, f"{what} has unknown value type {int(vtype)}")
+    if depth >= MAX_ARRAY_NESTING:
+        raise ModelFormatError(cur.path, f"{what}: arrays nested more than {MAX_ARRAY_NESTING} deep")
+    item_type = _value_type(cur, f"items of {what}")
+    count = cur.scalar("<Q", f"length of {what}")
+    if item_type in _NUMPY_DTYPES:
+        return cur.array(count, item_type, what)
+    # Strings and nested arrays take at least 8 bytes each: bound the count before looping.
+    cur.need(count * 8, f"{count} items of {what}")
+    return [_read_value(cur, item_type, f"{what}[{i}]", depth + 1) for i in range(count)]
+
+
+class GGUFFile:
+    """An open, validated GGUF file. Tensor data stays on disk until read (memory-mapped)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFormatError(self.path, "no such model file")
+        size = self.path.stat().st_size
+        if size < 24:
+            raise ModelFormatError(self.path, f"only {size} bytes: too short to be a GGUF file")
+        # Copy-on-write mapping: pages are shared with the page cache, and torch can wrap
+        # slices without complaining that the buffer is read-only. Nothing is ever written.
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
+        cur = _Cursor(self.path, memoryview(self._map))
+        self._read_header(cur)
+        self.metadata = self._read_metadata(cur)
+        infos = self._read_tensor_directory(cur)
+        self.alignment = self._alignment()
+        self.data_offset = -(-cur.pos // self.alignment) * self.alignment
+        self.tensors = self._place_tensors(infos, size)
+
+    # -- header and metadata ------------------------------------------------------------
+    def _read_header(self, cur: _Cursor) -> None:
+        magic = bytes(cur.buf[:4])
+        if magic != GGUF_MAGIC:
+            raise ModelFormatError(self.path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        cur.pos = 4
+        self.version = cur.scalar("<I", "version")
+        if self.version not in SUPPORTED_VERSIONS:
+            raise UnsupportedModelError(
+                self.path, f"GGUF version {self.version} is not supported (supported: 2, 3)"
+            )
+        self.tensor_count = cur.scalar("<Q", "tensor count")
+        self.kv_count = cur.scalar("<Q", "metadata count")
+        # Each metadata entry takes >= 12 bytes (key length + type), each tensor entry >= 24.
+        cur.need(self.kv_count * 12 + self.tensor_count * 24, "metadata and tensor directory")
+
+    def _read_metadata(self, cur: _Cursor) -> dict[str, Any]:
+        meta: dict[str, Any] = {}
+        for i in range(self.kv_count):
+            key = cur.string(f"metadata key #{i}")
+            vtype = _value_type(cur, f"metadata '{key}'")
+            if key in meta:
+                raise ModelFormatError(self.path, f"metadata '{key}' appears twice")
+            meta[key] = _read_value(cur, vtype, f"metadata '{key}'")
+        return meta
+
+    def _alignment(self) -> int:
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ModelFormatError(
+                self.path, f"metadata 'general.alignment' must be a power of two, got {alignment!r}"
+            )
+        return alignment
+
+    # -- tensors ------------------------------------------------------------------------
+    def _read_tensor_directory(self, cur: _Cursor) -> list[tuple[str, tuple[int, ...], int, int]]:
+        infos = []
+        for i in range(self.tensor_count):
+            name = cur.string(f"name of tensor #{i}")
+            n_dims = cur.scalar("<I", f"dimension count of tensor '{name}'")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise ModelFormatError(
+                    self.path, f"tensor '{name}' has {n_dims} dimensions (allowed 1..{MAX_DIMS})"
+                )
+            dims = [cur.scalar("<Q", f"dimension of tensor '{name}'") for _ in range(n_dims)]
+            qtype = cur.scalar("<I", f"type of tensor '{name}'")
+            offset = cur.scalar("<Q", f"offset of tensor '{name}'")
+            infos.append((name, tuple(reversed(dims)), qtype, offset))
+        return infos
+
+    def _place_tensors(self, infos, file_size: int) -> dict[str, TensorInfo]:
+        data_size = file_size - self.data_offset
+        if data_size < 0:
+            raise ModelFormatError(self.path, "file ends before its tensor data section")
+        tensors: dict[str, TensorInfo] = {}
+        for name, shape, qtype, offset in infos:
+            if name in tensors:
+                raise ModelFormatError(self.path, f"tensor '{name}' appears twice")
+            nbytes = self._tensor_nbytes(name, shape, qtype, data_size)
+            if offset % self.alignment:
+                raise ModelFormatError(
+                    self.path, f"tensor '{name}' offset {offset} is not {self.alignment}-aligned"
+                )
+            if offset > data_size or nbytes > data_size - offset:
+                raise ModelFormatError(
+                    self.path,
+                    f"tensor '{name}' ({nbytes} bytes at data offset {offset}) runs past the end "
+                    f"of the file ({data_size} data bytes; truncated file?)",
+                )
+            tensors[name] = TensorInfo(name, shape, qtype, self.data_offset + offset, nbytes)
+        by_offset = sorted(tensors.values(), key=lambda t: t.offset)
+        for before, after in zip(by_offset, by_offset[1:]):
+            if before.offset + before.nbytes > after.offset:
+                raise ModelFormatError(
+                    self.path, f"tensors '{before.name}' and '{after.name}' overlap"
+                )
+        return tensors
+
+    def _tensor_nbytes(self, name: str, shape: tuple[int, ...], qtype: int, data_size: int) -> int:
+        try:
+            qname = GGMLQuantizationType(qtype).name
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        except (ValueError, KeyError):
+            raise UnsupportedModelError(
+                self.path, f"tensor '{name}' has unknown type id {qtype}"
+            ) from None
+        if any(d <= 0 for d in shape):
+            raise ModelFormatError(self.path, f"tensor '{name}' has an empty dimension {shape}")
+        if shape[-1] % block:
+            raise ModelFormatError(
+                self.path,
+                f"tensor '{name}' rows of {shape[-1]} elements are not a multiple of the "
+                f"{qname} block size {block}",
+            )
+        # Python ints do not overflow, but bound the product early to keep the message useful.
+        elements = 1
+        for d in shape:
+            elements *= d
+            if elements // block * type_size > data_size:
+                raise ModelFormatError(
+                    self.path, f"tensor '{name}' shape {shape} needs more bytes than the file has"
+                )
+        return elements // block * type_size
+
+    # -- access -------------------------------------------------------------------------
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a 1-D uint8 view of the mapping (no copy)."""
+        info = self.tensors[name]
+        return self._map[info.offset : info.offset + info.nbytes]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFormatError(self.path, "metadata 'general.architecture' is missing")
+        return arch
+
+    # -- typed metadata -----------------------------------------------------------------
+    _MISSING = object()
+
+    def field(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        """Metadata `key` checked to be of `kind` (int, float, str, bool or list).
+
+        Missing keys return `default`, or raise `ModelFormatError` naming the key when no
+        default is given. Integers are accepted where floats are expected.
+        """
+        if key not in self.metadata:
+            if default is GGUFFile._MISSING:
+                raise ModelFormatError(self.path, f"metadata '{key}' is missing")
+            return default
+        value = self.metadata[key]
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        ok = {
+            int: isinstance(value, int) and not isinstance(value, bool),
+            float: isinstance(value, (int, float)) and not isinstance(value, bool),
+            bool: isinstance(value, (bool, int)),
+            str: isinstance(value, str),
+            list: isinstance(value, list),
+        }[kind]
+        if not ok:
+            raise ModelFormatError(
+                self.path, f"metadata '{key}' should be {kind.__name__}, got {type(value).__name__}"
+            )
+        return kind(value)
