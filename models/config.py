@@ -1,0 +1,91 @@
+"""The architecture-independent description of a decoder-only transformer.
+
+Each family module (`gemma3.py`, `llama.py`) fills a `ModelConfig` from a GGUF file's metadata
+or a Hugging Face `config.json`; the runtime reads only this dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# FFN activations. The first group is gated (down(act(gate x) * up x)); the ReLU family gives
+# exact activation sparsity, which the hybrid engine exploits later.
+GATED_ACTIVATIONS = ("gelu_glu", "silu_glu", "relu_glu", "drelu")
+PLAIN_ACTIVATIONS = ("relu", "relu2")  # down(act(up x)), no gate (OPT-style MLP)
+ACTIVATIONS = GATED_ACTIVATIONS + PLAIN_ACTIVATIONS
+EXACT_SPARSE_ACTIVATIONS = ("relu_glu", "drelu", "relu", "relu2")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of one model. Validates itself; errors name the offending field."""
+
+    architecture: str  # registry key, e.g. "gemma3" or "llama"
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    context_length: int
+    activation: str
+    rms_eps: float = 1e-6
+    rope_base: float = 10_000.0
+    rope_scale: float = 1.0  # linear position scaling (positions divided by this)
+    # Rotary layout: False rotates the two halves of each head (HF / "NEOX"), True rotates
+    # adjacent pairs (what llama.cpp's LLaMA GGUFs expect, their q/k rows are permuted).
+    rope_interleaved: bool = False
+    # Sliding-window attention: per layer, None for global attention or the window length.
+    sliding_window: tuple[int | None, ...] = ()
+    local_rope_base: float | None = None  # RoPE base of sliding-window layers, if different
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+    qk_norm: bool = False
+    sandwich_norms: bool = False  # Gemma: extra norms after attention and after the FFN
+    embed_scale: float = 1.0  # Gemma multiplies embeddings by sqrt(hidden)
+    tied_embeddings: bool = True
+    final_logit_softcap: float | None = None
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    name: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        positive = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                    "ffn_size", "context_length")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.sliding_window and len(self.sliding_window) != self.n_layers:
+            raise ValueError(
+                f"sliding_window lists {len(self.sliding_window)} layers, model has {self.n_layers}"
+            )
+        if self.rope_scale <= 0 or self.rope_base <= 0:
+            raise ValueError("rope_base and rope_scale must be positive")
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def exact_sparsity(self) -> bool:
+        return self.activation in EXACT_SPARSE_ACTIVATIONS
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window[layer] if self.sliding_window else None
+
+    def layer_rope_base(self, layer: int) -> float:
+        if self.window(layer) is not None and self.local_rope_base is not None:
+            return self.local_rope_base
+        return self.rope_base
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5

@@ -1,0 +1,46 @@
+"""The contiguous KV cache: the plain reference every other cache layout is tested against.
+
+Shapes: one K and one V tensor per layer, (max_len, n_kv_heads, head_dim). Positions are the
+token indices 0..length-1 of the sequence. The paged cache in `offload/` implements the same
+three methods.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class ContiguousKVCache:
+    def __init__(self, config: ModelConfig, max_len: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        if max_len <= 0:
+            raise ValueError(f"KV cache length must be positive, got {max_len}")
+        shape = (config.n_layers, max_len, config.n_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0  # tokens committed so far
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V (T, n_kv, hd) for positions start..start+T-1 of `layer`."""
+        end = start + k.shape[0]
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens; position {end - 1} is past it")
+        self.k[layer, start:end] = k
+        self.v[layer, start:end] = v
+
+    def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of positions lo..hi-1 of `layer`, each (hi-lo, n_kv, hd) (views, no copy)."""
+        return self.k[layer, lo:hi], self.v[layer, lo:hi]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position at or after `length` (regenerate, rejected drafts)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a {self.length}-token cache to {length}")
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes

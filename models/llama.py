@@ -1,0 +1,115 @@
+"""The LLaMA family: pre-norm decoder, GQA, RoPE, a configurable FFN activation.
+
+Activations: SwiGLU (LLaMA, Mistral), ReLU-GLU (ReluLLaMA, ProSparse), dReLU
+(relu(gate) * relu(up): TurboSparse, Bamboo), and plain ReLU / squared-ReLU MLPs with no gate
+(OPT-style). The ReLU family is what gives exact activation sparsity to the hybrid engine.
+
+Neither GGUF nor `config.json` has a standard field that tells the ReLU variants apart, so
+Ember reads an optional `<arch>.ffn_activation` GGUF key / `ffn_activation` config.json key
+(one of `ember.models.config.ACTIVATIONS`); without it the HF `hidden_act` decides (silu or
+relu, gated), and a GGUF file without `ffn_gate` tensors is a plain ReLU MLP.
+
+llama.cpp's converter permutes the q/k rows of LLaMA GGUF files so that RoPE rotates adjacent
+pairs; Hugging Face checkpoints rotate halves. `rope_interleaved` records which.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ACTIVATIONS, ModelConfig
+from .errors import ModelFormatError
+from .gguf_file import GGUFFile
+from .hf_config import HFConfig
+from .hf_names import COMMON_LAYER_NAMES, canonical_name
+
+_HF_ACT = {"silu": "silu_glu", "swish": "silu_glu", "relu": "relu_glu"}
+
+
+def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
+    a = f.architecture + "."
+    n_layers = f.field(a + "block_count", int)
+    hidden = f.field(a + "embedding_length", int)
+    n_heads = f.field(a + "attention.head_count", int)
+    gated = "blk.0.ffn_gate.weight" in f.tensors
+    activation = f.field(a + "ffn_activation", str, "silu_glu" if gated else "relu")
+    _check_activation(f.path, a + "ffn_activation", activation, gated)
+    scaling = f.field(a + "rope.scaling.type", str, "none")
+    window = f.field(a + "attention.sliding_window", int, None)
+    return ModelConfig(
+        architecture="llama",
+        name=f.field("general.name", str, "llama"),
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=f.field(a + "attention.head_count_kv", int, n_heads),
+        head_dim=f.field(a + "attention.key_length", int, hidden // max(n_heads, 1)),
+        ffn_size=f.field(a + "feed_forward_length", int),
+        context_length=f.field(a + "context_length", int),
+        activation=activation,
+        rms_eps=f.field(a + "attention.layer_norm_rms_epsilon", float, 1e-5),
+        rope_base=f.field(a + "rope.freq_base", float, 10_000.0),
+        rope_scale=f.field(a + "rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
+        rope_interleaved=True,
+        sliding_window=(window,) * n_layers if window else (),
+        tied_embeddings="output.weight" not in f.tensors,
+    )
+
+
+def config_from_hf(c: HFConfig) -> ModelConfig:
+    n_layers = c.field("num_hidden_layers", int)
+    hidden = c.field("hidden_size", int)
+    n_heads = c.field("num_attention_heads", int)
+    hidden_act = c.field("hidden_act", str, "silu")
+    activation = c.field("ffn_activation", str, _HF_ACT.get(hidden_act, ""))
+    if not activation:
+        raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu, relu)")
+    _check_activation(c.path, "ffn_activation", activation, gated=True)
+    rope_scaling = c.field("rope_scaling", dict, None) or {}
+    window = c.field("sliding_window", int, None)
+    return ModelConfig(
+        architecture="llama",
+        name=c.folder.name,
+        vocab_size=c.field("vocab_size", int),
+        hidden_size=hidden,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=c.field("num_key_value_heads", int, n_heads),
+        head_dim=c.field("head_dim", int, hidden // max(n_heads, 1)),
+        ffn_size=c.field("intermediate_size", int),
+        context_length=c.field("max_position_embeddings", int),
+        activation=activation,
+        rms_eps=c.field("rms_norm_eps", float, 1e-5),
+        rope_base=c.field("rope_theta", float, 10_000.0),
+        rope_scale=float(rope_scaling.get("factor", 1.0)) if rope_scaling.get("rope_type") == "linear" else 1.0,
+        rope_interleaved=False,
+        sliding_window=(window,) * n_layers if window else (),
+        tied_embeddings=c.field("tie_word_embeddings", bool, False),
+    )
+
+
+def _check_activation(path, key: str, activation: str, gated: bool) -> None:
+    if activation not in ACTIVATIONS:
+        raise ModelFormatError(path, f"'{key}' {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    if gated != (activation not in ("relu", "relu2")):
+        kind = "has" if gated else "has no"
+        raise ModelFormatError(path, f"'{key}' is {activation!r} but the model {kind} FFN gate weights")
+
+
+_HF_LAYER_NAMES = {**COMMON_LAYER_NAMES, "post_attention_layernorm.weight": "ffn_norm.weight"}
+
+
+def hf_tensor_name(name: str) -> str | None:
+    """Canonical (GGUF-style) name for a Hugging Face tensor name, None if unused."""
+    return canonical_name(name, _HF_LAYER_NAMES)
+
+
+def hf_transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def permute_for_gguf(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """HF q/k rows -> llama.cpp's GGUF order (RoPE on adjacent pairs). Used by the writer."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)

@@ -1,0 +1,32 @@
+"""Architecture string -> family module, by convention.
+
+A GGUF file names its architecture in `general.architecture`; a Hugging Face folder in
+`config.json`'s `model_type`. Each maps to a module `ember.models.<family>` that exports
+`config_from_gguf`, `config_from_hf` and `hf_tensor_names` (see `gemma3.py`, `llama.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .errors import UnsupportedModelError
+
+GGUF_ARCHITECTURES = {"gemma3": "gemma3", "llama": "llama"}
+HF_MODEL_TYPES = {"gemma3_text": "gemma3", "llama": "llama", "mistral": "llama"}
+
+
+def family_for_gguf(arch: str, path) -> ModuleType:
+    return _family(GGUF_ARCHITECTURES, arch, path, "architecture")
+
+
+def family_for_hf(model_type: str, path) -> ModuleType:
+    return _family(HF_MODEL_TYPES, model_type, path, "model_type")
+
+
+def _family(table: dict[str, str], key: str, path, what: str) -> ModuleType:
+    if key not in table:
+        raise UnsupportedModelError(
+            path, f"{what} '{key}' is not supported (supported: {', '.join(sorted(table))})"
+        )
+    return importlib.import_module(f".{table[key]}", __package__)

@@ -1,0 +1,67 @@
+"""What `ember info` reports: sizes, quant types, bytes by part, memory needed."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .loader import ModelSource
+
+
+def part_of(name: str) -> str:
+    if name == "token_embd.weight":
+        return "embeddings"
+    if name == "output.weight":
+        return "lm_head"
+    if ".attn_" in name and not name.endswith("norm.weight"):
+        return "attention"
+    if ".ffn_" in name and not name.endswith("norm.weight"):
+        return "ffn"
+    return "norms"
+
+
+def summarize(src: ModelSource, n_ctx: int) -> dict:
+    cfg, w = src.config, src.weights
+    stored = Counter()
+    elements = 0
+    quant_types = Counter()
+    for name in w.names():
+        t = w.get(name)
+        stored[part_of(name)] += t.nbytes
+        quant_types[t.qtype_name] += 1
+        n = 1
+        for d in t.shape:
+            n *= d
+        elements += n
+    n_ctx = min(n_ctx, cfg.context_length)
+    kv_bytes = 2 * cfg.n_layers * n_ctx * cfg.n_kv_heads * cfg.head_dim * 4
+    return {
+        "path": str(src.path),
+        "format": src.format,
+        "name": cfg.name,
+        "architecture": cfg.architecture,
+        "activation": cfg.activation,
+        "parameters": elements,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "layers": cfg.n_layers,
+        "heads": cfg.n_heads,
+        "kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "ffn_size": cfg.ffn_size,
+        "context_length": cfg.context_length,
+        "sliding_window": sorted({x for x in cfg.sliding_window if x}) or None,
+        "global_layers": [i for i, x in enumerate(cfg.sliding_window) if x is None] or None,
+        "tied_embeddings": cfg.tied_embeddings,
+        "quant_types": dict(quant_types),
+        # Bytes as stored in the file; a tied LM head reads the embedding matrix.
+        "stored_bytes": dict(stored),
+        "lm_head_bytes_per_token": stored["embeddings"] if cfg.tied_embeddings else stored["lm_head"],
+        "file_bytes": w.total_bytes(),
+        "memory": {
+            "weights_fp32_bytes": elements * 4,
+            "kv_cache_bytes": kv_bytes,
+            "kv_cache_ctx": n_ctx,
+            "total_bytes": elements * 4 + kv_bytes,
+        },
+        "fingerprint": src.fingerprint,
+    }

@@ -1,0 +1,216 @@
+"""The decoder shared by every supported family, batch-1, fp32.
+
+Gemma 3 and the LLaMA family differ only in switches of `ModelConfig` (q/k norms, sandwich
+norms, embedding scale, sliding-window layers, FFN activation), so one readable implementation
+serves both. Tensors carry no batch dimension: hidden states are (T, hidden).
+
+Weights are read by canonical GGUF names from a `WeightStore` and dequantized to float32 here;
+the hybrid engine later replaces `FeedForward` modules with split ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv import ContiguousKVCache
+from .weights import WeightStore
+
+
+def _attach(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+    """Weights are non-persistent buffers: `Module.to(device)` moves them, autograd ignores them."""
+    module.register_buffer(name, tensor, persistent=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def activate(kind: str, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor:
+    """The FFN's intermediate activation h (T, ffn) for each supported activation."""
+    if kind == "gelu_glu":
+        return F.gelu(gate, approximate="tanh") * up
+    if kind == "silu_glu":
+        return F.silu(gate) * up
+    if kind == "relu_glu":
+        return F.relu(gate) * up
+    if kind == "drelu":
+        return F.relu(gate) * F.relu(up)
+    if kind == "relu":
+        return F.relu(up)
+    if kind == "relu2":
+        return F.relu(up).square()
+    raise ValueError(f"unknown activation {kind!r}")
+
+
+class Rotary:
+    """cos/sin tables for rotary position embeddings, grown on demand, one per RoPE base."""
+
+    def __init__(self, head_dim: int, base: float, scale: float, interleaved: bool):
+        self.head_dim, self.base, self.scale, self.interleaved = head_dim, base, scale, interleaved
+        self.cos = self.sin = torch.empty(0, head_dim // 2)
+
+    def _grow(self, n: int) -> None:
+        n = max(n, 2 * self.cos.shape[0], 256)
+        # float64 for the angles: positions up to 32k times frequencies lose digits in fp32.
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate x (T, heads, head_dim) by its positions (T,)."""
+        if int(positions.max()) >= self.cos.shape[0]:
+            self._grow(int(positions.max()) + 1)
+        cos = self.cos[positions][:, None, :].to(x.device)  # (T, 1, hd/2)
+        sin = self.sin[positions][:, None, :].to(x.device)
+        if self.interleaved:  # pairs (x0, x1), (x2, x3), ...
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        half = self.head_dim // 2  # halves (x[:half], x[half:])
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, w: WeightStore, rotary: Rotary):
+        super().__init__()
+        p, hd, h = f"blk.{layer}.", cfg.head_dim, cfg.hidden_size
+        self.cfg, self.layer, self.rotary = cfg, layer, rotary
+        self.window = cfg.window(layer)
+        _attach(self, "wq", w.load(p + "attn_q.weight", (cfg.n_heads * hd, h)))
+        _attach(self, "wk", w.load(p + "attn_k.weight", (cfg.n_kv_heads * hd, h)))
+        _attach(self, "wv", w.load(p + "attn_v.weight", (cfg.n_kv_heads * hd, h)))
+        _attach(self, "wo", w.load(p + "attn_output.weight", (h, cfg.n_heads * hd)))
+        if cfg.qk_norm:
+            _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
+            _attach(self, "k_norm", w.load(p + "attn_k_norm.weight", (hd,)))
+
+    def forward(self, x: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+        cfg, T = self.cfg, x.shape[0]
+        q = F.linear(x, self.wq).view(T, cfg.n_heads, cfg.head_dim)
+        k = F.linear(x, self.wk).view(T, cfg.n_kv_heads, cfg.head_dim)
+        v = F.linear(x, self.wv).view(T, cfg.n_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
+        positions = torch.arange(start, start + T)
+        q, k = self.rotary.apply(q, positions), self.rotary.apply(k, positions)
+        cache.write(self.layer, start, k, v)
+        # Keys a sliding-window layer can still see: the window before the first query.
+        lo = 0 if self.window is None else max(0, start - self.window + 1)
+        keys, values = cache.read(self.layer, lo, start + T)
+        out = attend(q, keys, values, positions, torch.arange(lo, start + T), self.window, cfg.scale)
+        return F.linear(out, self.wo)
+
+
+def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention with grouped K/V heads.
+
+    q (T, n_heads, hd); k, v (S, n_kv, hd); q_pos (T,), k_pos (S,) -> (T, n_heads * hd).
+    A key is visible when k_pos <= q_pos and, for windowed layers, q_pos - k_pos < window.
+    """
+    T, n_heads, hd = q.shape
+    mask = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        mask &= (q_pos[:, None] - k_pos[None, :]) < window
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=mask.to(q.device), scale=scale, enable_gqa=True,
+    )  # (1, n_heads, T, hd)
+    return out[0].transpose(0, 1).reshape(T, n_heads * hd)
+
+
+class FeedForward(nn.Module):
+    """down(act(gate x, up x)); gate is absent for plain MLP activations."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, w: WeightStore):
+        super().__init__()
+        p, h, f = f"blk.{layer}.", cfg.hidden_size, cfg.ffn_size
+        self.activation = cfg.activation
+        _attach(self, "gate", w.load(p + "ffn_gate.weight", (f, h)) if cfg.gated else None)
+        _attach(self, "up", w.load(p + "ffn_up.weight", (f, h)))
+        _attach(self, "down", w.load(p + "ffn_down.weight", (h, f)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = F.linear(x, self.gate) if self.gate is not None else None
+        return F.linear(activate(self.activation, gate, F.linear(x, self.up)), self.down)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, w: WeightStore, rotary: Rotary):
+        super().__init__()
+        p, h = f"blk.{layer}.", cfg.hidden_size
+        self.cfg = cfg
+        _attach(self, "attn_norm", w.load(p + "attn_norm.weight", (h,)))
+        self.attn = Attention(cfg, layer, w, rotary)
+        _attach(self, "ffn_norm", w.load(p + "ffn_norm.weight", (h,)))
+        self.ffn = FeedForward(cfg, layer, w)
+        if cfg.sandwich_norms:
+            _attach(self, "post_attn_norm", w.load(p + "post_attention_norm.weight", (h,)))
+            _attach(self, "post_ffn_norm", w.load(p + "post_ffw_norm.weight", (h,)))
+
+    def forward(self, x: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+        eps = self.cfg.rms_eps
+        a = self.attn(rms_norm(x, self.attn_norm, eps), start, cache)
+        if self.cfg.sandwich_norms:
+            a = rms_norm(a, self.post_attn_norm, eps)
+        x = x + a
+        f = self.ffn(rms_norm(x, self.ffn_norm, eps))
+        if self.cfg.sandwich_norms:
+            f = rms_norm(f, self.post_ffn_norm, eps)
+        return x + f
+
+
+class Transformer(nn.Module):
+    """Token ids -> hidden states -> logits, with a KV cache. Inference only."""
+
+    def __init__(self, cfg: ModelConfig, w: WeightStore):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        _attach(self, "embedding", w.load("token_embd.weight", (cfg.vocab_size, h)))
+        if not cfg.tied_embeddings:
+            _attach(self, "output", w.load("output.weight", (cfg.vocab_size, h)))
+        _attach(self, "output_norm", w.load("output_norm.weight", (h,)))
+        rotaries: dict[float, Rotary] = {}
+        for layer in range(cfg.n_layers):
+            base = cfg.layer_rope_base(layer)
+            rotaries.setdefault(base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved))
+        self.blocks = nn.ModuleList(
+            Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]) for i in range(cfg.n_layers)
+        )
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """(vocab, hidden): the output projection, the embedding itself when tied."""
+        return self.embedding if self.cfg.tied_embeddings else self.output
+
+    def new_cache(self, max_len: int) -> ContiguousKVCache:
+        return ContiguousKVCache(self.cfg, max_len, device=self.embedding.device)
+
+    @torch.inference_mode()
+    def hidden(self, ids: torch.Tensor, cache: ContiguousKVCache) -> torch.Tensor:
+        """Run ids (T,) at positions cache.length.. ; commits them to the cache.
+
+        Returns the final-normed hidden states (T, hidden).
+        """
+        start = cache.length
+        x = self.embedding[ids] * self.cfg.embed_scale
+        for block in self.blocks:
+            x = block(x, start, cache)
+        cache.length = start + ids.shape[0]
+        return rms_norm(x, self.output_norm, self.cfg.rms_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(T, hidden) -> (T, vocab) float32."""
+        out = F.linear(hidden, self.lm_head)
+        if self.cfg.final_logit_softcap:
+            cap = self.cfg.final_logit_softcap
+            out = torch.tanh(out / cap) * cap
+        return out
+
+    def forward(self, ids: torch.Tensor, cache: ContiguousKVCache) -> torch.Tensor:
+        """Logits of the last position only (1, vocab): what decoding needs."""
+        return self.logits(self.hidden(ids, cache)[-1:])
