@@ -1,2 +1,116 @@
-def main():
-    print("hi")
+"""`ember`: one console script, several subcommands.
+
+Only argparse is imported here: each subcommand's module (and torch with it) is imported when
+that subcommand runs, so `ember --help` answers instantly. Errors the user can act on
+(`EmberError`) become one line on stderr and exit code 2; Ctrl-C exits 130 without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="PATH",
+                   help="GGUF file or Hugging Face folder (default: the embedded Gemma 3 270M)")
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    _model_options(p)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where to run (default: auto = CUDA if present, else CPU)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
+    p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
+                   help="context window in tokens (default: 4096, capped at the model's)")
+
+
+def _sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40, metavar="K", help="0 disables")
+    p.add_argument("--top-p", type=float, default=0.95, metavar="P", help="1 disables")
+    p.add_argument("--min-p", type=float, default=0.05, metavar="P", help="0 disables")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R", help="1 disables")
+    p.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when this text appears (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ember",
+        description="Run language models on your desktop: CPU today, hot neurons on the GPU.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    p.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads standard input)")
+    _engine_options(p)
+    _sampling_options(p)
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user turn in the model's chat format")
+    p.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end instead of streaming text")
+    p.set_defaults(handler="generate")
+
+    p = sub.add_parser("tokenize", help="print the token ids of a text (with BOS)")
+    p.add_argument("text", metavar="TEXT")
+    _model_options(p)
+    p.add_argument("--special", action="store_true", help="parse special tokens like <start_of_turn>")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler="tokenize")
+
+    p = sub.add_parser("perplexity", help="perplexity of a text file")
+    p.add_argument("file", metavar="FILE")
+    _engine_options(p)
+    p.add_argument("--stride", type=int, metavar="N",
+                   help="window stride for texts longer than the context (default: half of it)")
+    p.add_argument("--against", choices=("llama.cpp",),
+                   help="also compute it with this engine on the same windows")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler="perplexity")
+
+    p = sub.add_parser("info", help="architecture, sizes, quant types and memory of a model")
+    _model_options(p)
+    p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
+                   help="context used for the KV-cache estimate")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler="info")
+
+    p = sub.add_parser("bench", help="benchmarks that print JSON")
+    bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    b = bench.add_parser("decode", help="prefill and decode tokens/s (optionally vs llama.cpp)")
+    _engine_options(b)
+    b.add_argument("--prompt-tokens", type=int, default=128, metavar="N")
+    b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
+    b.add_argument("--runs", type=int, default=3, metavar="N")
+    b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine, interleaved")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_decode")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        module = importlib.import_module(f"ember.app.commands.{args.handler}")
+        from ember.models.errors import EmberError
+
+        try:
+            return module.run(args) or 0
+        except EmberError as exc:
+            print(f"ember: error: {exc}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print("\nember: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `ember generate ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""llama.cpp (through llama-cpp-python, the optional `[baseline]` extra) as a side-by-side
+reference: same model file, same token ids, same windows, measured in the same process."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ember.models.errors import EmberError
+from ember.offload.perplexity import PerplexityResult, windows
+
+
+class LlamaCpp:
+    def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False):
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise EmberError("the llama.cpp baseline is not installed: pip install -e '.[baseline]' "
+                             "(README: build flags for these CPUs)") from None
+        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
+                         n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False)
+
+    def decode_speed(self, ids: list[int], gen: int) -> dict:
+        """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase."""
+        llm = self.llm
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        t1 = time.perf_counter()
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t2 = time.perf_counter()
+        for _ in range(gen - 1):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t3 = time.perf_counter()
+        return {"prefill": len(ids) / (t1 - t0), "decode": (gen - 1) / (t3 - t2)}
+
+    def perplexity(self, text_ids: list[int], bos_id: int, window: int,
+                   stride: int | None = None) -> PerplexityResult:
+        """Same windows and scoring as `ember.offload.perplexity` (needs logits_all=True)."""
+        stride = stride or max(1, (window - 1) // 2)
+        total = PerplexityResult(0, 0.0)
+        for begin, end, first in windows(len(text_ids), window, stride):
+            ids = [bos_id] + text_ids[begin:end]
+            self.llm.reset()
+            self.llm.eval(ids)
+            logits = np.asarray(self.llm.scores[: len(ids)], dtype=np.float64)
+            for row in range(first - begin, len(ids) - 1):
+                z = logits[row]
+                m = z.max()
+                total.nll -= z[ids[row + 1]] - (m + np.log(np.exp(z - m).sum()))
+                total.tokens += 1
+        return total

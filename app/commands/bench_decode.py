@@ -1,0 +1,78 @@
+"""`ember bench decode`: prefill and decode tokens/s, optionally beside llama.cpp.
+
+Both engines run the same prompt ids (greedy, EOS ignored) in the same process, interleaved
+run by run, so machine noise hits both alike; the ratios are what to read.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ember.models.errors import EmberError
+
+from .common import load_engine, model_path, print_json
+
+SEED_TEXT = (
+    "The lighthouse keeper climbed the spiral stairs each evening, counting the steps aloud "
+    "and listening to the sea argue with the rocks below. "
+)
+
+
+def _prompt_ids(engine, n: int) -> list[int]:
+    ids = engine.encode(SEED_TEXT * (n // 8 + 2))
+    if len(ids) < n:
+        raise EmberError(f"could not build a {n}-token prompt")
+    return ids[:n]
+
+
+def _ember_run(engine, ids: list[int], gen: int) -> dict:
+    from ember.offload.sampler import GREEDY
+
+    engine.runner.reset()  # no prefix reuse between runs: time the full prefill
+    done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
+    t = done.timings
+    return {"prefill": t.prefill_tokens_per_s, "decode": t.decode_tokens_per_s}
+
+
+def _stats(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def run(args) -> int:
+    if args.runs < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1:
+        raise EmberError("--runs must be >= 1, --gen-tokens >= 2, --prompt-tokens >= 1")
+    engine = load_engine(args)
+    ids = _prompt_ids(engine, args.prompt_tokens)
+    import torch
+
+    threads = torch.get_num_threads()
+    other = None
+    if args.against:
+        from ember.app.baseline import LlamaCpp
+
+        other = LlamaCpp(model_path(args), threads, args.prompt_tokens + args.gen_tokens + 16)
+    _ember_run(engine, ids[:8], 4)  # warm-up: first-call allocations, page faults
+    if other:
+        other.decode_speed(ids[:8], 4)
+    results = {"ember": [], "llama.cpp": []}
+    for _ in range(args.runs):
+        results["ember"].append(_ember_run(engine, ids, args.gen_tokens))
+        if other:
+            results["llama.cpp"].append(other.decode_speed(ids, args.gen_tokens))
+    report = {
+        "model": str(model_path(args)),
+        "threads": threads,
+        "prompt_tokens": args.prompt_tokens,
+        "gen_tokens": args.gen_tokens,
+        "runs": args.runs,
+        "ember": {k: _stats([r[k] for r in results["ember"]]) for k in ("prefill", "decode")},
+    }
+    if other:
+        report["llama.cpp"] = {k: _stats([r[k] for r in results["llama.cpp"]])
+                               for k in ("prefill", "decode")}
+        report["ratio_ember_over_llama_cpp"] = {
+            k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]
+            for k in ("prefill", "decode")
+        }
+    print_json(report)
+    return 0

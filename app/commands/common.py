@@ -1,0 +1,35 @@
+"""Helpers shared by the subcommands: building the engine from flags, printing JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ember.models.errors import EmberError
+
+
+def model_path(args):
+    if args.model:
+        return args.model
+    from ember.models.default_model import default_model_path
+
+    return default_model_path()
+
+
+def load_engine(args):
+    from ember.offload.engine import Engine, EngineOptions
+
+    options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads)
+    print("ember: loading model…", file=sys.stderr, flush=True)
+    return Engine.load(model_path(args), options)
+
+
+def read_prompt(text: str) -> str:
+    prompt = sys.stdin.read() if text == "-" else text
+    if not prompt.strip():
+        raise EmberError("the prompt is empty; pass some text (or '-' to read standard input)")
+    return prompt
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, ensure_ascii=False), flush=True)

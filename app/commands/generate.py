@@ -1,0 +1,51 @@
+"""`ember generate`: stream a continuation to stdout, stats to stderr (or one JSON object)."""
+
+from __future__ import annotations
+
+import sys
+
+from .common import load_engine, print_json, read_prompt
+
+
+def run(args) -> int:
+    from ember.models.chat_format import ChatMessage
+    from ember.offload.events import DoneEvent, TokenEvent
+    from ember.offload.sampler import SamplingParams
+
+    prompt = read_prompt(args.prompt)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    engine = load_engine(args)
+    if args.chat:
+        messages = [ChatMessage("system", args.system)] if args.system else []
+        ids = engine.encode_chat(messages + [ChatMessage("user", prompt)])
+    else:
+        ids = engine.encode(prompt)
+    done = None
+    for event in engine.stream(ids, sampling=sampling, max_tokens=args.max_tokens,
+                               stop=tuple(args.stop), ignore_eos=args.ignore_eos):
+        if isinstance(event, TokenEvent) and not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, DoneEvent):
+            done = event
+    t = done.timings
+    if args.json:
+        print_json({
+            "text": done.text,
+            "token_ids": done.token_ids,
+            "prompt_token_ids": done.prompt_token_ids,
+            "finish_reason": done.finish_reason,
+            "ttft_s": t.ttft_s,
+            "prefill_tokens_per_s": t.prefill_tokens_per_s,
+            "decode_tokens_per_s": t.decode_tokens_per_s,
+            "timings": t.to_dict(),
+            "device": str(engine.device),
+        })
+    else:
+        sys.stdout.write("\n")
+        print(f"ember: {t.prompt_tokens} prompt tokens at {t.prefill_tokens_per_s:.1f} tok/s, "
+              f"{t.generated_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s, "
+              f"first token after {t.ttft_s * 1000:.0f} ms ({done.finish_reason})",
+              file=sys.stderr)
+    return 0

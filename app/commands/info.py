@@ -1,0 +1,34 @@
+"""`ember info`: what a model is and what it needs, without loading its weights."""
+
+from __future__ import annotations
+
+from .common import model_path, print_json
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def run(args) -> int:
+    from ember.models.loader import open_model
+    from ember.models.summary import summarize
+
+    s = summarize(open_model(model_path(args)), args.ctx_size)
+    if args.json:
+        print_json(s)
+        return 0
+    print(f"{s['name']}  ({s['architecture']}, {s['format']}, {s['parameters'] / 1e6:.0f}M parameters)")
+    print(f"  path            {s['path']}")
+    print(f"  layers          {s['layers']} x hidden {s['hidden_size']}, FFN {s['ffn_size']} "
+          f"({s['activation']})")
+    print(f"  attention       {s['heads']} heads, {s['kv_heads']} KV heads, head dim {s['head_dim']}"
+          + (f", window {s['sliding_window']}, global layers {s['global_layers']}"
+             if s["sliding_window"] else ""))
+    print(f"  vocabulary      {s['vocab_size']:,}" + ("  (tied LM head)" if s["tied_embeddings"] else ""))
+    print(f"  context         {s['context_length']:,} tokens")
+    print("  quant types     " + ", ".join(f"{k} x{v}" for k, v in sorted(s["quant_types"].items())))
+    print("  stored bytes    " + ", ".join(f"{k} {_mib(v)}" for k, v in s["stored_bytes"].items()))
+    m = s["memory"]
+    print(f"  memory needed   {_mib(m['total_bytes'])} = weights (fp32) {_mib(m['weights_fp32_bytes'])}"
+          f" + KV cache {_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
+    return 0

@@ -1,0 +1,158 @@
+"""The Engine: load a model, turn prompts into token ids, stream generated tokens as events.
+
+Layers, innermost first: `Runner` (prefill / decode), `_steps()` (sample -> decode loop, one
+token id at a time), `stream()` (text deltas, stop conditions, timings, events), `generate()`
+(blocking helper). The CLI, the TUI and the benchmarks all consume `stream()`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from ember.models.chat_format import ChatMessage, render_chat
+from ember.models.errors import ConfigError
+from ember.models.loader import LoadedModel, load_model
+from ember.models.tokenizer import StreamDecoder
+
+from .device import resolve_device, set_threads
+from .events import DoneEvent, Timings, TokenEvent
+from .runner import Runner
+from .sampler import Sampler, SamplingParams
+from .stopping import StopStrings
+
+DEFAULT_CTX = 4096
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    device: str = "auto"
+    n_ctx: int = DEFAULT_CTX  # capped at the model's own context length
+    threads: int | None = None
+
+    def __post_init__(self):
+        if self.n_ctx < 1:
+            raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, options: EngineOptions = EngineOptions()):
+        set_threads(options.threads)
+        self.loaded = loaded
+        self.device = resolve_device(options.device)
+        self.model = loaded.model.to(self.device)
+        self.tokenizer = loaded.tokenizer
+        self.stop_ids = set(loaded.source.stop_ids)
+        n_ctx = min(options.n_ctx, loaded.config.context_length)
+        self.runner = Runner(self.model, n_ctx)
+
+    @classmethod
+    def load(cls, model_path: str | Path | None = None, options: EngineOptions = EngineOptions()):
+        if model_path is None:
+            from ember.models.default_model import default_model_path
+
+            model_path = default_model_path()
+        return cls(load_model(model_path), options)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.runner.n_ctx
+
+    # -- prompts ------------------------------------------------------------------------
+    def encode(self, text: str, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=True, parse_special=parse_special)
+
+    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
+        src = self.loaded.source
+        text = render_chat(
+            messages, template=src.chat_template, family=src.config.architecture,
+            bos_text=self._token_text(self.tokenizer.bos_id),
+            eos_text=self._token_text(self.tokenizer.eos_id),
+            has_token=lambda t: self.tokenizer.id_of(t) is not None,
+        )
+        return self.encode(text, parse_special=True)
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.tokenizer.token_text(token_id)
+
+    # -- generation ---------------------------------------------------------------------
+    def stream(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),
+               max_tokens: int = 256, stop: tuple[str, ...] = (), ignore_eos: bool = False,
+               cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
+        """Generate after `prompt_ids`, yielding a TokenEvent per token and one DoneEvent.
+
+        Stops at an end-of-sequence/end-of-turn token (unless `ignore_eos`), a `stop` string,
+        `max_tokens`, a full context, or when `cancel` is set (checked before every token).
+        """
+        if max_tokens < 1:
+            raise ConfigError(f"max tokens must be at least 1, got {max_tokens}")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                              f"{self.n_ctx}; shorten it or raise --ctx-size")
+        timings = Timings(prompt_tokens=len(prompt_ids))
+        decoder, stops = StreamDecoder(self.tokenizer), StopStrings(list(stop))
+        generated: list[int] = []
+        text = ""
+        finish = "length"
+        start = time.perf_counter()
+        stop_ids = set() if ignore_eos else self.stop_ids
+        for token, reason in self._steps(prompt_ids, sampling, max_tokens, stop_ids, timings,
+                                         cancel):
+            if reason is not None:
+                finish = reason
+                break
+            now = time.perf_counter()
+            if not generated:
+                timings.ttft_s = now - start
+            timings.decode_s = now - start - timings.ttft_s
+            generated.append(token)
+            delta = stops.push(decoder.push(token))
+            text += delta
+            yield TokenEvent(token, delta)
+            if stops.stopped:
+                finish = "stop"
+                break
+        if finish != "stop":
+            tail = stops.push(decoder.flush()) + stops.flush()
+            if tail:
+                text += tail
+                yield TokenEvent(None, tail)
+        timings.generated_tokens = len(generated)
+        yield DoneEvent(finish, text, generated, list(prompt_ids), timings)
+
+    def _steps(self, prompt_ids, sampling, max_tokens, stop_ids, timings, cancel):
+        """Yield (token, None) per generated token, then (None, finish_reason) if it ends early."""
+        sampler = Sampler(sampling)
+        t0 = time.perf_counter()
+        logits = self.runner.prefill(list(prompt_ids))
+        timings.prefill_s = time.perf_counter() - t0
+        history = list(prompt_ids)
+        for i in range(max_tokens):
+            if cancel is not None and cancel.is_set():
+                yield None, "cancelled"
+                return
+            token = sampler(logits, history)
+            if token in stop_ids:
+                yield None, "eos"
+                return
+            history.append(token)
+            yield token, None
+            if i + 1 == max_tokens:
+                return
+            if len(self.runner.tokens) >= self.n_ctx:
+                yield None, "context"
+                return
+            logits = self.runner.decode(token)
+
+    def generate(self, prompt_ids: list[int], **kwargs) -> DoneEvent:
+        """Blocking helper: run `stream()` to the end and return its DoneEvent."""
+        done = None
+        for event in self.stream(prompt_ids, **kwargs):
+            if isinstance(event, DoneEvent):
+                done = event
+        return done

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv and install Ember into it (editable). Idempotent: reinstalls only when
+# pyproject.toml changed. Usage: scripts/setup.sh [test|baseline]...  (extras to add)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras=$(IFS=,; echo "$*")
+stamp=".venv/.ember-installed"
+want="$(sha256sum pyproject.toml | cut -c1-16) [$extras]"
+
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    # The CPU build of torch first: left to itself pip may pick a multi-GB CUDA build.
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+        .venv/bin/pip install --quiet "torch==2.13.0" 2>/dev/null \
+            || .venv/bin/pip install --quiet "torch>=2.4"
+    fi
+    spec="."
+    [ -n "$extras" ] && spec=".[$extras]"
+    .venv/bin/pip install --quiet -e "$spec"
+    echo "$want" > "$stamp"
+fi
