@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import ACTIVATIONS, ModelConfig
+from .config import ACTIVATIONS, GATED_ACTIVATIONS, ModelConfig
 from .errors import ModelFormatError
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
@@ -65,7 +65,8 @@ def config_from_hf(c: HFConfig) -> ModelConfig:
     activation = c.field("ffn_activation", str, _HF_ACT.get(hidden_act, ""))
     if not activation:
         raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu, relu)")
-    _check_activation(c.path, "ffn_activation", activation, gated=True)
+    # Whether the checkpoint has gate weights shows when they load (a missing tensor is an error).
+    _check_activation(c.path, "ffn_activation", activation, gated=None)
     rope_scaling = c.field("rope_scaling", dict, None) or {}
     window = c.field("sliding_window", int, None)
     return ModelConfig(
@@ -89,10 +90,10 @@ def config_from_hf(c: HFConfig) -> ModelConfig:
     )
 
 
-def _check_activation(path, key: str, activation: str, gated: bool) -> None:
+def _check_activation(path, key: str, activation: str, gated: bool | None) -> None:
     if activation not in ACTIVATIONS:
         raise ModelFormatError(path, f"'{key}' {activation!r} is not one of {', '.join(ACTIVATIONS)}")
-    if gated != (activation not in ("relu", "relu2")):
+    if gated is not None and gated != (activation in GATED_ACTIVATIONS):
         kind = "has" if gated else "has no"
         raise ModelFormatError(path, f"'{key}' is {activation!r} but the model {kind} FFN gate weights")
 

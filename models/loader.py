@@ -1,0 +1,172 @@
+"""Open a model file or folder: config, weights, tokenizer, chat template, fingerprint.
+
+`open_model` is cheap (metadata, tensor directory, tokenizer; no dequantization) and is what
+`ember info` uses; `load_model` also builds the float32 `Transformer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ModelConfig
+from .errors import ModelFormatError
+from .gguf_file import GGUF_MAGIC, GGUFFile
+from .hf_config import HFConfig
+from .registry import family_for_gguf, family_for_hf
+from .tokenizer import Tokenizer, VocabSpec, default_cache_path
+from .transformer import Transformer
+from .weights import WeightStore
+
+# Control tokens that end an assistant turn in the chat formats Ember knows.
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
+
+
+@dataclass
+class ModelSource:
+    """Everything about a model except its float32 compute modules."""
+
+    path: Path
+    format: str  # "gguf" or "safetensors"
+    config: ModelConfig
+    weights: WeightStore
+    tokenizer: Tokenizer
+    chat_template: str | None
+    fingerprint: str  # identifies the file's content (profile artifacts record it)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Token ids that end generation: EOS and any end-of-turn control token."""
+        ids = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
+        ids += [i for t in END_OF_TURN_TOKENS if (i := self.tokenizer.id_of(t)) is not None]
+        return tuple(dict.fromkeys(ids))
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    model: Transformer
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.source.config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.source.tokenizer
+
+
+def open_model(path: str | Path) -> ModelSource:
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return _open_hf_folder(path)
+    if not path.exists():
+        raise ModelFormatError(path, "no such file or folder")
+    if path.suffix == ".safetensors" or path.name == "config.json":
+        return _open_hf_folder(path.parent)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFormatError(
+            path, "not a GGUF file or a Hugging Face folder (config.json + *.safetensors)"
+        )
+    return _open_gguf(path)
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    source = open_model(path)
+    return LoadedModel(source, Transformer(source.config, source.weights))
+
+
+def _open_gguf(path: Path) -> ModelSource:
+    f = GGUFFile(path)
+    family = family_for_gguf(f.architecture, path)
+    spec = _vocab_spec(f)
+    config = family.config_from_gguf(f, vocab_size=len(spec.tokens))
+    fingerprint = file_fingerprint(path)
+    tokenizer = Tokenizer.from_vocab(spec, cache_path=default_cache_path(path, spec.fingerprint))
+    template = f.field("tokenizer.chat_template", str, None)
+    return ModelSource(path, "gguf", config, WeightStore.from_gguf(f), tokenizer, template,
+                       fingerprint)
+
+
+def _vocab_spec(f: GGUFFile) -> VocabSpec:
+    t = "tokenizer.ggml."
+    tokens = f.field(t + "tokens", list)
+    if not tokens or not all(isinstance(s, str) for s in tokens[:1]):
+        raise ModelFormatError(f.path, f"metadata '{t}tokens' must be a non-empty string list")
+    n = len(tokens)
+    scores = f.field(t + "scores", list, None)
+    types = f.field(t + "token_type", list, None)
+    for key, values in (("scores", scores), ("token_type", types)):
+        if values is not None and len(values) != n:
+            raise ModelFormatError(f.path, f"metadata '{t}{key}' has {len(values)} entries, "
+                                           f"the vocabulary {n}")
+    ids = {}
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        value = f.field(t + key, int, None)
+        if value is not None and not 0 <= value < n:
+            raise ModelFormatError(f.path, f"metadata '{t}{key}' = {value} is outside the vocabulary")
+        ids[key] = value
+    model = f.field(t + "model", str, "llama")
+    return VocabSpec(
+        tokens=tokens,
+        scores=scores,
+        token_types=types,
+        model=model,
+        merges=f.field(t + "merges", list, None),
+        pre=f.field(t + "pre", str, None),
+        bos_id=ids["bos_token_id"],
+        eos_id=ids["eos_token_id"],
+        unk_id=ids["unknown_token_id"],
+        pad_id=ids["padding_token_id"],
+        add_bos=f.field(t + "add_bos_token", bool, True),
+        # llama.cpp's default: SentencePiece vocabularies prefix a space unless told otherwise.
+        add_space_prefix=f.field(t + "add_space_prefix", bool, model == "llama"),
+    )
+
+
+def _open_hf_folder(folder: Path) -> ModelSource:
+    from .safetensors_file import load_weights, shard_paths
+
+    hf = HFConfig(folder)
+    family = family_for_hf(hf.model_type, hf.path)
+    config = family.config_from_hf(hf)
+    tokenizer_json = folder / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        raise ModelFormatError(folder, "no tokenizer.json in this model folder")
+    tokenizer = Tokenizer.from_tokenizer_json(tokenizer_json)
+    weights = load_weights(folder, family)
+    fingerprint = hashlib.sha256(
+        "".join(file_fingerprint(p) for p in [hf.path, *shard_paths(folder)]).encode()
+    ).hexdigest()
+    return ModelSource(folder, "safetensors", config, weights, tokenizer,
+                       _hf_chat_template(folder), fingerprint)
+
+
+def _hf_chat_template(folder: Path) -> str | None:
+    import json
+
+    cfg = folder / "tokenizer_config.json"
+    try:
+        template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) else None
+
+
+def file_fingerprint(path: Path, sample: int = 1 << 22) -> str:
+    """sha256 over the file size, its first 4 MiB and its last 4 MiB.
+
+    Headers (metadata, tensor directory) sit at the start and most weights at the end, so this
+    distinguishes real model files in milliseconds, where hashing 250 MB+ would take seconds.
+    """
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(sample))
+        if size > sample:
+            f.seek(max(sample, size - sample))
+            h.update(f.read(sample))
+    return h.hexdigest()

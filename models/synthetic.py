@@ -1,0 +1,232 @@
+"""Tiny random models written to real GGUF files and Hugging Face folders, for tests.
+
+The same seeded weights can be written both ways, through the same writers and loaders users'
+files go through, so a test can check that both formats give the same logits. The vocabulary is
+a small SentencePiece-style one (byte fallback, a few merged pieces, chat control tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from . import quants
+from .config import ModelConfig
+
+CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+PIECES = [
+    "▁", "▁t", "▁th", "▁the", "▁a", "▁an", "▁and", "▁o", "▁of", "▁i", "▁in", "▁is", "▁w", "▁wh",
+    "he", "in", "er", "an", "on", "at", "en", "es", "or", "re", "ing", "▁s", "▁c", "▁f", "ll",
+]
+CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?'\"()-\n")
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_BYTE = 1, 2, 3, 6
+
+
+def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, types): control tokens, 256 byte tokens, characters, merged pieces."""
+    tokens = list(CONTROL) + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TYPE_CONTROL] * len(CONTROL) + [TYPE_BYTE] * 256
+    types[CONTROL.index("<unk>")] = TYPE_UNKNOWN
+    scores = [0.0] * len(tokens)
+    # Longer pieces merge later in SentencePiece-BPE order: score falls with length.
+    for i, piece in enumerate(CHARS + PIECES):
+        tokens.append(piece)
+        types.append(TYPE_NORMAL)
+        scores.append(-float(len(piece)) - i * 1e-3)
+    return tokens, scores, types
+
+
+def tiny_config(arch: str = "gemma3", activation: str | None = None, **overrides) -> ModelConfig:
+    vocab = len(tiny_vocab()[0])
+    if arch == "gemma3":
+        cfg = ModelConfig(
+            architecture="gemma3", name="tiny-gemma3", vocab_size=vocab, hidden_size=64,
+            n_layers=6, n_heads=4, n_kv_heads=2, head_dim=16, ffn_size=128, context_length=256,
+            activation="gelu_glu", rms_eps=1e-6, rope_base=1_000_000.0, local_rope_base=10_000.0,
+            sliding_window=(8, 8, 8, 8, 8, None), qk_norm=True, sandwich_norms=True,
+            embed_scale=math.sqrt(64), attn_scale=16 ** -0.5, tied_embeddings=True,
+        )
+    elif arch == "llama":
+        cfg = ModelConfig(
+            architecture="llama", name=f"tiny-llama-{activation or 'relu_glu'}", vocab_size=vocab,
+            hidden_size=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16, ffn_size=128,
+            context_length=256, activation=activation or "relu_glu", rms_eps=1e-5,
+            rope_base=10_000.0, tied_embeddings=False,
+        )
+    else:
+        raise ValueError(f"no tiny model for architecture {arch!r}")
+    return replace(cfg, **overrides)
+
+
+def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random float32 weights under canonical names, q/k rows in Hugging Face order.
+
+    Norm tensors are the multipliers the model applies (GGUF convention: Gemma's 1 + w).
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, std=0.02):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm(n):
+        return 1.0 + rand(n, std=0.1)
+
+    h, hd, f = cfg.hidden_size, cfg.head_dim, cfg.ffn_size
+    w = {"token_embd.weight": rand(cfg.vocab_size, h, std=0.5 / math.sqrt(h) * 4),
+         "output_norm.weight": norm(h)}
+    if not cfg.tied_embeddings:
+        w["output.weight"] = rand(cfg.vocab_size, h, std=0.1)
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = norm(h)
+        w[p + "attn_q.weight"] = rand(cfg.n_heads * hd, h, std=0.2)
+        w[p + "attn_k.weight"] = rand(cfg.n_kv_heads * hd, h, std=0.2)
+        w[p + "attn_v.weight"] = rand(cfg.n_kv_heads * hd, h, std=0.2)
+        w[p + "attn_output.weight"] = rand(h, cfg.n_heads * hd, std=0.1)
+        w[p + "ffn_norm.weight"] = norm(h)
+        if cfg.gated:
+            w[p + "ffn_gate.weight"] = rand(f, h, std=0.2)
+        w[p + "ffn_up.weight"] = rand(f, h, std=0.2)
+        w[p + "ffn_down.weight"] = rand(h, f, std=0.1)
+        if cfg.qk_norm:
+            w[p + "attn_q_norm.weight"] = norm(hd)
+            w[p + "attn_k_norm.weight"] = norm(hd)
+        if cfg.sandwich_norms:
+            w[p + "post_attention_norm.weight"] = norm(h)
+            w[p + "post_ffw_norm.weight"] = norm(h)
+    return w
+
+
+def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+               qtype: int = 0) -> Path:
+    """Write a GGUF file the way llama.cpp's converter lays it out. qtype 0 is F32.
+
+    2-D matrices are stored as `qtype` (norms stay F32); LLaMA q/k rows are permuted so RoPE
+    rotates adjacent pairs, as in llama.cpp's LLaMA files.
+    """
+    import gguf
+
+    from .llama import permute_for_gguf
+
+    path = Path(path)
+    arch = cfg.architecture
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(cfg.name)
+    a = arch + "."
+    writer.add_uint32(a + "context_length", cfg.context_length)
+    writer.add_uint32(a + "embedding_length", cfg.hidden_size)
+    writer.add_uint32(a + "block_count", cfg.n_layers)
+    writer.add_uint32(a + "feed_forward_length", cfg.ffn_size)
+    writer.add_uint32(a + "attention.head_count", cfg.n_heads)
+    writer.add_uint32(a + "attention.head_count_kv", cfg.n_kv_heads)
+    writer.add_uint32(a + "attention.key_length", cfg.head_dim)
+    writer.add_uint32(a + "attention.value_length", cfg.head_dim)
+    writer.add_float32(a + "attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    writer.add_float32(a + "rope.freq_base", cfg.rope_base)
+    windows = [x for x in cfg.sliding_window if x]
+    if windows:
+        writer.add_uint32(a + "attention.sliding_window", windows[0])
+    if arch == "llama":
+        writer.add_string(a + "ffn_activation", cfg.activation)
+    _add_vocab(writer)
+    for name, tensor in weights.items():
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg.n_heads if name.endswith("attn_q.weight") else cfg.n_kv_heads
+            tensor = permute_for_gguf(tensor, heads)
+        t = qtype if tensor.dim() == 2 else 0
+        raw = quants.quantize(tensor.float(), t).numpy()
+        byte_shape = (*tensor.shape[:-1], raw.size // max(1, math.prod(tensor.shape[:-1])))
+        # uint8 rows of packed blocks; the writer derives the element shape from the type.
+        writer.add_tensor(name, raw.reshape(byte_shape), raw_dtype=gguf.GGMLQuantizationType(t))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_vocab(writer) -> None:
+    tokens, scores, types = tiny_vocab()
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(CONTROL.index("<bos>"))
+    writer.add_eos_token_id(CONTROL.index("<eos>"))
+    writer.add_unk_token_id(CONTROL.index("<unk>"))
+    writer.add_pad_token_id(CONTROL.index("<pad>"))
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+
+
+_HF_TYPES = {"gemma3": "gemma3_text", "llama": "llama"}
+
+
+def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Path:
+    """Write config.json, model.safetensors and tokenizer.json (Hugging Face layout)."""
+    from safetensors.torch import save_file
+
+    from . import registry
+    from .tokenizer import Tokenizer, VocabSpec
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    family = registry.family_for_hf(_HF_TYPES[cfg.architecture], folder)
+    hf_names = {}
+    for hf_name in _hf_candidate_names(cfg):
+        canonical = family.hf_tensor_name(hf_name)
+        if canonical in weights:
+            hf_names[canonical] = hf_name
+    tensors = {}
+    for name, tensor in weights.items():
+        if cfg.architecture == "gemma3" and name.endswith("norm.weight"):
+            tensor = tensor - 1.0  # HF Gemma stores w, the model multiplies by 1 + w
+        tensors[hf_names[name]] = tensor.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(_hf_config(cfg), indent=2))
+    tokens, scores, types = tiny_vocab()
+    spec = VocabSpec(tokens=tokens, scores=scores, token_types=types, model="llama", merges=None,
+                     pre=None, bos_id=2, eos_id=1, unk_id=3, pad_id=0, add_bos=True,
+                     add_space_prefix=False)
+    Tokenizer.from_vocab(spec).save_tokenizer_json(folder / "tokenizer.json")
+    return folder
+
+
+def _hf_candidate_names(cfg: ModelConfig) -> list[str]:
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    per_layer = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                 "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    for i in range(cfg.n_layers):
+        names += [f"model.layers.{i}.{n}.weight" for n in per_layer]
+    return names
+
+
+def _hf_config(cfg: ModelConfig) -> dict:
+    c = {
+        "model_type": _HF_TYPES[cfg.architecture],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_size,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_base,
+        "tie_word_embeddings": cfg.tied_embeddings,
+    }
+    if cfg.architecture == "gemma3":
+        windows = [x for x in cfg.sliding_window if x]
+        c.update(rope_local_base_freq=cfg.local_rope_base, sliding_window=windows[0],
+                 query_pre_attn_scalar=cfg.scale ** -2, hidden_activation="gelu_pytorch_tanh")
+    else:
+        c.update(hidden_act={"silu_glu": "silu"}.get(cfg.activation, "relu"),
+                 ffn_activation=cfg.activation)
+    return c

@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny synthetic models written once per session, the default model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ember.models import synthetic
+
+TINY_KINDS = {
+    "gemma3": dict(arch="gemma3"),
+    "llama-relu_glu": dict(arch="llama", activation="relu_glu"),
+    "llama-silu_glu": dict(arch="llama", activation="silu_glu"),
+    "llama-drelu": dict(arch="llama", activation="drelu"),
+    "llama-relu": dict(arch="llama", activation="relu"),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """name -> (config, weights, gguf path, hf folder) for each tiny architecture."""
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for seed, (name, kw) in enumerate(TINY_KINDS.items()):
+        cfg = synthetic.tiny_config(**kw)
+        weights = synthetic.tiny_weights(cfg, seed=seed)
+        gguf_path = synthetic.write_gguf(root / f"{name}.gguf", cfg, weights)
+        hf_dir = synthetic.write_hf(root / f"{name}-hf", cfg, weights)
+        out[name] = (cfg, weights, gguf_path, hf_dir)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_gguf(tiny_models):
+    return tiny_models["gemma3"][2]
+
+
+@pytest.fixture(scope="session")
+def default_model_path():
+    from ember.models.default_model import default_model_path as path
+
+    return path()
+
+
+@pytest.fixture(scope="session")
+def default_engine(default_model_path):
+    from ember.offload.engine import Engine, EngineOptions
+
+    return Engine.load(default_model_path, EngineOptions(device="cpu", n_ctx=2048, threads=2))
+
+
+def pytest_configure(config):
+    # Tests must never fetch anything: the default model ships as a package.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,122 @@
+"""The CLI: instant help, machine-readable output, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ember.app.cli import main
+from ember.models import synthetic
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom ember.app.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported by --help'\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "generate" in res.stdout
+
+
+def test_generate_json_on_tiny_model(capsys, tiny_gemma_gguf):
+    code, out, err = _run(capsys, "generate", "the cat", "--model", str(tiny_gemma_gguf),
+                          "--temperature", "0", "--max-tokens", "5", "--json", "--ignore-eos")
+    assert code == 0, err
+    result = json.loads(out)
+    assert len(result["token_ids"]) == 5
+    assert result["prompt_token_ids"][0] == 2
+    assert result["finish_reason"] == "length"
+    for key in ("text", "ttft_s", "decode_tokens_per_s"):
+        assert key in result
+
+
+def test_generate_is_reproducible_with_seed(capsys, tiny_gemma_gguf):
+    args = ["generate", "the", "--model", str(tiny_gemma_gguf), "--max-tokens", "8", "--json",
+            "--seed", "3", "--temperature", "1.0", "--ignore-eos"]
+    first = json.loads(_run(capsys, *args)[1])["token_ids"]
+    assert first == json.loads(_run(capsys, *args)[1])["token_ids"]
+
+
+def test_tokenize_prints_ids_with_bos(capsys, tiny_gemma_gguf):
+    code, out, _ = _run(capsys, "tokenize", "the", "--model", str(tiny_gemma_gguf), "--json")
+    assert code == 0 and json.loads(out)["ids"][0] == 2
+
+
+def test_info_json(capsys, tiny_gemma_gguf):
+    code, out, _ = _run(capsys, "info", "--model", str(tiny_gemma_gguf), "--json")
+    info = json.loads(out)
+    assert code == 0 and info["architecture"] == "gemma3" and info["layers"] == 6
+    assert set(info["stored_bytes"]) >= {"embeddings", "attention", "ffn"}
+
+
+def test_perplexity_json(capsys, tiny_gemma_gguf, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the cat is in the hat and the dog is on the log. " * 12)
+    code, out, err = _run(capsys, "perplexity", str(text), "--model", str(tiny_gemma_gguf),
+                          "--ctx-size", "64", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["tokens"] > 64 and result["ppl"] > 1
+
+
+def _bad_inputs(tmp_path, tiny):
+    cfg, weights, gguf_path, _ = tiny
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("hello, I am not a model")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(gguf_path.read_bytes()[: gguf_path.stat().st_size // 2])
+    header_cut = tmp_path / "header_cut.gguf"
+    header_cut.write_bytes(gguf_path.read_bytes()[:3000])
+    from dataclasses import replace
+    alien = synthetic.write_gguf(tmp_path / "alien.gguf", replace(cfg, architecture="mamba"), weights)
+    return {"missing": tmp_path / "nope.gguf", "not_gguf": not_gguf, "truncated": truncated,
+            "header_cut": header_cut, "unsupported_arch": alien}
+
+
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "truncated", "header_cut", "unsupported_arch"])
+def test_bad_model_files_exit_2_with_one_line(capsys, tmp_path, tiny_models, case):
+    path = _bad_inputs(tmp_path, tiny_models["gemma3"])[case]
+    code, out, err = _run(capsys, "generate", "hi", "--model", str(path))
+    assert code == 2
+    lines = [l for l in err.splitlines() if l.strip() and not l.startswith("ember: loading")]
+    assert len(lines) == 1 and lines[0].startswith("ember: error:"), err
+    assert "Traceback" not in err
+
+
+def test_unsupported_quant_type_exit_2(capsys, tmp_path, tiny_models):
+    from gguf import GGMLQuantizationType as Q
+
+    from .gguf_tools import relabel_tensor_type
+
+    cfg, weights, _, _ = tiny_models["gemma3"]
+    path = synthetic.write_gguf(tmp_path / "iq.gguf", cfg, weights, qtype=Q.Q4_0)
+    relabel_tensor_type(path, "blk.0.ffn_up.weight", Q.IQ4_NL)  # same block geometry as Q4_0
+    code, out, err = _run(capsys, "generate", "hi", "--model", str(path), "--max-tokens", "1")
+    assert code == 2 and "IQ4_NL" in err and "blk.0.ffn_up.weight" in err, err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", ""], "prompt is empty"),
+    (["generate", "   "], "prompt is empty"),
+    (["generate", "x", "--temperature", "-1"], "temperature"),
+    (["generate", "x", "--top-p", "2"], "top-p"),
+    (["generate", "x", "--max-tokens", "0"], "max tokens"),
+    (["generate", "x", "--threads", "0"], "threads"),
+])
+def test_bad_arguments_exit_2(capsys, tiny_gemma_gguf, argv, needle):
+    code, _, err = _run(capsys, *argv, "--model", str(tiny_gemma_gguf))
+    assert code == 2 and needle in err, err
+
+
+def test_prompt_longer_than_context_exit_2(capsys, tiny_gemma_gguf):
+    code, _, err = _run(capsys, "generate", "the cat sat " * 200, "--model", str(tiny_gemma_gguf))
+    assert code == 2 and "context" in err, err
