@@ -1,0 +1,105 @@
+"""Engine.stream(): events, stop conditions, cancellation, prefix reuse, chat formatting."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ember.models.chat_format import ChatMessage
+from ember.models.errors import ConfigError
+from ember.offload.engine import Engine, EngineOptions
+from ember.offload.events import DoneEvent, TokenEvent
+from ember.offload.sampler import GREEDY
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    from ember.models.loader import load_model
+
+    return Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=128))
+
+
+def _events(engine, ids, **kw):
+    return list(engine.stream(ids, sampling=GREEDY, **kw))
+
+
+def test_stream_yields_tokens_then_one_done(engine):
+    ids = engine.encode("the cat")
+    events = _events(engine, ids, max_tokens=6, ignore_eos=True)
+    assert isinstance(events[-1], DoneEvent)
+    tokens = [e for e in events if isinstance(e, TokenEvent) and e.token_id is not None]
+    done = events[-1]
+    assert [e.token_id for e in tokens] == done.token_ids and len(tokens) == 6
+    assert "".join(e.text for e in events[:-1]) == done.text
+    assert done.finish_reason == "length" and done.timings.generated_tokens == 6
+    assert done.timings.ttft_s > 0
+
+
+def test_greedy_is_deterministic_and_prefix_reuse_is_exact(engine):
+    ids = engine.encode("the dog is in the")
+    engine.runner.reset()
+    first = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
+    # Same prompt again reuses the cache (all but the last prompt token): same output.
+    again = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
+    engine.runner.reset()
+    fresh = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
+    assert first == again == fresh
+
+
+def test_eos_ends_generation(engine):
+    ids = engine.encode("the")
+    free = engine.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+    # The first occurrence of the last distinct token: pretend it is end-of-sequence.
+    k = free.index(free[-1])
+    engine.stop_ids = {free[k]}
+    try:
+        done = engine.generate(ids, sampling=GREEDY, max_tokens=12)
+    finally:
+        engine.stop_ids = set(engine.loaded.source.stop_ids)
+    assert done.finish_reason == "eos" and done.token_ids == free[:k]
+
+
+def test_stop_string_cuts_text(engine):
+    ids = engine.encode("the")
+    full = engine.generate(ids, sampling=GREEDY, max_tokens=10, ignore_eos=True)
+    stop = full.text[3:5]
+    if not stop.strip():
+        pytest.skip("degenerate random text")
+    done = engine.generate(ids, sampling=GREEDY, max_tokens=10, ignore_eos=True, stop=(stop,))
+    assert done.finish_reason == "stop"
+    assert done.text == full.text[: full.text.find(stop)]
+
+
+def test_cancel_stops_before_next_token(engine):
+    cancel = threading.Event()
+    seen = []
+    for event in engine.stream(engine.encode("the"), sampling=GREEDY, max_tokens=50,
+                               ignore_eos=True, cancel=cancel):
+        seen.append(event)
+        if len(seen) == 3:
+            cancel.set()
+    assert seen[-1].finish_reason == "cancelled" and len(seen[-1].token_ids) == 3
+
+
+def test_context_full_finishes_with_context(tiny_models):
+    from ember.models.loader import load_model
+
+    small = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=12))
+    ids = small.encode("the cat")
+    done = small.generate(ids, sampling=GREEDY, max_tokens=100, ignore_eos=True)
+    assert done.finish_reason == "context"
+    assert len(ids) + len(done.token_ids) == 12 + 1  # the last token is sampled, not decoded
+
+
+def test_prompt_filling_the_context_is_an_error(engine):
+    with pytest.raises(ConfigError, match="context"):
+        _events(engine, [2] * 128, max_tokens=1)
+
+
+def test_chat_format_gemma_turns(engine):
+    ids = engine.encode_chat([ChatMessage("system", "Be brief."), ChatMessage("user", "hi")])
+    text = engine.tokenizer.decode(ids)
+    sot, eot = engine.tokenizer.id_of("<start_of_turn>"), engine.tokenizer.id_of("<end_of_turn>")
+    assert ids[0] == engine.tokenizer.bos_id and ids.count(sot) == 2 and ids.count(eot) == 1
+    assert "Be brief." in text and "hi" in text
