@@ -1,0 +1,1 @@
+"""Activation statistics and per-layer MLP activation predictors (filled by `ember profile`)."""
