@@ -82,7 +82,7 @@ def load_model(path: str | Path) -> LoadedModel:
 def _open_gguf(path: Path) -> ModelSource:
     f = GGUFFile(path)
     family = family_for_gguf(f.architecture, path)
-    spec = _vocab_spec(f)
+    spec = vocab_spec_from_gguf(f)
     config = family.config_from_gguf(f, vocab_size=len(spec.tokens))
     fingerprint = file_fingerprint(path)
     tokenizer = Tokenizer.from_vocab(spec, cache_path=default_cache_path(path, spec.fingerprint))
@@ -91,7 +91,7 @@ def _open_gguf(path: Path) -> ModelSource:
                        fingerprint)
 
 
-def _vocab_spec(f: GGUFFile) -> VocabSpec:
+def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
     t = "tokenizer.ggml."
     tokens = f.field(t + "tokens", list)
     if not tokens or not all(isinstance(s, str) for s in tokens[:1]):

