@@ -109,14 +109,18 @@ def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float) -> torch.Ten
 
     q (T, n_heads, hd); k, v (S, n_kv, hd); q_pos (T,), k_pos (S,) -> (T, n_heads * hd).
     A key is visible when k_pos <= q_pos and, for windowed layers, q_pos - k_pos < window.
+    With a single query the caller must pass only visible keys (decode always does).
     """
     T, n_heads, hd = q.shape
-    mask = k_pos[None, :] <= q_pos[:, None]
-    if window is not None:
-        mask &= (q_pos[:, None] - k_pos[None, :]) < window
+    mask = None
+    if T > 1:  # one query sees every key it is given (callers pass only visible ones)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            mask &= (q_pos[:, None] - k_pos[None, :]) < window
+        mask = mask.to(q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=mask.to(q.device), scale=scale, enable_gqa=True,
+        attn_mask=mask, scale=scale, enable_gqa=True,
     )  # (1, n_heads, T, hd)
     return out[0].transpose(0, 1).reshape(T, n_heads * hd)
 
