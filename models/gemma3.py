@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from .common_fields import gguf_fields, hf_fields
 from .config import ModelConfig
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
@@ -21,10 +22,6 @@ from .hf_names import COMMON_LAYER_NAMES, canonical_name
 
 LOCAL_ROPE_BASE = 10_000.0
 GLOBAL_EVERY = 6
-
-
-def _layer_windows(n_layers: int, window: int, pattern: int) -> tuple[int | None, ...]:
-    return tuple(None if (i + 1) % pattern == 0 else window for i in range(n_layers))
 
 
 def _attn_scale(n_layers: int, hidden: int, n_heads: int, head_dim: int) -> float:
@@ -35,70 +32,44 @@ def _attn_scale(n_layers: int, hidden: int, n_heads: int, head_dim: int) -> floa
 
 def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
     a = "gemma3."
-    n_layers = f.field(a + "block_count", int)
-    hidden = f.field(a + "embedding_length", int)
-    n_heads = f.field(a + "attention.head_count", int)
-    head_dim = f.field(a + "attention.key_length", int, hidden // max(n_heads, 1))
+    common = gguf_fields(f, vocab_size, rope_base=1_000_000.0, rms_eps=1e-6)
     pattern = f.field(a + "attention.sliding_window_pattern", int, GLOBAL_EVERY)
-    scaling = f.field(a + "rope.scaling.type", str, "none")
+    window = f.field(a + "attention.sliding_window", int, 512)
     return ModelConfig(
         architecture="gemma3",
         name=f.field("general.name", str, "gemma3"),
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=f.field(a + "attention.head_count_kv", int, n_heads),
-        head_dim=head_dim,
-        ffn_size=f.field(a + "feed_forward_length", int),
-        context_length=f.field(a + "context_length", int),
-        activation="gelu_glu",
-        rms_eps=f.field(a + "attention.layer_norm_rms_epsilon", float, 1e-6),
-        rope_base=f.field(a + "rope.freq_base", float, 1_000_000.0),
-        rope_scale=f.field(a + "rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
-        sliding_window=_layer_windows(n_layers, f.field(a + "attention.sliding_window", int, 512),
-                                      max(pattern, 1)),
         local_rope_base=LOCAL_ROPE_BASE,
-        attn_scale=_attn_scale(n_layers, hidden, n_heads, head_dim),
-        qk_norm=True,
-        sandwich_norms=True,
-        embed_scale=math.sqrt(hidden),
-        tied_embeddings="output.weight" not in f.tensors,
         final_logit_softcap=f.field(a + "final_logit_softcapping", float, None),
+        **_gemma_fields(common, window, pattern),
     )
 
 
 def config_from_hf(c: HFConfig) -> ModelConfig:
-    n_layers = c.field("num_hidden_layers", int)
-    hidden = c.field("hidden_size", int)
-    n_heads = c.field("num_attention_heads", int)
-    head_dim = c.field("head_dim", int, hidden // max(n_heads, 1))
-    pattern = c.field("sliding_window_pattern", int, GLOBAL_EVERY)
-    rope_scaling = c.field("rope_scaling", dict, None) or {}
-    query_scalar = c.field("query_pre_attn_scalar", float, head_dim)
+    common = hf_fields(c, rope_base=1_000_000.0, rms_eps=1e-6, tied=True)
+    fields = _gemma_fields(common, c.field("sliding_window", int, 512),
+                           c.field("sliding_window_pattern", int, GLOBAL_EVERY))
+    if "query_pre_attn_scalar" in c.data:
+        fields["attn_scale"] = c.field("query_pre_attn_scalar", float) ** -0.5
     return ModelConfig(
         architecture="gemma3",
-        name=c.path.name,
-        vocab_size=c.field("vocab_size", int),
-        hidden_size=hidden,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=c.field("num_key_value_heads", int, n_heads),
-        head_dim=head_dim,
-        ffn_size=c.field("intermediate_size", int),
-        context_length=c.field("max_position_embeddings", int),
-        activation="gelu_glu",
-        rms_eps=c.field("rms_norm_eps", float, 1e-6),
-        rope_base=c.field("rope_theta", float, 1_000_000.0),
-        rope_scale=float(rope_scaling.get("factor", 1.0)) if rope_scaling.get("rope_type") == "linear" else 1.0,
-        sliding_window=_layer_windows(n_layers, c.field("sliding_window", int, 512), max(pattern, 1)),
         local_rope_base=c.field("rope_local_base_freq", float, LOCAL_ROPE_BASE),
-        attn_scale=query_scalar ** -0.5,
+        final_logit_softcap=c.field("final_logit_softcapping", float, None),
+        **fields,
+    )
+
+
+def _gemma_fields(common: dict, window: int, pattern: int) -> dict:
+    """What every Gemma 3 has, whatever the file format."""
+    n_layers, hidden = common["n_layers"], common["hidden_size"]
+    return dict(
+        common,
+        activation="gelu_glu",
+        sliding_window=tuple(None if (i + 1) % max(pattern, 1) == 0 else window
+                             for i in range(n_layers)),
+        attn_scale=_attn_scale(n_layers, hidden, common["n_heads"], common["head_dim"]),
         qk_norm=True,
         sandwich_norms=True,
         embed_scale=math.sqrt(hidden),
-        tied_embeddings=c.field("tie_word_embeddings", bool, True),
-        final_logit_softcap=c.field("final_logit_softcapping", float, None),
     )
 
 

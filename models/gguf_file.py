@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import ModelFormatError, UnsupportedModelError
+from .fields import typed
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -303,15 +304,4 @@ class GGUFFile:
         value = self.metadata[key]
         if isinstance(value, np.ndarray):
             value = value.tolist()
-        ok = {
-            int: isinstance(value, int) and not isinstance(value, bool),
-            float: isinstance(value, (int, float)) and not isinstance(value, bool),
-            bool: isinstance(value, (bool, int)),
-            str: isinstance(value, str),
-            list: isinstance(value, list),
-        }[kind]
-        if not ok:
-            raise ModelFormatError(
-                self.path, f"metadata '{key}' should be {kind.__name__}, got {type(value).__name__}"
-            )
-        return kind(value)
+        return typed(self.path, f"metadata '{key}'", value, kind)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ModelFormatError
+from .fields import typed
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse megabytes of it
 
@@ -42,16 +43,4 @@ class HFConfig:
             if default is HFConfig._MISSING:
                 raise ModelFormatError(self.path, f"'{key}' is missing")
             return default
-        ok = {
-            int: isinstance(value, int) and not isinstance(value, bool),
-            float: isinstance(value, (int, float)) and not isinstance(value, bool),
-            bool: isinstance(value, bool),
-            str: isinstance(value, str),
-            dict: isinstance(value, dict),
-            list: isinstance(value, list),
-        }[kind]
-        if not ok:
-            raise ModelFormatError(
-                self.path, f"'{key}' should be {kind.__name__}, got {type(value).__name__}"
-            )
-        return kind(value)
+        return typed(self.path, f"'{key}'", value, kind)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .common_fields import gguf_fields, hf_fields
 from .config import ACTIVATIONS, GATED_ACTIVATIONS, ModelConfig
 from .errors import ModelFormatError
 from .gguf_file import GGUFFile
@@ -28,65 +29,36 @@ _HF_ACT = {"silu": "silu_glu", "swish": "silu_glu", "relu": "relu_glu"}
 
 def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
     a = f.architecture + "."
-    n_layers = f.field(a + "block_count", int)
-    hidden = f.field(a + "embedding_length", int)
-    n_heads = f.field(a + "attention.head_count", int)
+    common = gguf_fields(f, vocab_size, rope_base=10_000.0, rms_eps=1e-5)
     gated = "blk.0.ffn_gate.weight" in f.tensors
     activation = f.field(a + "ffn_activation", str, "silu_glu" if gated else "relu")
     _check_activation(f.path, a + "ffn_activation", activation, gated)
-    scaling = f.field(a + "rope.scaling.type", str, "none")
     window = f.field(a + "attention.sliding_window", int, None)
     return ModelConfig(
         architecture="llama",
         name=f.field("general.name", str, "llama"),
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=f.field(a + "attention.head_count_kv", int, n_heads),
-        head_dim=f.field(a + "attention.key_length", int, hidden // max(n_heads, 1)),
-        ffn_size=f.field(a + "feed_forward_length", int),
-        context_length=f.field(a + "context_length", int),
         activation=activation,
-        rms_eps=f.field(a + "attention.layer_norm_rms_epsilon", float, 1e-5),
-        rope_base=f.field(a + "rope.freq_base", float, 10_000.0),
-        rope_scale=f.field(a + "rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
         rope_interleaved=True,
-        sliding_window=(window,) * n_layers if window else (),
-        tied_embeddings="output.weight" not in f.tensors,
+        sliding_window=(window,) * common["n_layers"] if window else (),
+        **common,
     )
 
 
 def config_from_hf(c: HFConfig) -> ModelConfig:
-    n_layers = c.field("num_hidden_layers", int)
-    hidden = c.field("hidden_size", int)
-    n_heads = c.field("num_attention_heads", int)
+    common = hf_fields(c, rope_base=10_000.0, rms_eps=1e-5, tied=False)
     hidden_act = c.field("hidden_act", str, "silu")
     activation = c.field("ffn_activation", str, _HF_ACT.get(hidden_act, ""))
     if not activation:
         raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu, relu)")
     # Whether the checkpoint has gate weights shows when they load (a missing tensor is an error).
     _check_activation(c.path, "ffn_activation", activation, gated=None)
-    rope_scaling = c.field("rope_scaling", dict, None) or {}
     window = c.field("sliding_window", int, None)
     return ModelConfig(
         architecture="llama",
-        name=c.folder.name,
-        vocab_size=c.field("vocab_size", int),
-        hidden_size=hidden,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=c.field("num_key_value_heads", int, n_heads),
-        head_dim=c.field("head_dim", int, hidden // max(n_heads, 1)),
-        ffn_size=c.field("intermediate_size", int),
-        context_length=c.field("max_position_embeddings", int),
         activation=activation,
-        rms_eps=c.field("rms_norm_eps", float, 1e-5),
-        rope_base=c.field("rope_theta", float, 10_000.0),
-        rope_scale=float(rope_scaling.get("factor", 1.0)) if rope_scaling.get("rope_type") == "linear" else 1.0,
         rope_interleaved=False,
-        sliding_window=(window,) * n_layers if window else (),
-        tied_embeddings=c.field("tie_word_embeddings", bool, False),
+        sliding_window=(window,) * common["n_layers"] if window else (),
+        **common,
     )
 
 

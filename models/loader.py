@@ -83,12 +83,22 @@ def _open_gguf(path: Path) -> ModelSource:
     f = GGUFFile(path)
     family = family_for_gguf(f.architecture, path)
     spec = vocab_spec_from_gguf(f)
-    config = family.config_from_gguf(f, vocab_size=len(spec.tokens))
+    config = _checked_config(path, lambda: family.config_from_gguf(f, vocab_size=len(spec.tokens)))
     fingerprint = file_fingerprint(path)
     tokenizer = Tokenizer.from_vocab(spec, cache_path=default_cache_path(path, spec.fingerprint))
     template = f.field("tokenizer.chat_template", str, None)
     return ModelSource(path, "gguf", config, WeightStore.from_gguf(f), tokenizer, template,
                        fingerprint)
+
+
+def _checked_config(path: Path, build) -> ModelConfig:
+    """ModelConfig validates itself with ValueError; from a file that is a format error."""
+    try:
+        return build()
+    except ModelFormatError:
+        raise
+    except ValueError as exc:
+        raise ModelFormatError(path, f"invalid model hyper-parameters: {exc}") from None
 
 
 def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
@@ -132,7 +142,7 @@ def _open_hf_folder(folder: Path) -> ModelSource:
 
     hf = HFConfig(folder)
     family = family_for_hf(hf.model_type, hf.path)
-    config = family.config_from_hf(hf)
+    config = _checked_config(hf.path, lambda: family.config_from_hf(hf))
     tokenizer_json = folder / "tokenizer.json"
     if not tokenizer_json.is_file():
         raise ModelFormatError(folder, "no tokenizer.json in this model folder")

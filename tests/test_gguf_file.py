@@ -103,3 +103,17 @@ def test_row_not_multiple_of_block(tmp_path, tiny_models):
     relabel_tensor_type(path, "blk.0.ffn_down.weight", Q.Q4_K)  # rows of 128 < 256-element blocks
     with pytest.raises(ModelFormatError, match="not a multiple of the Q4_K block size"):
         GGUFFile(path)
+
+
+def test_impossible_hyper_parameters_are_format_errors(tmp_path, tiny_models):
+    from dataclasses import replace
+
+    from ember.models import synthetic
+    from ember.models.loader import open_model
+
+    cfg, weights, _, _ = tiny_models["gemma3"]
+    bad = object.__new__(type(cfg))  # bypass validation to write an impossible file
+    object.__setattr__(bad, "__dict__", {**replace(cfg).__dict__, "n_kv_heads": 3})
+    path = synthetic.write_gguf(tmp_path / "bad.gguf", bad, weights)
+    with pytest.raises(ModelFormatError, match="n_heads .4. must be a multiple of n_kv_heads .3."):
+        open_model(path)
