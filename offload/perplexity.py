@@ -57,7 +57,7 @@ def perplexity(model: Transformer, text_ids: list[int], bos_id: int, window: int
     for begin, end, first in windows(len(text_ids), window, stride):
         cache.truncate(0)
         ids = torch.tensor([bos_id] + text_ids[begin:end], dtype=torch.long,
-                           device=model.embedding.device)
+                           device=model.device)
         # Positions in `ids` whose next-token prediction we score: text tokens first..end-1.
         lo = first - begin  # index in ids of the token *before* the first scored one
         for c in range(0, len(ids), LOGIT_CHUNK):

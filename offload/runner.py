@@ -30,7 +30,7 @@ class Runner:
 
     @property
     def device(self) -> torch.device:
-        return self.model.embedding.device
+        return self.model.device
 
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Make the cache hold exactly `ids`; returns the logits after the last one (vocab,).

@@ -8,17 +8,22 @@ extras=$(IFS=,; echo "$*")
 stamp=".venv/.ember-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16) [$extras]"
 
+pip_install() {
+    # Some pip configurations list index folders that do not exist; drop those warnings.
+    .venv/bin/pip install --quiet "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # The CPU build of torch first: left to itself pip may pick a multi-GB CUDA build.
     if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-        .venv/bin/pip install --quiet "torch==2.13.0" 2>/dev/null \
-            || .venv/bin/pip install --quiet "torch>=2.4"
+        pip_install "torch==2.13.0" 2>/dev/null || pip_install "torch>=2.4"
     fi
     spec="."
     [ -n "$extras" ] && spec=".[$extras]"
-    .venv/bin/pip install --quiet -e "$spec"
+    echo "ember: installing into .venv (first run takes a few minutes)…" >&2
+    pip_install -e "$spec"
     echo "$want" > "$stamp"
 fi

@@ -53,3 +53,30 @@ def test_first_step_logits_close_to_llama_cpp(default_engine):
         step = case["steps"][0]
         assert int(torch.argmax(logits)) == step["id"]
         assert math.isclose(float(logits[step["id"]]), step["top1_logit"], abs_tol=0.35)
+
+
+def _english_ppl(engine, window):
+    from ember.offload.perplexity import perplexity
+
+    text = (DATA / "english.txt").read_text()
+    ids = engine.tokenizer.encode(text, add_bos=False)
+    return ids, perplexity(engine.model, ids, engine.tokenizer.bos_id, window=window)
+
+
+def test_perplexity_within_2_percent_of_llama_cpp(default_engine):
+    """Against llama.cpp's figure recorded on the same file and windows (the fixture says how)."""
+    ref = json.loads((DATA / "gemma3_perplexity_llamacpp.json").read_text())
+    ids, ours = _english_ppl(default_engine, ref["window"])
+    assert ours.tokens == ref["tokens"] == len(ids)
+    assert abs(ours.ppl / ref["ppl"] - 1) < 0.02, (ours.ppl, ref["ppl"])
+
+
+def test_perplexity_matches_live_llama_cpp(default_engine, default_model_path):
+    pytest.importorskip("llama_cpp", reason="the [baseline] extra is not installed")
+    from ember.app.baseline import LlamaCpp
+
+    ids, ours = _english_ppl(default_engine, 512)
+    theirs = LlamaCpp(default_model_path, 2, 512, logits_all=True).perplexity(
+        ids, default_engine.tokenizer.bos_id, 512)
+    assert theirs.tokens == ours.tokens
+    assert abs(ours.ppl / theirs.ppl - 1) < 0.02, (ours.ppl, theirs.ppl)
