@@ -2,7 +2,7 @@
 
 Shapes: one K and one V tensor per layer, (max_len, n_kv_heads, head_dim). Positions are the
 token indices 0..length-1 of the sequence. The paged cache in `offload/` implements the same
-three methods.
+protocol: reserve(n) -> write/read per layer -> commit(n), plus truncate(length).
 """
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ class ContiguousKVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = 0  # tokens committed so far
+
+    def reserve(self, n: int) -> None:
+        """Check that n more positions fit (the paged cache allocates blocks here)."""
+        if self.length + n > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens; {self.length + n} needed")
+
+    def commit(self, n: int) -> None:
+        """The n reserved positions now hold valid K/V."""
+        self.length += n
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V (T, n_kv, hd) for positions start..start+T-1 of `layer`."""

@@ -215,10 +215,11 @@ class Transformer(nn.Module):
         Returns the final-normed hidden states (T, hidden).
         """
         start = cache.length
+        cache.reserve(ids.shape[0])
         x = self.embed(ids)
         for block in self.blocks:
             x = block(x, start, cache)
-        cache.length = start + ids.shape[0]
+        cache.commit(ids.shape[0])
         return rms_norm(x, self.output_norm, self.cfg.rms_eps)
 
     @torch.inference_mode()

@@ -1,0 +1,89 @@
+"""Fixed-size KV blocks: a pool of storage on one tier and its reference-counted allocator.
+
+A block holds `block_size` consecutive positions of one layer's K and V:
+k[block] is (block_size, n_kv_heads, head_dim). Blocks are per layer so that a sliding-window
+layer can give back the blocks its window has left behind while global layers keep theirs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ember.models.errors import EmberError
+
+
+class OutOfBlocks(EmberError):
+    """A KV pool has no free block and nothing can be evicted."""
+
+
+class BlockAllocator:
+    """Free list plus reference counts. A block is free exactly when its count is 0."""
+
+    def __init__(self, n_blocks: int):
+        self.refs = [0] * n_blocks
+        self._free = list(range(n_blocks - 1, -1, -1))  # pop() hands out low ids first
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def n_used(self) -> int:
+        return len(self.refs) - len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise OutOfBlocks("KV pool is full")
+        block = self._free.pop()
+        self.refs[block] = 1
+        return block
+
+    def incref(self, block: int) -> None:
+        self.refs[block] += 1
+
+    def decref(self, block: int) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self._free.append(block)
+
+
+class KVPool:
+    """K/V storage for `n_blocks` blocks on one device, with its allocator.
+
+    k, v: (n_blocks, block_size, n_kv_heads, head_dim). Host pools are pinned when CUDA is
+    present so swaps can run asynchronously.
+    """
+
+    def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 pin: bool = False):
+        shape = (n_blocks, block_size, n_kv_heads, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype, pin_memory=pin)
+        self.v = torch.zeros(shape, device=device, dtype=dtype, pin_memory=pin)
+        self.block_size = block_size
+        self.allocator = BlockAllocator(n_blocks)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def block_bytes(self) -> int:
+        return 2 * self.k[0].nbytes
+
+    def copy_blocks(self, src: "KVPool", src_ids: list[int], dst_ids: list[int]) -> None:
+        """Copy whole blocks src_ids of `src` into our blocks dst_ids (any devices)."""
+        if not src_ids:
+            return
+        s = torch.tensor(src_ids, device=src.k.device)
+        d = torch.tensor(dst_ids, device=self.k.device)
+        self.k.index_copy_(0, d, src.k.index_select(0, s).to(self.k.device, non_blocking=True))
+        self.v.index_copy_(0, d, src.v.index_select(0, s).to(self.v.device, non_blocking=True))
+
+
+def blocks_for_budget(budget_bytes: int, block_bytes: int, what: str) -> int:
+    n = budget_bytes // block_bytes
+    if n < 1:
+        raise EmberError(f"{what} of {budget_bytes} bytes holds no KV block "
+                         f"(one block needs {block_bytes} bytes); raise it")
+    return n

@@ -1,0 +1,349 @@
+"""The paged KV cache: sequences as per-layer block tables over a device pool and a host pool.
+
+Verbs (nano-vllm's block manager, plus swapping):
+- `allocate()` a new empty sequence, `free()` it;
+- `fork()`: a new sequence sharing every block (reference counted); the first write into a
+  shared block copies it first (copy-on-write), so forks never disturb each other;
+- `truncate()`: roll back to a length (speculation, regenerate);
+- `swap_out()` / `swap_in()`: move a whole sequence between the device pool and the host pool.
+When the device pool runs out, the least recently used idle sequence is swapped out; when the
+host pool runs out too, the least recently used idle host sequence is dropped: its blocks are
+freed and it is marked `dropped`, so its owner recomputes it. Nothing is ever overwritten
+silently.
+
+Sliding-window layers release blocks that lie wholly before their window (keeping
+`rollback_margin` extra positions so a short truncate still finds what it needs).
+
+`view(seq_id)` gives the object the model's attention talks to (reserve/write/read/commit).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ember.models.config import ModelConfig
+
+from .kv_blocks import KVPool, OutOfBlocks
+
+DEVICE, HOST, DROPPED = "device", "host", "dropped"
+
+
+@dataclass
+class Sequence:
+    id: int
+    tables: list[list[int | None]]  # per layer: pool block id per logical block, None = released
+    length: int = 0
+    tier: str = DEVICE
+    last_used: int = 0
+
+
+@dataclass
+class KVStats:
+    swaps_out: int = 0
+    swaps_in: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    swap_s: float = 0.0
+    dropped: int = 0
+    cow_copies: int = 0
+
+
+class PagedKVCache:
+    def __init__(self, config: ModelConfig, device_blocks: int, host_blocks: int = 0,
+                 block_size: int = 16, device: torch.device | str = "cpu",
+                 rollback_margin: int = 64):
+        if block_size < 1 or device_blocks < 1 or host_blocks < 0:
+            raise ValueError("block_size and device_blocks must be >= 1, host_blocks >= 0")
+        dims = (block_size, config.n_kv_heads, config.head_dim)
+        pin = torch.device(device).type == "cuda"
+        self.device_pool = KVPool(device_blocks, *dims, device=device)
+        self.host_pool = KVPool(host_blocks, *dims, device="cpu", pin=pin)
+        self.block_size = block_size
+        self.n_layers = config.n_layers
+        self.windows = [config.window(i) for i in range(config.n_layers)]
+        self.rollback_margin = rollback_margin
+        self.max_len = config.context_length
+        self.seqs: dict[int, Sequence] = {}
+        self.stats = KVStats()
+        self._next_id = 0
+        self._clock = 0
+
+    # -- sequence verbs -----------------------------------------------------------------
+    def allocate(self) -> int:
+        seq = Sequence(self._next_id, [[] for _ in range(self.n_layers)])
+        self._next_id += 1
+        self.seqs[seq.id] = seq
+        self._touch(seq)
+        return seq.id
+
+    def free(self, seq_id: int) -> None:
+        seq = self.seqs.pop(seq_id)
+        self._release_all(seq)
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence with the same contents, sharing blocks until either side writes."""
+        src = self._get(seq_id)
+        self._ensure_resident(src)
+        child = Sequence(self._next_id, [list(t) for t in src.tables], src.length, src.tier)
+        self._next_id += 1
+        pool = self._pool(src)
+        for table in child.tables:
+            for block in table:
+                if block is not None:
+                    pool.allocator.incref(block)
+        self.seqs[child.id] = child
+        self._touch(child)
+        return child.id
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Forget positions >= length. Raises ValueError if released blocks would be needed:
+        check `can_truncate` first and recompute instead."""
+        seq = self._get(seq_id)
+        if not self.can_truncate(seq_id, length):
+            raise ValueError(f"cannot truncate sequence {seq_id} of length {seq.length} to {length}")
+        keep = -(-length // self.block_size)
+        pool = self._pool(seq)
+        for table in seq.tables:
+            for block in table[keep:]:
+                if block is not None:
+                    pool.allocator.decref(block)
+            del table[keep:]
+        seq.length = length
+
+    def can_truncate(self, seq_id: int, length: int) -> bool:
+        """Whether every block a truncated sequence still needs is held (not window-released)."""
+        seq = self._get(seq_id)
+        if seq.tier == DROPPED or not 0 <= length <= seq.length:
+            return False
+        for layer, table in enumerate(seq.tables):
+            window = self.windows[layer]
+            lo = 0 if window is None else max(0, length - window + 1)  # what position `length` sees
+            first_block = lo // self.block_size
+            last_block = (length - 1) // self.block_size
+            if any(table[b] is None for b in range(first_block, last_block + 1)):
+                return False
+        return True
+
+    def swap_out(self, seq_id: int) -> None:
+        """Move a sequence's blocks to the host pool (dropping idle host sequences if full)."""
+        seq = self._get(seq_id)
+        if seq.tier != DEVICE:
+            return
+        self._move(seq, self.device_pool, self.host_pool, HOST)
+
+    def swap_in(self, seq_id: int) -> None:
+        """Bring a swapped-out sequence back to the device pool (evicting idle ones if full)."""
+        seq = self._get(seq_id)
+        if seq.tier == DROPPED:
+            raise ValueError(f"sequence {seq_id} was dropped; recompute it")
+        if seq.tier == HOST:
+            self._move(seq, self.host_pool, self.device_pool, DEVICE)
+
+    def view(self, seq_id: int) -> "SequenceKV":
+        return SequenceKV(self, self._get(seq_id))
+
+    def usage(self) -> dict:
+        d, h = self.device_pool.allocator, self.host_pool.allocator
+        tiers = [s.tier for s in self.seqs.values()]
+        return {
+            "block_size": self.block_size,
+            "device_blocks_used": d.n_used, "device_blocks_free": d.n_free,
+            "host_blocks_used": h.n_used, "host_blocks_free": h.n_free,
+            "block_bytes": self.device_pool.block_bytes,
+            "sequences": {t: tiers.count(t) for t in (DEVICE, HOST, DROPPED)},
+            **self.stats.__dict__,
+        }
+
+    # -- used by SequenceKV during a forward pass ------------------------------------------
+    def reserve(self, seq: Sequence, n: int) -> None:
+        """Make positions [length, length + n) writable on the device for every layer."""
+        if seq.length + n > self.max_len:
+            raise ValueError(f"context of {seq.length + n} tokens exceeds the model's "
+                             f"maximum {self.max_len}")
+        self._ensure_resident(seq)
+        first, last = seq.length // self.block_size, (seq.length + n - 1) // self.block_size
+        for table in seq.tables:
+            for b in range(first, last + 1):
+                if b >= len(table):
+                    table.append(self._alloc_device(seq))
+                elif self.device_pool.allocator.refs[table[b]] > 1:
+                    table[b] = self._copy_on_write(seq, table[b])
+        self._touch(seq)
+
+    def slots(self, seq: Sequence, layer: int, lo: int, hi: int) -> torch.Tensor:
+        """Flat pool slot (block * block_size + offset) of each position lo..hi-1 of a layer."""
+        bs = self.block_size
+        table = seq.tables[layer]
+        blocks = torch.tensor(table[lo // bs: (hi - 1) // bs + 1])
+        flat = (blocks[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
+        start = lo - (lo // bs) * bs
+        return flat[start: start + (hi - lo)].to(self.device_pool.k.device)
+
+    def commit(self, seq: Sequence, n: int) -> None:
+        seq.length += n
+        self._release_outside_windows(seq)
+
+    # -- internals ----------------------------------------------------------------------
+    def _first_needed(self, layer: int, length: int) -> int:
+        """Smallest position a query at >= length - rollback_margin may still attend to."""
+        window = self.windows[layer]
+        if window is None:
+            return 0
+        return max(0, length - self.rollback_margin - window + 1)
+
+    def _release_outside_windows(self, seq: Sequence) -> None:
+        pool = self._pool(seq)
+        for layer, table in enumerate(seq.tables):
+            if self.windows[layer] is None:
+                continue
+            dead_blocks = self._first_needed(layer, seq.length) // self.block_size
+            for b in range(min(dead_blocks, len(table))):
+                if table[b] is not None:
+                    pool.allocator.decref(table[b])
+                    table[b] = None
+
+    def _alloc_device(self, seq: Sequence) -> int:
+        while True:
+            try:
+                return self.device_pool.allocator.alloc()
+            except OutOfBlocks:
+                if not self._evict_one(exclude=seq):
+                    raise OutOfBlocks(
+                        f"the KV budget ({self.device_pool.n_blocks} blocks of "
+                        f"{self.block_size} tokens per layer) cannot hold this context; raise "
+                        "--kv-budget or lower --ctx-size") from None
+
+    def _copy_on_write(self, seq: Sequence, block: int) -> int:
+        fresh = self._alloc_device(seq)
+        self.device_pool.copy_blocks(self.device_pool, [block], [fresh])
+        self.device_pool.allocator.decref(block)
+        self.stats.cow_copies += 1
+        return fresh
+
+    def _evict_one(self, exclude: Sequence) -> bool:
+        """Swap out the least recently used idle device sequence; False if there is none."""
+        idle = [s for s in self.seqs.values()
+                if s.tier == DEVICE and s is not exclude and _holds_blocks(s)]
+        if not idle:
+            return False
+        self.swap_out(min(idle, key=lambda s: s.last_used).id)
+        return True
+
+    def _move(self, seq: Sequence, src: KVPool, dst: KVPool, tier: str) -> None:
+        t0 = time.perf_counter()
+        ids = sorted({b for table in seq.tables for b in table if b is not None})
+        new_ids = self._alloc_many(dst, len(ids), seq)
+        if new_ids is None and tier == HOST:  # both pools full: this idle sequence is dropped
+            self._release_all(seq)
+            seq.tier = DROPPED
+            self.stats.dropped += 1
+            return
+        if new_ids is None:
+            raise OutOfBlocks(f"the KV budget cannot hold sequence {seq.id} ({seq.length} "
+                              "tokens) on the device; raise --kv-budget")
+        dst.copy_blocks(src, ids, new_ids)
+        mapping = dict(zip(ids, new_ids))
+        for table in seq.tables:
+            for i, b in enumerate(table):
+                if b is not None:
+                    table[i] = mapping[b]
+        for b in ids:
+            src.allocator.decref(b)
+        seq.tier = tier
+        nbytes = len(ids) * src.block_bytes
+        if tier == HOST:
+            self.stats.swaps_out += 1
+            self.stats.bytes_out += nbytes
+        else:
+            self.stats.swaps_in += 1
+            self.stats.bytes_in += nbytes
+        self.stats.swap_s += time.perf_counter() - t0
+
+    def _alloc_many(self, pool: KVPool, n: int, seq: Sequence) -> list[int] | None:
+        """n blocks from `pool`, making room by evicting (device) or dropping (host) idle
+        sequences, least recently used first; None if that is not enough."""
+        while pool.allocator.n_free < n:
+            if pool is self.device_pool:
+                if not self._evict_one(exclude=seq):
+                    return None
+            elif not self._drop_one_host(exclude=seq):
+                return None
+        return [pool.allocator.alloc() for _ in range(n)]
+
+    def _drop_one_host(self, exclude: Sequence) -> bool:
+        idle = [s for s in self.seqs.values() if s.tier == HOST and s is not exclude]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda s: s.last_used)
+        self._release_all(victim)
+        victim.tier = DROPPED
+        self.stats.dropped += 1
+        return True
+
+    def _release_all(self, seq: Sequence) -> None:
+        if seq.tier == DROPPED:
+            return
+        pool = self._pool(seq)
+        for table in seq.tables:
+            for b in table:
+                if b is not None:
+                    pool.allocator.decref(b)
+        seq.tables = [[] for _ in range(self.n_layers)]
+
+    def _ensure_resident(self, seq: Sequence) -> None:
+        if seq.tier == HOST:
+            self.swap_in(seq.id)
+        if seq.tier == DROPPED:
+            raise ValueError(f"sequence {seq.id} was dropped; recompute it")
+
+    def _pool(self, seq: Sequence) -> KVPool:
+        return self.host_pool if seq.tier == HOST else self.device_pool
+
+    def _get(self, seq_id: int) -> Sequence:
+        if seq_id not in self.seqs:
+            raise KeyError(f"no KV sequence {seq_id}")
+        return self.seqs[seq_id]
+
+    def _touch(self, seq: Sequence) -> None:
+        self._clock += 1
+        seq.last_used = self._clock
+
+
+def _holds_blocks(seq: Sequence) -> bool:
+    return any(b is not None for table in seq.tables for b in table)
+
+
+@dataclass
+class SequenceKV:
+    """One sequence seen through the cache protocol the model's attention uses."""
+
+    cache: PagedKVCache
+    seq: Sequence
+
+    @property
+    def length(self) -> int:
+        return self.seq.length
+
+    def reserve(self, n: int) -> None:
+        self.cache.reserve(self.seq, n)
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        slots = self.cache.slots(self.seq, layer, start, start + k.shape[0])
+        pool = self.cache.device_pool
+        pool.k.view(-1, *pool.k.shape[2:]).index_copy_(0, slots, k)
+        pool.v.view(-1, *pool.v.shape[2:]).index_copy_(0, slots, v)
+
+    def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = self.cache.slots(self.seq, layer, lo, hi)
+        pool = self.cache.device_pool
+        return (pool.k.view(-1, *pool.k.shape[2:]).index_select(0, slots),
+                pool.v.view(-1, *pool.v.shape[2:]).index_select(0, slots))
+
+    def commit(self, n: int) -> None:
+        self.cache.commit(self.seq, n)
+
+    def truncate(self, length: int) -> None:
+        self.cache.truncate(self.seq.id, length)
