@@ -24,6 +24,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
     p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
                    help="context window in tokens (default: 4096, capped at the model's)")
+    p.add_argument("--kv-budget", metavar="SIZE",
+                   help="device KV-cache pool, e.g. 256MB (default: one full context)")
+    p.add_argument("--kv-host-budget", metavar="SIZE",
+                   help="host-RAM pool for idle conversations' KV (default: one full context)")
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,8 @@ from ember.models.tokenizer import StreamDecoder
 
 from .device import resolve_device, set_threads
 from .events import DoneEvent, Timings, TokenEvent
+from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
+from .paged_kv import PagedKVCache
 from .runner import Runner
 from .sampler import Sampler, SamplingParams
 from .stopping import StopStrings
@@ -34,6 +36,9 @@ class EngineOptions:
     device: str = "auto"
     n_ctx: int = DEFAULT_CTX  # capped at the model's own context length
     threads: int | None = None
+    kv_budget: int | None = None  # device KV pool in bytes; None: one full-length context
+    kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
+    kv_block_size: int = DEFAULT_BLOCK_SIZE
 
     def __post_init__(self):
         if self.n_ctx < 1:
@@ -49,7 +54,11 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.stop_ids = set(loaded.source.stop_ids)
         n_ctx = min(options.n_ctx, loaded.config.context_length)
-        self.runner = Runner(self.model, n_ctx)
+        self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
+                               options.kv_block_size)
+        self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
+                               self.kv_plan.block_size, self.device, DEFAULT_ROLLBACK_MARGIN)
+        self.runner = Runner(self.model, self.kv, n_ctx)
 
     @classmethod
     def load(cls, model_path: str | Path | None = None, options: EngineOptions = EngineOptions()):
@@ -83,8 +92,12 @@ class Engine:
     # -- generation ---------------------------------------------------------------------
     def stream(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: tuple[str, ...] = (), ignore_eos: bool = False,
-               cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
+               cancel: threading.Event | None = None,
+               session: str = "default") -> Iterator[TokenEvent | DoneEvent]:
         """Generate after `prompt_ids`, yielding a TokenEvent per token and one DoneEvent.
+
+        `session` names the conversation whose KV cache to extend (one per chat); a prompt
+        that starts with what the session already holds prefills only the rest.
 
         Stops at an end-of-sequence/end-of-turn token (unless `ignore_eos`), a `stop` string,
         `max_tokens`, a full context, or when `cancel` is set (checked before every token).
@@ -101,8 +114,8 @@ class Engine:
         finish = "length"
         start = time.perf_counter()
         stop_ids = set() if ignore_eos else self.stop_ids
-        for token, reason in self._steps(prompt_ids, sampling, max_tokens, stop_ids, timings,
-                                         cancel):
+        for token, reason in self._steps(session, prompt_ids, sampling, max_tokens, stop_ids,
+                                         timings, cancel):
             if reason is not None:
                 finish = reason
                 break
@@ -125,11 +138,11 @@ class Engine:
         timings.generated_tokens = len(generated)
         yield DoneEvent(finish, text, generated, list(prompt_ids), timings)
 
-    def _steps(self, prompt_ids, sampling, max_tokens, stop_ids, timings, cancel):
+    def _steps(self, session, prompt_ids, sampling, max_tokens, stop_ids, timings, cancel):
         """Yield (token, None) per generated token, then (None, finish_reason) if it ends early."""
         sampler = Sampler(sampling)
         t0 = time.perf_counter()
-        logits = self.runner.prefill(list(prompt_ids))
+        logits = self.runner.prefill(session, list(prompt_ids))
         timings.prefill_s = time.perf_counter() - t0
         history = list(prompt_ids)
         for i in range(max_tokens):
@@ -144,10 +157,14 @@ class Engine:
             yield token, None
             if i + 1 == max_tokens:
                 return
-            if len(self.runner.tokens) >= self.n_ctx:
+            if len(self.runner.tokens(session)) >= self.n_ctx:
                 yield None, "context"
                 return
-            logits = self.runner.decode(token)
+            logits = self.runner.decode(session, token)
+
+    def kv_usage(self) -> dict:
+        """Blocks used/free on each tier, swaps (count, bytes, seconds), dropped sessions."""
+        return {**self.kv.usage(), "plan": self.kv_plan.to_dict()}
 
     def generate(self, prompt_ids: list[int], **kwargs) -> DoneEvent:
         """Blocking helper: run `stream()` to the end and return its DoneEvent."""

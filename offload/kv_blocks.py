@@ -58,8 +58,10 @@ class KVPool:
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  pin: bool = False):
         shape = (n_blocks, block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype, pin_memory=pin)
-        self.v = torch.zeros(shape, device=device, dtype=dtype, pin_memory=pin)
+        # empty, not zeros: only written slots are ever read, and untouched pages of a large
+        # host pool then cost no RAM until a swap uses them.
+        self.k = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
+        self.v = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
         self.block_size = block_size
         self.allocator = BlockAllocator(n_blocks)
 

@@ -1,68 +1,103 @@
-"""Batch-1 execution of one sequence: chunked prefill, then one token per decode step.
+"""Batch-1 execution over the paged KV cache: chunked prefill, one token per decode step.
 
-The runner owns the KV cache and remembers which token ids it holds, so a new request that
-extends the previous one (the next chat turn) prefills only the new tokens.
+Each named session (one chat conversation) owns a KV sequence and remembers the token ids it
+holds, so a new request that extends the previous one (the next chat turn) prefills only the
+new tokens. Switching sessions leaves the idle one's blocks where they are; the cache swaps
+them to host RAM if the device pool needs room and back in when the session returns. A
+session the cache had to drop is recomputed from its tokens, transparently.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from ember.models.errors import ConfigError
 from ember.models.transformer import Transformer
 
+from .paged_kv import DROPPED, PagedKVCache
+
 DEFAULT_PREFILL_CHUNK = 512
 
 
+@dataclass
+class Session:
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)  # ids whose K/V the sequence holds
+    recomputed: int = 0  # times its cache was dropped and rebuilt
+
+
 class Runner:
-    def __init__(self, model: Transformer, n_ctx: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+    def __init__(self, model: Transformer, kv: PagedKVCache, n_ctx: int,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         if n_ctx > model.cfg.context_length:
             raise ConfigError(f"context size {n_ctx} exceeds the model's maximum "
                               f"{model.cfg.context_length}")
-        self.model, self.n_ctx, self.prefill_chunk = model, n_ctx, prefill_chunk
-        self.cache = model.new_cache(n_ctx)
-        self.tokens: list[int] = []  # ids whose K/V the cache holds, in order
+        self.model, self.kv, self.n_ctx, self.prefill_chunk = model, kv, n_ctx, prefill_chunk
+        self.sessions: dict[str, Session] = {}
+        self.last_prefill_tokens = 0  # tokens the last prefill actually computed
 
-    def reset(self) -> None:
-        """Forget the cached sequence (the next prefill starts from scratch)."""
-        self.cache.truncate(0)
-        self.tokens = []
+    def session(self, name: str) -> Session:
+        if name not in self.sessions:
+            self.sessions[name] = Session(self.kv.allocate())
+        return self.sessions[name]
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
+    def tokens(self, name: str) -> list[int]:
+        return self.sessions[name].tokens if name in self.sessions else []
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        """Make the cache hold exactly `ids`; returns the logits after the last one (vocab,).
+    def reset(self, name: str) -> None:
+        """Forget a session's cache (its next prefill starts from scratch)."""
+        if name in self.sessions:
+            self.kv.free(self.sessions.pop(name).seq_id)
 
-        Reuses the longest common prefix with what the cache already holds.
+    def prefill(self, name: str, ids: list[int]) -> torch.Tensor:
+        """Make session `name` hold exactly `ids`; returns the logits after the last one.
+
+        Reuses the longest common prefix with what the session already holds.
         """
         if not ids:
             raise ConfigError("the prompt is empty")
         if len(ids) > self.n_ctx:
             raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds "
                               f"{self.n_ctx}; shorten it or raise --ctx-size")
+        s = self.session(name)
         # Keep at least the last token to recompute: its logits are what we return.
-        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
-        self.cache.truncate(keep)
-        self.tokens = self.tokens[:keep]
+        keep = min(_common_prefix(s.tokens, ids), len(ids) - 1)
+        if self.kv.seqs[s.seq_id].tier == DROPPED or not self.kv.can_truncate(s.seq_id, keep):
+            self._restart(s)
+            keep = 0
+        else:
+            self.kv.truncate(s.seq_id, keep)
+            del s.tokens[keep:]
         hidden = None
+        self.last_prefill_tokens = len(ids) - keep
         for lo in range(keep, len(ids), self.prefill_chunk):
             chunk = ids[lo: lo + self.prefill_chunk]
-            hidden = self.model.hidden(self._tensor(chunk), self.cache)
-            self.tokens.extend(chunk)
+            hidden = self.model.hidden(self._tensor(chunk), self.kv.view(s.seq_id))
+            s.tokens.extend(chunk)
         return self.model.logits(hidden[-1:])[0]
 
-    def decode(self, token: int) -> torch.Tensor:
-        """Append one token; returns the logits for the next position (vocab,)."""
-        if len(self.tokens) >= self.n_ctx:
+    def decode(self, name: str, token: int) -> torch.Tensor:
+        """Append one token to session `name`; returns the logits for the next position."""
+        s = self.sessions[name]
+        if len(s.tokens) >= self.n_ctx:
             raise ConfigError(f"the context is full ({self.n_ctx} tokens)")
-        hidden = self.model.hidden(self._tensor([token]), self.cache)
-        self.tokens.append(token)
+        if self.kv.seqs[s.seq_id].tier == DROPPED:  # rebuilt from its tokens, then continue
+            return self.prefill(name, s.tokens + [token])
+        hidden = self.model.hidden(self._tensor([token]), self.kv.view(s.seq_id))
+        s.tokens.append(token)
         return self.model.logits(hidden)[0]
 
+    def _restart(self, s: Session) -> None:
+        if self.kv.seqs[s.seq_id].tier == DROPPED:
+            s.recomputed += 1
+        self.kv.free(s.seq_id)
+        s.seq_id = self.kv.allocate()
+        s.tokens = []
+
     def _tensor(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
+        return torch.tensor(ids, dtype=torch.long, device=self.model.device)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

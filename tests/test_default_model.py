@@ -48,8 +48,8 @@ def test_first_step_logits_close_to_llama_cpp(default_engine):
     import torch
 
     for case in _fixture()["greedy"][:3]:
-        default_engine.runner.reset()
-        logits = default_engine.runner.prefill(case["prompt_ids"])
+        default_engine.runner.reset("default")
+        logits = default_engine.runner.prefill("default", case["prompt_ids"])
         step = case["steps"][0]
         assert int(torch.argmax(logits)) == step["id"]
         assert math.isclose(float(logits[step["id"]]), step["top1_logit"], abs_tol=0.35)

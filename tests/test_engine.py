@@ -38,11 +38,11 @@ def test_stream_yields_tokens_then_one_done(engine):
 
 def test_greedy_is_deterministic_and_prefix_reuse_is_exact(engine):
     ids = engine.encode("the dog is in the")
-    engine.runner.reset()
+    engine.runner.reset("default")
     first = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
     # Same prompt again reuses the cache (all but the last prompt token): same output.
     again = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
-    engine.runner.reset()
+    engine.runner.reset("default")
     fresh = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
     assert first == again == fresh
 

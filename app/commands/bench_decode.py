@@ -28,7 +28,7 @@ def _prompt_ids(engine, n: int) -> list[int]:
 def _ember_run(engine, ids: list[int], gen: int) -> dict:
     from ember.offload.sampler import GREEDY
 
-    engine.runner.reset()  # no prefix reuse between runs: time the full prefill
+    engine.runner.reset("default")  # no prefix reuse between runs: time the full prefill
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
     t = done.timings
     return {"prefill": t.prefill_tokens_per_s, "decode": t.decode_tokens_per_s}

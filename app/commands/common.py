@@ -18,8 +18,14 @@ def model_path(args):
 
 def load_engine(args):
     from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.sizes import parse_size
 
-    options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads)
+    def size(flag: str):
+        value = getattr(args, flag.replace("-", "_"), None)
+        return None if value is None else parse_size(value, f"--{flag}")
+
+    options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads,
+                            kv_budget=size("kv-budget"), kv_host_budget=size("kv-host-budget"))
     print("ember: loading model…", file=sys.stderr, flush=True)
     return Engine.load(model_path(args), options)
 

@@ -40,6 +40,7 @@ def run(args) -> int:
             "prefill_tokens_per_s": t.prefill_tokens_per_s,
             "decode_tokens_per_s": t.decode_tokens_per_s,
             "timings": t.to_dict(),
+            "kv": engine.kv_usage(),
             "device": str(engine.device),
         })
     else:
