@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine, interleaved")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_decode")
+    b = bench.add_parser("kv", help="paged KV cache: swap-in vs re-prefill, paged vs contiguous decode")
+    _engine_options(b)
+    b.add_argument("--resume-tokens", type=int, default=2000, metavar="N")
+    b.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 2048], metavar="N")
+    b.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per run")
+    b.add_argument("--runs", type=int, default=3, metavar="N")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_kv")
     return parser
 
 

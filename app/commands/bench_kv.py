@@ -1,0 +1,92 @@
+"""`ember bench kv`: what the paged KV cache costs and saves, measured in one run.
+
+- Resuming a long conversation: swap its blocks back in (then compute one token) versus
+  re-prefilling the whole conversation.
+- Decode tokens/s through the paged cache versus the contiguous reference cache, at several
+  context lengths (runs interleaved; medians).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ember.models.errors import EmberError
+
+from .common import load_engine, print_json
+
+SEED_TEXT = ("A river keeper's notebook records the height of the water, the colour of the sky "
+             "and the birds that pass each morning, one line a day for many years. ")
+
+
+def _prompt(engine, n: int) -> list[int]:
+    ids = engine.encode(SEED_TEXT * (n // 10 + 2))[:n]
+    if len(ids) < n:
+        raise EmberError(f"could not build a {n}-token prompt")
+    return ids
+
+
+def _resume(engine, ids: list[int]) -> dict:
+    runner, kv = engine.runner, engine.kv
+    runner.reset("bench")
+    runner.prefill("bench", ids)
+    kv.swap_out(runner.session("bench").seq_id)
+    t0 = time.perf_counter()
+    runner.prefill("bench", ids)  # swaps in, then recomputes only the last token
+    swap_in = time.perf_counter() - t0
+    runner.reset("bench")
+    t0 = time.perf_counter()
+    runner.prefill("bench", ids)
+    reprefill = time.perf_counter() - t0
+    return {"swap_in_s": swap_in, "reprefill_s": reprefill}
+
+
+def _decode_paged(engine, ids, steps) -> float:
+    engine.runner.reset("bench")
+    engine.runner.prefill("bench", ids)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        engine.runner.decode("bench", 100 + i)
+    return steps / (time.perf_counter() - t0)
+
+
+def _decode_contiguous(engine, ids, steps) -> float:
+    model = engine.model
+    cache = model.new_cache(len(ids) + steps + 1)
+    model.hidden(torch.tensor(ids, device=model.device), cache)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        model.logits(model.hidden(torch.tensor([100 + i], device=model.device), cache))
+    return steps / (time.perf_counter() - t0)
+
+
+def run(args) -> int:
+    if args.runs < 1 or args.steps < 1:
+        raise EmberError("--runs and --steps must be at least 1")
+    engine = load_engine(args)
+    longest = max(args.contexts + [args.resume_tokens])
+    if longest + args.steps >= engine.n_ctx:
+        raise EmberError(f"--ctx-size {engine.n_ctx} is too small for {longest} + {args.steps} tokens")
+    resume = [_resume(engine, _prompt(engine, args.resume_tokens)) for _ in range(args.runs)]
+    decode = {}
+    for ctx in args.contexts:
+        ids = _prompt(engine, ctx)
+        paged, contiguous = [], []
+        for _ in range(args.runs):
+            paged.append(_decode_paged(engine, ids, args.steps))
+            contiguous.append(_decode_contiguous(engine, ids, args.steps))
+        p, c = statistics.median(paged), statistics.median(contiguous)
+        decode[str(ctx)] = {"paged_tok_s": p, "contiguous_tok_s": c, "paged_over_contiguous": p / c}
+    s, r = (statistics.median(x[k] for x in resume) for k in ("swap_in_s", "reprefill_s"))
+    print_json({
+        "resume": {"tokens": args.resume_tokens, "swap_in_s": s, "reprefill_s": r,
+                   "speedup": r / s},
+        "decode": decode,
+        "runs": args.runs,
+        "steps": args.steps,
+        "threads": torch.get_num_threads(),
+        "kv": engine.kv_usage(),
+    })
+    return 0
