@@ -7,9 +7,27 @@ protocol: reserve(n) -> write/read per layer -> commit(n), plus truncate(length)
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from .config import ModelConfig
+
+
+class KVCache(Protocol):
+    """What attention needs from a cache, for one sequence.
+
+    A forward pass of T tokens calls reserve(T), then write/read for each layer, then
+    commit(T). Positions are absolute token indices of the sequence.
+    """
+
+    length: int
+
+    def reserve(self, n: int) -> None: ...
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def commit(self, n: int) -> None: ...
+    def truncate(self, length: int) -> None: ...
 
 
 class ContiguousKVCache:

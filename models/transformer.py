@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kv import ContiguousKVCache
+from .kv import ContiguousKVCache, KVCache
 from .weights import WeightStore
 
 
@@ -96,7 +96,7 @@ class Attention(nn.Module):
             _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
             _attach(self, "k_norm", w.load(p + "attn_k_norm.weight", (hd,)))
 
-    def forward(self, x: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
         q = (x @ self.wq).view(T, cfg.n_heads, cfg.head_dim)
         k = (x @ self.wk).view(T, cfg.n_kv_heads, cfg.head_dim)
@@ -163,7 +163,7 @@ class Block(nn.Module):
             _attach(self, "post_attn_norm", w.load(p + "post_attention_norm.weight", (h,)))
             _attach(self, "post_ffn_norm", w.load(p + "post_ffw_norm.weight", (h,)))
 
-    def forward(self, x: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
         eps = self.cfg.rms_eps
         a = self.attn(rms_norm(x, self.attn_norm, eps), start, cache)
         if self.cfg.sandwich_norms:
@@ -209,7 +209,7 @@ class Transformer(nn.Module):
         return ContiguousKVCache(self.cfg, max_len, device=self.device)
 
     @torch.inference_mode()
-    def hidden(self, ids: torch.Tensor, cache: ContiguousKVCache) -> torch.Tensor:
+    def hidden(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run ids (T,) at positions cache.length.. ; commits them to the cache.
 
         Returns the final-normed hidden states (T, hidden).
@@ -231,6 +231,6 @@ class Transformer(nn.Module):
             out = torch.tanh(out / cap) * cap
         return out
 
-    def forward(self, ids: torch.Tensor, cache: ContiguousKVCache) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits of the last position only (1, vocab): what decoding needs."""
         return self.logits(self.hidden(ids, cache)[-1:])
