@@ -12,6 +12,7 @@ from .sizes import format_size
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_ROLLBACK_MARGIN = 64
+DEFAULT_PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,18 @@ class KVPlan:
 
 
 def blocks_for_one_sequence(cfg: ModelConfig, n_ctx: int, block_size: int,
-                            margin: int = DEFAULT_ROLLBACK_MARGIN) -> int:
-    """Blocks a sequence of n_ctx tokens holds at most: all of them on global layers, the
-    window (plus the rollback margin and a partial block at each end) on windowed ones."""
+                            margin: int = DEFAULT_ROLLBACK_MARGIN,
+                            chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
+    """Blocks a sequence of n_ctx tokens holds at most: all of them on global layers; on
+    windowed ones the window, the rollback margin and one prefill chunk (a chunk's blocks are
+    reserved before the blocks it pushes out of the window are released), plus a partial
+    block at the start."""
     full = -(-n_ctx // block_size)
     total = 0
     for layer in range(cfg.n_layers):
         window = cfg.window(layer)
-        total += full if window is None else min(full, -(-(window + margin) // block_size) + 1)
+        held = full if window is None else -(-(window + margin + chunk) // block_size) + 1
+        total += min(full, held)
     return total
 
 

@@ -16,9 +16,8 @@ import torch
 from ember.models.errors import ConfigError
 from ember.models.transformer import Transformer
 
+from .kv_plan import DEFAULT_PREFILL_CHUNK
 from .paged_kv import DROPPED, PagedKVCache
-
-DEFAULT_PREFILL_CHUNK = 512
 
 
 @dataclass

@@ -189,3 +189,21 @@ def test_random_operation_sequences_match_reference(model, ops, margin):
         if sid in cache.seqs and cache.seqs[sid].tier != DROPPED:
             got = _append(model, cache.view(sid), [4])
             torch.testing.assert_close(got, _reference_last_logits(model, ids + [4]), **TOL)
+
+
+def test_planned_blocks_suffice_for_a_full_context_prefilled_in_chunks(model):
+    from ember.offload.kv_plan import blocks_for_one_sequence
+    from ember.offload.runner import Runner
+
+    n_ctx, bs, margin, chunk = 200, 4, 4, 16
+    need = blocks_for_one_sequence(model.cfg, n_ctx, bs, margin=margin, chunk=chunk)
+    full = model.cfg.n_layers * (n_ctx // bs)
+    assert need < full  # the five windowed layers keep only their window's blocks
+    cache = PagedKVCache(model.cfg, device_blocks=need, block_size=bs, rollback_margin=margin)
+    runner = Runner(model, cache, n_ctx, prefill_chunk=chunk)
+    ids = _ids(n_ctx - 3)
+    logits = runner.prefill("s", ids)
+    torch.testing.assert_close(logits, _reference_last_logits(model, ids), **TOL)
+    for t in (7, 8):
+        runner.decode("s", t)
+    assert cache.device_pool.allocator.n_used <= need
