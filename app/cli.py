@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runs", type=int, default=3, metavar="N")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_kv")
+
+    p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
+    _engine_options(p)
+    p.add_argument("--system", metavar="TEXT", help="system prompt for new conversations")
+    p.set_defaults(handler="chat")
     return parser
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .config import ModelConfig
 from .errors import ModelFormatError
+from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
 from .hf_config import HFConfig
 from .registry import family_for_gguf, family_for_hf
@@ -19,8 +21,11 @@ from .tokenizer import Tokenizer, VocabSpec, default_cache_path
 from .transformer import Transformer
 from .weights import WeightStore
 
-# Control tokens that end an assistant turn in the chat formats Ember knows.
-END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
+# Control tokens that end an assistant turn in the chat formats Ember knows. A model that
+# starts a new turn has finished its own, so turn openers stop generation too (base models,
+# like the default Gemma 3 270M, readily write "<start_of_turn>user" in chat mode).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<start_of_turn>", "<|eot_id|>", "<|start_header_id|>",
+                      "<|im_end|>", "<|im_start|>", "<|end|>")
 
 
 @dataclass
@@ -74,8 +79,12 @@ def open_model(path: str | Path) -> ModelSource:
     return _open_gguf(path)
 
 
-def load_model(path: str | Path) -> LoadedModel:
+def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = None) -> LoadedModel:
+    """open_model, then the fp32 Transformer. `check(source)` runs in between: the last moment
+    to refuse (e.g. not enough memory) before the weights are dequantized."""
     source = open_model(path)
+    if check is not None:
+        check(source)
     return LoadedModel(source, Transformer(source.config, source.weights))
 
 
@@ -109,10 +118,14 @@ def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
     n = len(tokens)
     scores = f.field(t + "scores", list, None)
     types = f.field(t + "token_type", list, None)
-    for key, values in (("scores", scores), ("token_type", types)):
-        if values is not None and len(values) != n:
+    merges = f.field(t + "merges", list, None)
+    for key, values, kind in (("scores", scores, float), ("token_type", types, int),
+                              ("merges", merges, str)):
+        if key != "merges" and values is not None and len(values) != n:
             raise ModelFormatError(f.path, f"metadata '{t}{key}' has {len(values)} entries, "
                                            f"the vocabulary {n}")
+        if values:  # a GGUF array has one item type, so its first item stands for all
+            typed(f.path, f"items of metadata '{t}{key}'", values[0], kind)
     ids = {}
     for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
         value = f.field(t + key, int, None)
@@ -125,7 +138,7 @@ def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
         scores=scores,
         token_types=types,
         model=model,
-        merges=f.field(t + "merges", list, None),
+        merges=merges,
         pre=f.field(t + "pre", str, None),
         bos_id=ids["bos_token_id"],
         eos_id=ids["eos_token_id"],
@@ -161,7 +174,7 @@ def _hf_chat_template(folder: Path) -> str | None:
     cfg = folder / "tokenizer_config.json"
     try:
         template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # a chat template is optional
         return None
     return template if isinstance(template, str) else None
 

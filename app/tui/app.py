@@ -1,0 +1,403 @@
+"""The chat App: conversations in a sidebar, the open one in the middle, the prompt below.
+
+Threading: the engine runs in thread workers (`load_model`, `generate`), one at a time (the
+Engine is not thread-safe), and reports back only by posting messages (worker_events.py);
+all UI and SQLite work happens on the UI thread in the handlers for those messages.
+At most one reply is in flight: `self._reply` is it, and every worker message carries the
+reply it belongs to, so a stale one is ignored.
+"""
+
+from __future__ import annotations
+
+from textual import on, work
+from textual.app import App
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Input
+
+from ember.models.chat_format import ChatMessage
+from ember.models.errors import EmberError
+from ember.offload.events import DoneEvent
+
+from .engine_port import EnginePort
+from .screens.dialogs import Confirm, TextPrompt
+from .screens.help import HelpScreen
+from .screens.settings_form import SettingsScreen
+from .settings import ChatSettings
+from .store import DEFAULT_TITLE, ChatStore, Conversation
+from .widgets.message_list import MessageList, MessageView
+from .widgets.prompt_input import PromptInput
+from .widgets.sidebar import ConversationItem, ConversationList, Sidebar
+from .widgets.status_bar import StatusBar
+from .worker_events import ModelFailed, ModelLoaded, PendingReply, ReplyDelta, ReplyDone, ReplyFailed
+
+TITLE_CHARS = 40  # a new conversation is titled after the start of its first message
+CURRENT_KEY = "current_conversation"
+
+
+class ChatApp(App):
+    TITLE = "Ember"
+    CSS = """
+    #chat { width: 1fr; }
+    """
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        # Priority: the prompt (a TextArea) would otherwise take Ctrl+E as "end of line".
+        Binding("ctrl+e", "edit_last", "Edit last", priority=True),
+        Binding("ctrl+n", "new_conversation", "New chat"),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("f1", "help", "Help"),
+        Binding("f2", "rename", "Rename", show=False),
+        Binding("ctrl+o", "copy_reply", "Copy reply", show=False),
+        Binding("ctrl+f", "search", "Search", show=False),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False),
+    ]
+
+    CHAT_ACTIONS = frozenset(binding.action for binding in BINDINGS)
+
+    def __init__(self, port: EnginePort, store: ChatStore, system_prompt: str = ""):
+        """`system_prompt` is given to conversations created in this session."""
+        super().__init__()
+        self.port = port
+        self.store = store
+        self.default_system_prompt = system_prompt
+        self.conversation: Conversation | None = None
+        self.model_state = "loading"  # loading -> ready | failed
+        self.model_error = ""
+        self._reply: PendingReply | None = None  # the reply streaming or waiting for the model
+        self._reply_view: MessageView | None = None  # where `_reply` streams to, once started
+
+    @property
+    def busy(self) -> bool:
+        return self._reply is not None
+
+    def compose(self):
+        with Horizontal():
+            yield Sidebar()
+            with Vertical(id="chat"):
+                yield MessageList()
+                yield PromptInput()
+        yield StatusBar()
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        await self._open(self._initial_conversation())
+        self.query_one(StatusBar).loading(self.port.name)
+        self.query_one(PromptInput).focus()
+        self.load_model()
+
+    def _initial_conversation(self) -> Conversation:
+        """The conversation open when the app last closed, else the latest, else a new one."""
+        saved = self.store.get_state(CURRENT_KEY)
+        if saved is not None and saved.isdigit():
+            conversation = self.store.conversation(int(saved))
+            if conversation is not None:
+                return conversation
+        existing = self.store.list_conversations()
+        if existing:
+            return existing[0]
+        return self.store.create_conversation(self.default_system_prompt)
+
+    # -- model loading ------------------------------------------------------------------
+    @work(thread=True, group="engine", exit_on_error=False)
+    def load_model(self) -> None:
+        try:
+            self.port.load()
+        except Exception as exc:  # any failure becomes a notification, never a crash
+            self.post_message(ModelFailed(_describe(exc)))
+        else:
+            self.post_message(ModelLoaded())
+
+    @on(ModelLoaded)
+    async def _model_loaded(self) -> None:
+        self.model_state = "ready"
+        self.query_one(StatusBar).ready(self.port.name, self.port.n_ctx)
+        if self._reply is not None:  # a message was sent while loading: answer it now
+            await self._start(self._reply)
+
+    @on(ModelFailed)
+    async def _model_failed(self, event: ModelFailed) -> None:
+        self.model_state, self.model_error = "failed", event.error
+        self.query_one(StatusBar).failed(self.port.name)
+        self.notify(event.error, title="Could not load the model", severity="error", timeout=30)
+        if self._reply is not None:
+            await self._give_up(self._reply)
+
+    # -- sending and streaming ----------------------------------------------------------
+    @on(PromptInput.Submitted)
+    async def _send(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if self.busy:
+            self.notify("Wait for the reply, or press Esc to stop it.", severity="warning")
+            return
+        if self.model_state == "failed":
+            self.notify(self.model_error, title="The model is not loaded", severity="error")
+            return
+        self.query_one(PromptInput).clear()
+        conversation = self.conversation
+        message = self.store.add_message(conversation.id, "user", text)
+        # Pending from here on, before anything is awaited, so the footer shows Esc at once.
+        self._reply = PendingReply(conversation.id, prompt=text, user_message_id=message.id)
+        self.refresh_bindings()
+        if self.model_state != "ready":
+            self.query_one(StatusBar).loading(self.port.name, "(your message is sent once it is ready)")
+        if conversation.title == DEFAULT_TITLE:
+            await self._retitle(conversation.id, _title_from(text))
+        await self.query_one(MessageList).add("user", text)
+        if self.model_state == "ready":
+            await self._start(self._reply)
+
+    async def _start(self, reply: PendingReply) -> None:
+        """Show an empty reply and start the worker that streams into it."""
+        history = [ChatMessage(m.role, m.content) for m in self.store.messages(reply.conversation_id)]
+        system = self.conversation.system_prompt
+        if system:
+            history.insert(0, ChatMessage("system", system))
+        self.query_one(StatusBar).streaming(self.port.name)
+        # Mounted before the worker starts, so the first delta always has somewhere to go.
+        self._reply_view = await self.query_one(MessageList).add("assistant", streaming=True)
+        self.generate(reply, history, self.conversation.settings)
+
+    @work(thread=True, group="engine", exit_on_error=False)
+    def generate(self, reply: PendingReply, history: list[ChatMessage],
+                 settings: ChatSettings) -> None:
+        try:
+            for event in self.port.stream_reply(history, settings, reply.cancel,
+                                                session=f"conversation-{reply.conversation_id}"):
+                if isinstance(event, DoneEvent):
+                    self.post_message(ReplyDone(reply, event))
+                elif event.text:
+                    self.post_message(ReplyDelta(reply, event.text))
+        except Exception as exc:
+            self.post_message(ReplyFailed(reply, _describe(exc)))
+
+    @on(ReplyDelta)
+    async def _reply_delta(self, event: ReplyDelta) -> None:
+        if event.reply is self._reply:
+            await self._reply_view.append(event.text)
+
+    @on(ReplyDone)
+    async def _reply_done(self, event: ReplyDone) -> None:
+        if event.reply is not self._reply:
+            return
+        done, view = event.done, self._reply_view
+        if done.finish_reason == "cancelled" and not done.text:
+            await view.remove()  # stopped before the first token: nothing worth keeping
+            self.notify("Reply stopped before it began.")
+        else:
+            # Saved the moment it ends, so quitting or a crash right after cannot lose it.
+            self.store.add_message(event.reply.conversation_id, "assistant", done.text,
+                                   done.finish_reason)
+            await view.finish(done.finish_reason)
+        self.query_one(StatusBar).stats(self.port.name, done.timings, self.port.n_ctx)
+        self._reply, self._reply_view = None, None  # last: not busy once all of the above is done
+        self.refresh_bindings()
+
+    @on(ReplyFailed)
+    async def _reply_failed(self, event: ReplyFailed) -> None:
+        if event.reply is not self._reply:
+            return
+        await self._reply_view.remove()
+        self.notify(event.error, title="The reply failed", severity="error", timeout=15)
+        self.query_one(StatusBar).ready(self.port.name, self.port.n_ctx)
+        await self._give_up(event.reply)
+
+    async def _give_up(self, reply: PendingReply) -> None:
+        """Forget `reply`; if it came from the input, take its message back and restore the text."""
+        if reply.prompt is not None:
+            self.store.delete_messages_from(reply.conversation_id, reply.user_message_id)
+            prompt = self.query_one(PromptInput)
+            # Keep anything typed since; the failed prompt goes first.
+            prompt.set_prompt(reply.prompt + ("\n\n" + prompt.text if prompt.text.strip() else ""))
+            prompt.focus()
+            last = self.query_one(MessageList).last()
+            if last is not None and last.role == "user":
+                await last.remove()
+        self._reply, self._reply_view = None, None
+        self.refresh_bindings()
+
+    def action_stop(self) -> None:
+        reply = self._reply
+        if reply is None:
+            return
+        if self.model_state == "ready":
+            reply.cancel.set()  # the worker stops before its next token and reports "cancelled"
+        else:  # still waiting for the model: keep the message, just don't answer it
+            self._reply = None
+            self.query_one(StatusBar).loading(self.port.name)
+            self.notify("Not sending; press Ctrl+R once the model is ready to get a reply.")
+            self.refresh_bindings()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if len(self.screen_stack) > 1 and action in self.CHAT_ACTIONS:
+            return False  # a dialog is open: its keys must not act on the chat behind it
+        if action == "stop":
+            return self.busy  # Esc appears in the footer only while a reply is pending
+        return True
+
+    # -- regenerate, edit, copy ---------------------------------------------------------
+    async def action_regenerate(self) -> None:
+        if not self._can_start("regenerate"):
+            return
+        messages = self.store.messages(self.conversation.id)
+        if not messages:
+            self.notify("Nothing to regenerate yet.")
+            return
+        if messages[-1].role == "assistant":
+            self.store.delete_messages_from(self.conversation.id, messages[-1].id)
+            await self.query_one(MessageList).last().remove()
+        self._reply = PendingReply(self.conversation.id, prompt=None, user_message_id=None)
+        await self._start(self._reply)
+        self.refresh_bindings()
+
+    async def action_edit_last(self) -> None:
+        if self.busy:
+            self.notify("Wait for the reply, or press Esc to stop it.", severity="warning")
+            return
+        user_turns = [m for m in self.store.messages(self.conversation.id) if m.role == "user"]
+        if not user_turns:
+            self.notify("No message to edit yet.")
+            return
+        last = user_turns[-1]
+        self.store.delete_messages_from(self.conversation.id, last.id)
+        await self.query_one(MessageList).show(self.store.messages(self.conversation.id))
+        prompt = self.query_one(PromptInput)
+        prompt.set_prompt(last.content)
+        prompt.focus()
+
+    def action_copy_reply(self) -> None:
+        replies = [m for m in self.store.messages(self.conversation.id) if m.role == "assistant"]
+        if not replies:
+            self.notify("No reply to copy yet.")
+            return
+        self.copy_to_clipboard(replies[-1].content)
+        self.notify("Last reply copied to the clipboard.")
+
+    def _can_start(self, what: str) -> bool:
+        if self.busy:
+            self.notify("Wait for the reply, or press Esc to stop it.", severity="warning")
+        elif self.model_state != "ready":
+            self.notify(f"The model is {self.model_state}; cannot {what} yet.", severity="warning")
+        return not self.busy and self.model_state == "ready"
+
+    # -- conversations ------------------------------------------------------------------
+    async def _open(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+        self.store.set_state(CURRENT_KEY, str(conversation.id))
+        await self.query_one(MessageList).show(self.store.messages(conversation.id))
+        await self._refresh_sidebar()
+
+    async def _refresh_sidebar(self) -> None:
+        sidebar = self.query_one(Sidebar)
+        await sidebar.show(self.store.list_conversations(sidebar.search_text), self.conversation.id)
+
+    async def _retitle(self, conversation_id: int, title: str) -> None:
+        self.store.rename(conversation_id, title)
+        if self.conversation.id == conversation_id:
+            self.conversation = self.store.conversation(conversation_id)
+        await self._refresh_sidebar()
+
+    @on(ConversationList.Selected)
+    async def _picked(self, event: ConversationList.Selected) -> None:
+        item = event.item
+        if not isinstance(item, ConversationItem) or item.conversation_id == self.conversation.id:
+            return
+        if self.busy:
+            self.notify("Wait for the reply, or press Esc to stop it, before switching.",
+                        severity="warning")
+            await self._refresh_sidebar()
+            return
+        await self._open(self.store.conversation(item.conversation_id))
+        self.query_one(PromptInput).focus()
+
+    @on(Input.Changed, "#search")
+    async def _search(self) -> None:
+        await self._refresh_sidebar()
+
+    async def action_new_conversation(self) -> None:
+        if self.busy:
+            self.notify("Wait for the reply, or press Esc to stop it.", severity="warning")
+            return
+        await self._open(self.store.create_conversation(self.default_system_prompt))
+        self.query_one(PromptInput).focus()
+
+    def action_rename(self) -> None:
+        async def renamed(title: str | None) -> None:
+            if title:
+                await self._retitle(self.conversation.id, title)
+
+        self.push_screen(TextPrompt("Rename this conversation:", self.conversation.title), renamed)
+
+    @on(ConversationList.DeleteRequested)
+    def _delete_requested(self, event: ConversationList.DeleteRequested) -> None:
+        target = self.store.conversation(event.conversation_id)
+        if target is None:
+            return
+        if self.busy and target.id == self.conversation.id:
+            self.notify("Stop the reply (Esc) before deleting this conversation.", severity="warning")
+            return
+
+        async def confirmed(yes: bool | None) -> None:
+            if not yes:
+                return
+            self.store.delete_conversation(target.id)
+            if target.id == self.conversation.id:
+                await self._open(self._initial_conversation())
+            else:
+                await self._refresh_sidebar()
+            self.notify(f"Deleted “{target.title}”.")
+
+        self.push_screen(Confirm(f"Delete “{target.title}” and all its messages?", "Delete"),
+                         confirmed)
+
+    def action_search(self) -> None:
+        self.query_one(Sidebar).display = True
+        self.query_one("#search").focus()
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one(Sidebar)
+        sidebar.display = not sidebar.display
+
+    # -- settings, help, quit -----------------------------------------------------------
+    def action_settings(self) -> None:
+        conversation = self.conversation
+
+        def saved(result: tuple[str, ChatSettings] | None) -> None:
+            if result is None:
+                return
+            system_prompt, settings = result
+            self.store.update_settings(conversation.id, system_prompt, settings)
+            if self.conversation.id == conversation.id:
+                self.conversation = self.store.conversation(conversation.id)
+            self.notify("Settings saved for this conversation.")
+
+        self.push_screen(SettingsScreen(conversation.system_prompt, conversation.settings), saved)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        # A reply still streaming is saved as cancelled, as if Esc had been pressed.
+        reply, view = self._reply, self._reply_view
+        if reply is not None:
+            reply.cancel.set()
+            self._reply, self._reply_view = None, None
+            if view is not None and view.content:
+                self.store.add_message(reply.conversation_id, "assistant", view.content,
+                                       "cancelled")
+        self.exit()
+
+
+def _title_from(text: str) -> str:
+    first_line = text.strip().splitlines()[0]
+    return first_line if len(first_line) <= TITLE_CHARS else first_line[:TITLE_CHARS - 1] + "…"
+
+
+def _describe(exc: Exception) -> str:
+    """A one-line message for a notification: the text of errors users can act on, else the type."""
+    if isinstance(exc, EmberError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

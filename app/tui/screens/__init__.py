@@ -1,0 +1,1 @@
+"""Modal screens: help, per-conversation settings, small dialogs (rename, confirm)."""

@@ -1,0 +1,1 @@
+"""The chat screen's pieces: message list, prompt input, conversation sidebar, status bar."""
