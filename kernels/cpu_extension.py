@@ -1,0 +1,92 @@
+"""Build (once, lazily) and load the C++ CPU kernels; fall back cleanly when that fails.
+
+The extension is JIT-compiled with `torch.utils.cpp_extension.load` (needs `ninja` and a C++
+compiler) into `$TORCH_EXTENSIONS_DIR`, or `~/.cache/ember/torch_extensions` (XDG honoured).
+Later processes reuse the cached build. With AVX2/FMA/F16C present at build time it is
+compiled for x86-64-v3; otherwise portable -O3. The two builds have different names, so a
+cache shared between different machines never loads the wrong one.
+
+If anything goes wrong, one warning is logged and `load()` returns None: callers use the
+PyTorch reference instead. `EMBER_KERNELS=reference` forces that fallback without building.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+from pathlib import Path
+
+log = logging.getLogger("ember.kernels")
+
+_SOURCES = ("sparse_ffn.cpp", "q8_0_matmul.cpp")
+_V3_FLAGS = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}  # x86-64-v3 needs these
+_lock = threading.Lock()
+_state: dict = {}  # "module" once tried: the module or None; "error": why it is None
+
+
+def forced_reference() -> bool:
+    return os.environ.get("EMBER_KERNELS", "").strip().lower() == "reference"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def build_flags() -> tuple[str, list[str]]:
+    """(extension name, C++ flags) for this machine."""
+    base = ["-O3", "-fopenmp-simd", "-ffp-contract=fast"]
+    if platform.machine().lower() in ("x86_64", "amd64") and _V3_FLAGS <= _cpu_flags():
+        return "ember_cpu_kernels_v3", base + ["-march=x86-64-v3"]
+    return "ember_cpu_kernels_generic", base
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ember" / "torch_extensions"
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    name, flags = build_flags()
+    src = Path(__file__).resolve().parent / "csrc"
+    out = cache_dir() / name
+    out.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(name=name, sources=[str(src / s) for s in _SOURCES],
+                              extra_cflags=flags, build_directory=str(out), verbose=False)
+
+
+def load():
+    """The compiled module, or None (reference fallback). Builds on first call; thread-safe."""
+    if forced_reference():
+        return None
+    if "module" in _state:
+        return _state["module"]
+    with _lock:
+        if "module" not in _state:
+            try:
+                _state["module"] = _build()
+            except Exception as exc:  # compiler missing, ninja missing, build error: never crash
+                _state["module"] = None
+                _state["error"] = f"{type(exc).__name__}: {str(exc).strip()[-500:]}"
+                log.warning("ember: C++ CPU kernels unavailable, using the PyTorch reference "
+                            "(slower): %s", _state["error"])
+    return _state["module"]
+
+
+def unavailable_reason() -> str | None:
+    """Why load() returns None (after it was tried), else None."""
+    if forced_reference():
+        return "EMBER_KERNELS=reference"
+    return _state.get("error")

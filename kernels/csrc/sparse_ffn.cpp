@@ -1,0 +1,359 @@
+// Sparse FFN for small-batch decoding on CPU threads (the "cold" side of the hybrid engine).
+//
+//   out[t, :] = sum_{k} h[t, k] * down_nm[idx[k], :]
+//   h[t, k]   = act(gate[idx[k], :] . x[t, :], up[idx[k], :] . x[t, :])
+//
+// Shapes: x (T, H) fp32; gate/up (F, H) rows; down_nm (F, H), the transpose of the usual
+// (H, F) down matrix so one neuron's down weights are contiguous ("bundled" with its rows).
+// Weights are fp32, or int8 with one fp32 scale per row (w = q * scale).
+//
+// Why it looks like this: batch-1 decode is memory-bound, so the kernel reads each active
+// neuron's three rows exactly once, straight from the weight matrices (no gathered copy).
+// Threads split the active neurons; each neuron's gate/up dots and its down update are done
+// by the same thread back to back, so there is one parallel region and no barrier between
+// the two halves. Each thread accumulates into its own (T, H) buffer; the buffers are summed
+// at the end (T * H * threads floats: tiny next to the weights).
+//
+// Threads come from ATen's pool (at::parallel_for, OpenMP underneath in the CPU wheels), so
+// the kernel respects torch.set_num_threads and never starts a second OpenMP runtime whose
+// spinning workers would fight torch's for the same cores.
+
+// Narrow includes instead of <torch/extension.h>: the JIT build takes about half as long.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define EMBER_AVX2 1
+#endif
+
+namespace {
+
+// Must match ACTIVATION_CODES in kernels/sparse_ffn.py.
+enum Act : int { RELU = 0, RELU2 = 1, RELU_GLU = 2, DRELU = 3, SILU_GLU = 4, GELU_GLU = 5 };
+
+inline float relu(float v) { return v > 0.f ? v : 0.f; }
+
+inline float activate(int act, float g, float u) {
+  switch (act) {
+    case RELU: return relu(u);
+    case RELU2: { float r = relu(u); return r * r; }
+    case RELU_GLU: return relu(g) * u;
+    case DRELU: return relu(g) * relu(u);
+    case SILU_GLU: return g / (1.f + std::exp(-g)) * u;
+    default: {  // GELU_GLU, tanh approximation (as PyTorch's approximate="tanh")
+      const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+      return 0.5f * g * (1.f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
+    }
+  }
+}
+
+#ifdef EMBER_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const int8_t* p) {  // 8 int8 -> 8 fp32
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+#ifndef EMBER_PREFETCH
+#define EMBER_PREFETCH 1
+#endif
+
+// Software prefetch of the next active neuron's row, one cache line per line processed: the
+// next row is somewhere else in memory (random active set), so the hardware prefetcher
+// cannot guess it, and each row start would otherwise pay full DRAM latency.
+inline void prefetch(const void* p) {
+#if EMBER_PREFETCH && (defined(__GNUC__) || defined(__clang__))
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
+#ifndef EMBER_PF_AHEAD
+#define EMBER_PF_AHEAD 1
+#endif
+constexpr int64_t kAhead = EMBER_PF_AHEAD;  // how many neurons ahead the prefetch runs
+
+// Elements of W per 64-byte cache line (fp32 16, int8 64): the unit of the inner loops.
+template <typename W>
+constexpr int64_t kLine = 64 / sizeof(W);
+
+// out[r * NT + t] = rows[r] . x[t, :] for NR rows (1, or 2: a neuron's gate and up read
+// together, two streams in flight) and NT tokens; each row is loaded once for all NT tokens.
+// C independent FMA chains per (row, token), at least 4 chains in all: a single chain is
+// latency-bound (one FMA per ~5 cycles), which made the int8 path compute-bound.
+// pf[r]: the same row of the next neuron (or null), prefetched line by line.
+template <int NR, int NT, typename W>
+void dot_block(const W* const* rows, const W* const* pf, const float* x, int64_t H, float* out) {
+  constexpr int C = NR * NT >= 4 ? 1 : 4 / (NR * NT);
+  constexpr int64_t kStep = 8 * C > kLine<W> ? 8 * C : kLine<W>;  // elements per iteration
+  int64_t j = 0;
+#ifdef EMBER_AVX2
+  __m256 a[NR][NT][C];
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t)
+      for (int c = 0; c < C; ++c) a[r][t][c] = _mm256_setzero_ps();
+  for (; j + kStep <= H; j += kStep) {
+    if (pf)
+      for (int r = 0; r < NR; ++r)
+        for (int64_t l = 0; l < kStep; l += kLine<W>) prefetch(pf[r] + j + l);
+    for (int64_t v = 0; v < kStep; v += 8 * C) {
+      for (int c = 0; c < C; ++c) {
+        __m256 w[NR];
+        for (int r = 0; r < NR; ++r) w[r] = load8(rows[r] + j + v + 8 * c);
+        for (int t = 0; t < NT; ++t) {
+          const __m256 xv = _mm256_loadu_ps(x + t * H + j + v + 8 * c);
+          for (int r = 0; r < NR; ++r) a[r][t][c] = _mm256_fmadd_ps(w[r], xv, a[r][t][c]);
+        }
+      }
+    }
+  }
+  for (; j + 8 <= H; j += 8) {  // odd sizes: the tail's whole vectors
+    for (int r = 0; r < NR; ++r) {
+      const __m256 w = load8(rows[r] + j);
+      for (int t = 0; t < NT; ++t)
+        a[r][t][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + t * H + j), a[r][t][0]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int t = 0; t < NT; ++t) {
+      __m256 sum = a[r][t][0];
+      for (int c = 1; c < C; ++c) sum = _mm256_add_ps(sum, a[r][t][c]);
+      out[r * NT + t] = hsum(sum);
+    }
+#else
+  (void)pf;
+  for (int k = 0; k < NR * NT; ++k) out[k] = 0.f;
+#endif
+  for (; j < H; ++j)
+    for (int r = 0; r < NR; ++r)
+      for (int t = 0; t < NT; ++t) out[r * NT + t] += float(rows[r][j]) * x[t * H + j];
+}
+
+// acc[t, :] += c[t] * row for NT tokens; the row is loaded once for all NT tokens.
+template <int NT, typename W>
+void axpy_block(const W* row, const W* pf, const float* c, int64_t H, float* acc) {
+  int64_t j = 0;
+#ifdef EMBER_AVX2
+  __m256 cv[NT];
+  for (int t = 0; t < NT; ++t) cv[t] = _mm256_set1_ps(c[t]);
+  for (; j + kLine<W> <= H; j += kLine<W>) {
+    if (pf) prefetch(pf + j);
+    for (int64_t v = 0; v < kLine<W>; v += 16) {
+      const __m256 w0 = load8(row + j + v), w1 = load8(row + j + v + 8);
+      for (int t = 0; t < NT; ++t) {
+        float* a = acc + t * H + j + v;
+        _mm256_storeu_ps(a, _mm256_fmadd_ps(cv[t], w0, _mm256_loadu_ps(a)));
+        _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(cv[t], w1, _mm256_loadu_ps(a + 8)));
+      }
+    }
+  }
+#else
+  (void)pf;
+#endif
+  for (; j < H; ++j)
+    for (int t = 0; t < NT; ++t) acc[t * H + j] += c[t] * float(row[j]);
+}
+
+// Tokens in blocks of up to 4 (register pressure: accumulators + rows must fit in 16 ymm).
+// out: NR blocks of T results (the gate dots, then the up dots).
+template <int NR, typename W>
+void dot_all(const W* const* rows, const W* const* pf, const float* x, int64_t T, int64_t H,
+             float* out) {
+  for (int64_t t = 0; t < T; t += 4, pf = nullptr) {  // prefetch during the first block only
+    float o[NR * 4];
+    const float* xt = x + t * H;
+    const int nt = T - t >= 4 ? 4 : (int)(T - t);
+    switch (nt) {
+      case 4: dot_block<NR, 4>(rows, pf, xt, H, o); break;
+      case 3: dot_block<NR, 3>(rows, pf, xt, H, o); break;
+      case 2: dot_block<NR, 2>(rows, pf, xt, H, o); break;
+      default: dot_block<NR, 1>(rows, pf, xt, H, o); break;
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int k = 0; k < nt; ++k) out[r * T + t + k] = o[r * nt + k];
+  }
+}
+
+template <typename W>
+void axpy_all(const W* row, const W* pf, const float* c, int64_t T, int64_t H, float* acc) {
+  for (int64_t t = 0; t < T; t += 4, pf = nullptr) {
+    switch (T - t >= 4 ? 4 : T - t) {
+      case 4: axpy_block<4>(row, pf, c + t, H, acc + t * H); break;
+      case 3: axpy_block<3>(row, pf, c + t, H, acc + t * H); break;
+      case 2: axpy_block<2>(row, pf, c + t, H, acc + t * H); break;
+      default: axpy_block<1>(row, pf, c + t, H, acc + t * H); break;
+    }
+  }
+}
+
+struct Rows {  // one weight matrix: F rows of H, optional per-row scale
+  const void* data = nullptr;
+  const float* scale = nullptr;
+};
+
+template <typename W>
+void run(const float* x, int64_t T, int64_t H, Rows gate, Rows up, Rows down,
+         const int64_t* idx, int64_t n, int act, float* out, float* scratch, int nslots,
+         std::vector<char>& used) {
+  const W* G = static_cast<const W*>(gate.data);
+  const W* U = static_cast<const W*>(up.data);
+  const W* D = static_cast<const W*>(down.data);
+  // Work is handed out in chunks from a shared counter rather than split statically: on a
+  // busy 2-core desktop one thread is often preempted, and the other keeps going instead of
+  // waiting at the join. A chunk holds at least ~64 KiB of weights (cheap to hand out).
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(
+      16384 / std::max<int64_t>(H, 1) + 1, n / (8 * (int64_t)nslots) + 1));
+  const int64_t n_workers = std::min<int64_t>(nslots, (n + chunk - 1) / chunk);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
+    const int tid = at::get_thread_num();
+    TORCH_CHECK(tid >= 0 && tid < nslots, "sparse_ffn: thread id ", tid, " out of range");
+    float* acc = tid == 0 ? out : scratch + (int64_t)(tid - 1) * T * H;
+    used[tid] = 1;
+    std::vector<float> buf(3 * T);  // g, u, c for T tokens
+    float *g = buf.data(), *u = g + T, *c = u + T;
+    for (int64_t begin; (begin = next.fetch_add(chunk)) < n;) {
+      const int64_t end = std::min(n, begin + chunk);
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t i = idx ? idx[k] : k;
+        // A neuron kAhead further down the list (this thread's, except near a chunk's end).
+        const int64_t kn = k + kAhead < n ? k + kAhead : k;
+        const int64_t nx = idx ? idx[kn] : kn;
+        if (G) {  // g and u are adjacent in buf, so one call fills both
+          const W* rows[2] = {G + i * H, U + i * H};
+          const W* next[2] = {G + nx * H, U + nx * H};
+          dot_all<2>(rows, next, x, T, H, g);
+        } else {
+          const W* rows[1] = {U + i * H};
+          const W* next[1] = {U + nx * H};
+          dot_all<1>(rows, next, x, T, H, u);
+        }
+        const float gs = gate.scale ? gate.scale[i] : 1.f;
+        const float us = up.scale ? up.scale[i] : 1.f;
+        const float ds = down.scale ? down.scale[i] : 1.f;
+        bool any = false;
+        for (int64_t t = 0; t < T; ++t) {
+          c[t] = activate(act, G ? g[t] * gs : 0.f, u[t] * us) * ds;
+          any |= c[t] != 0.f;
+        }
+        // Exact zeros (ReLU family) skip the down row: a third of the neuron's bytes.
+        if (any) axpy_all(D + i * H, D + nx * H, c, T, H, acc);
+      }
+    }
+  });
+  for (int s = 1; s < nslots; ++s) {
+    if (!used[s]) continue;
+    const float* src = scratch + (int64_t)(s - 1) * T * H;
+    for (int64_t j = 0; j < T * H; ++j) out[j] += src[j];
+  }
+}
+
+void check_rows(const at::Tensor& w, const char* name, int64_t H, at::ScalarType dt) {
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == H, name, " must be (ffn, ", H, "), got ", w.sizes());
+  TORCH_CHECK(w.scalar_type() == dt, name, " must be ", dt, ", got ", w.scalar_type());
+  TORCH_CHECK(w.is_contiguous() && w.device().is_cpu(), name, " must be contiguous on the CPU");
+}
+
+Rows rows_of(const at::Tensor& w, const c10::optional<at::Tensor>& scale, const char* name,
+             int64_t F, bool quantized) {
+  TORCH_CHECK(w.size(0) == F, name, " has ", w.size(0), " rows, expected ", F);
+  Rows r;
+  r.data = w.data_ptr();
+  if (quantized) {
+    TORCH_CHECK(scale.has_value(), name, " is int8 and needs a per-row scale");
+    const auto& s = *scale;
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == F && s.scalar_type() == at::kFloat &&
+                    s.is_contiguous(), name, " scale must be fp32 (", F, ",)");
+    r.scale = s.data_ptr<float>();
+  }
+  return r;
+}
+
+// x (T, H) fp32; gate optional (plain MLPs); idx optional (None = every neuron, dense).
+at::Tensor ffn(at::Tensor x, c10::optional<at::Tensor> gate,
+                  c10::optional<at::Tensor> gate_scale, at::Tensor up,
+                  c10::optional<at::Tensor> up_scale, at::Tensor down,
+                  c10::optional<at::Tensor> down_scale, c10::optional<at::Tensor> idx,
+                  int64_t act) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be contiguous fp32 (T, hidden)");
+  TORCH_CHECK(act >= RELU && act <= GELU_GLU, "unknown activation code ", act);
+  const int64_t T = x.size(0), H = x.size(1), F = up.size(0);
+  const auto dt = up.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kChar, "weights must be fp32 or int8");
+  const bool q = dt == at::kChar;
+  const bool gated = act != RELU && act != RELU2;
+  TORCH_CHECK(gated == gate.has_value(), gated ? "this activation needs a gate" : "no gate expected");
+  check_rows(up, "up", H, dt);
+  check_rows(down, "down", H, dt);
+  Rows G, U = rows_of(up, up_scale, "up", F, q), D = rows_of(down, down_scale, "down", F, q);
+  if (gated) {
+    check_rows(*gate, "gate", H, dt);
+    G = rows_of(*gate, gate_scale, "gate", F, q);
+  }
+  const int64_t* ip = nullptr;
+  int64_t n = F;
+  if (idx.has_value()) {
+    const auto& ix = *idx;
+    TORCH_CHECK(ix.dim() == 1 && ix.scalar_type() == at::kLong && ix.is_contiguous(),
+                "active_idx must be a contiguous int64 vector");
+    ip = ix.data_ptr<int64_t>();
+    n = ix.size(0);
+    for (int64_t k = 0; k < n; ++k)
+      TORCH_CHECK_INDEX(ip[k] >= 0 && ip[k] < F, "active index ", ip[k], " out of range [0, ", F, ")");
+  }
+  auto out = at::zeros({T, H}, x.options());
+  const int nslots = std::max(1, at::get_num_threads());
+  auto scratch = at::zeros({std::max(nslots - 1, 0), T, H}, x.options());
+  std::vector<char> used(nslots, 0);
+  if (n > 0 && T > 0 && H > 0) {
+    if (q)
+      run<int8_t>(x.data_ptr<float>(), T, H, G, U, D, ip, n, (int)act, out.data_ptr<float>(),
+                  scratch.data_ptr<float>(), nslots, used);
+    else
+      run<float>(x.data_ptr<float>(), T, H, G, U, D, ip, n, (int)act, out.data_ptr<float>(),
+                 scratch.data_ptr<float>(), nslots, used);
+  }
+  return out;
+}
+
+bool has_avx2() {
+#ifdef EMBER_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// Defined in q8_0_matmul.cpp, compiled into the same extension.
+at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
+  m.def("ffn", &ffn, "sparse (idx) or dense (idx=None) FFN, fp32 or int8 rows",
+        py::arg("x"), py::arg("gate"), py::arg("gate_scale"), py::arg("up"), py::arg("up_scale"),
+        py::arg("down"), py::arg("down_scale"), py::arg("idx"), py::arg("act"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("has_avx2", &has_avx2, "built with the AVX2/FMA path");
+  m.def("q8_0_matmul", &q8_0_matmul, "x @ W^T with W in GGML Q8_0 blocks",
+        py::arg("x"), py::arg("w"), py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,263 @@
+"""The CPU sparse FFN kernel against its PyTorch reference (fp32 and int8, every activation).
+
+The fast-path tests need the C++ extension; it is built once (~30-60 s, cached under
+TORCH_EXTENSIONS_DIR or ~/.cache/ember/torch_extensions). Where it cannot be built they skip
+with the reason; the reference fallback is tested either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from ember.kernels import cpu_extension
+from ember.kernels.sparse_ffn import (
+    ACTIVATION_CODES, SparseFFNWeights, dense_ffn, sparse_ffn,
+)
+from ember.models.transformer import activate
+from ember.kernels.sparse_ffn_reference import (
+    dequantize_rows_int8, is_gated, quantize_rows_int8, reference_dense_ffn, reference_sparse_ffn,
+)
+
+ACTS = tuple(ACTIVATION_CODES)
+SIZES = ((7, 1), (33, 13), (640, 2048))  # (hidden, ffn): odd tails, a single neuron, real shape
+
+
+@pytest.fixture(scope="module")
+def fast():
+    if cpu_extension.forced_reference():
+        pytest.skip("EMBER_KERNELS=reference forces the PyTorch fallback")
+    if cpu_extension.load() is None:
+        pytest.skip(f"C++ kernels could not be built here: {cpu_extension.unavailable_reason()}")
+    return True
+
+
+def make(act: str, hidden: int, ffn: int, dtype: str = "fp32", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    rows = lambda: torch.randn(ffn, hidden, generator=g) / hidden ** 0.5  # noqa: E731
+    gate = rows() if is_gated(act) else None
+    up, down_nm = rows(), torch.randn(ffn, hidden, generator=g) / ffn ** 0.5
+    return SparseFFNWeights.from_rows(gate, up, down_nm, act, dtype), torch.Generator().manual_seed(seed + 1)
+
+
+def reference(x, w: SparseFFNWeights, idx):
+    return reference_sparse_ffn(x, w.gate, w.up, w.down_nm, idx, w.activation,
+                                gate_scale=w.gate_scale, up_scale=w.up_scale,
+                                down_scale=w.down_scale)
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * (1 + b.abs().max().item()))
+
+
+def index_sets(ffn: int, g: torch.Generator):
+    perm = torch.randperm(ffn, generator=g)
+    half = perm[: max(1, ffn // 2)]
+    return {"unsorted": half, "sorted": half.sort().values, "all": torch.arange(ffn),
+            "empty": torch.empty(0, dtype=torch.long)}
+
+
+@pytest.mark.parametrize("dtype", ("fp32", "int8"))
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("hidden,ffn", SIZES)
+def test_fast_matches_reference(fast, act, dtype, hidden, ffn):
+    w, g = make(act, hidden, ffn, dtype)
+    for T in (1, 3):
+        x = torch.randn(T, hidden, generator=g)
+        for name, idx in index_sets(ffn, g).items():
+            out = sparse_ffn(x, w, idx, backend="cpp")
+            assert out.shape == (T, hidden) and out.dtype == torch.float32
+            if name == "empty":
+                assert torch.equal(out, torch.zeros(T, hidden)), "empty active set must give zeros"
+            else:
+                close(out, reference(x, w, idx))
+
+
+@pytest.mark.parametrize("dtype", ("fp32", "int8"))
+@pytest.mark.parametrize("act", ("relu_glu", "gelu_glu", "relu"))
+def test_all_active_equals_dense(fast, act, dtype):
+    w, g = make(act, 640, 2048, dtype, seed=3)
+    x = torch.randn(3, 640, generator=g)
+    dense = reference_dense_ffn(x, w.gate, w.up, w.down_nm, act, gate_scale=w.gate_scale,
+                                up_scale=w.up_scale, down_scale=w.down_scale)
+    close(dense_ffn(x, w, backend="cpp"), dense)
+    close(sparse_ffn(x, w, torch.arange(2048), backend="cpp"), dense)
+    # Shuffled order: same sum, different rounding only.
+    close(sparse_ffn(x, w, torch.randperm(2048, generator=g), backend="cpp"), dense)
+
+
+def test_many_tokens_and_vector_input(fast):
+    # T = 5 crosses the kernel's 4-token register block; a 1-D x gives a 1-D result.
+    w, g = make("silu_glu", 33, 13, seed=5)
+    x = torch.randn(5, 33, generator=g)
+    idx = torch.tensor([12, 0, 7, 3], dtype=torch.int32)
+    close(sparse_ffn(x, w, idx, backend="cpp"), reference(x, w, idx.long()))
+    close(sparse_ffn(x[0], w, idx, backend="cpp"), reference(x[:1], w, idx.long())[0])
+
+
+def test_thread_counts_agree(fast):
+    w, g = make("relu_glu", 640, 2048, "int8", seed=6)
+    x = torch.randn(1, 640, generator=g)
+    idx = torch.randperm(2048, generator=g)[:700]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sparse_ffn(x, w, idx, backend="cpp")
+        torch.set_num_threads(2)
+        two = sparse_ffn(x, w, idx, backend="cpp")
+    finally:
+        torch.set_num_threads(before)
+    close(two, one)
+
+
+def test_concurrent_callers(fast):
+    # The hybrid engine calls the kernel from a worker thread (GIL released) while other
+    # torch work runs: concurrent calls must not share scratch state.
+    w, g = make("drelu", 640, 2048, seed=7)
+    xs = [torch.randn(1, 640, generator=g) for _ in range(4)]
+    idx = torch.randperm(2048, generator=g)[:1000]
+    want = [reference(x, w, idx) for x in xs]
+    got = [None] * 4
+
+    def work(i):
+        for _ in range(20):
+            got[i] = sparse_ffn(xs[i], w, idx, backend="cpp")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(got, want):
+        close(a, b)
+
+
+def _int8_error_bound(x, w32: SparseFFNWeights, w8: SparseFFNWeights, idx):
+    """Worst-case |int8 - fp32| per output (T, hidden) from the quantization steps.
+
+    Each weight is off by at most scale/2, so a dot with x is off by e = scale/2 * ||x||_1;
+    the activations are Lipschitz (slope <= 1.13) and h'd' - hd = (h' - h) d + h' (d' - d).
+    """
+    sel = lambda t: None if t is None else t.index_select(0, idx)  # noqa: E731
+    l1 = x.abs().sum(1, keepdim=True)  # (T, 1)
+    u = x @ sel(w32.up).t()  # (T, n)
+    eu = l1 * sel(w8.up_scale)[None] / 2
+    act = w32.activation
+    lip = 1.13  # max slope of gelu-tanh (silu's is 1.10, relu's 1)
+    if act == "relu":
+        eh = eu
+    elif act == "relu2":
+        eh = (2 * u.abs() + eu) * eu
+    else:
+        gt = x @ sel(w32.gate).t()
+        eg = l1 * sel(w8.gate_scale)[None] / 2
+        f_abs = gt.abs() * lip  # |f(g)| <= lip * |g| for all four gate functions
+        eh = lip * eg * (u.abs() + eu) + (f_abs + lip * eg) * eu
+    h_abs = activate(act, None if w32.gate is None else x @ sel(w32.gate).t(), u).abs()
+    d = sel(w32.down_nm).abs()  # (n, hidden)
+    ed = sel(w8.down_scale)[:, None] / 2
+    return eh @ d + (h_abs + eh) @ ed.expand_as(d)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_int8_close_to_fp32_within_quantization_bound(act):
+    w32, g = make(act, 640, 2048, seed=11)
+    w8 = SparseFFNWeights.from_rows(w32.gate, w32.up, w32.down_nm, act, "int8")
+    x = torch.randn(3, 640, generator=g)
+    idx = torch.randperm(2048, generator=g)[:1024]
+    bound = _int8_error_bound(x, w32, w8, idx)
+    exact = reference(x, w32, idx)
+    for backend in ("reference", "auto"):
+        err = (sparse_ffn(x, w8, idx, backend=backend) - exact).abs()
+        assert bool((err <= bound * 1.01 + 1e-4).all()), f"{backend}: max excess {(err - bound).max()}"
+        assert err.max() > 0  # int8 really was used
+
+
+def test_quantize_rows_int8_round_trip():
+    w = torch.randn(9, 70)
+    w[4] = 0.0  # an all-zero row stays exactly zero
+    q, s = quantize_rows_int8(w)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (9,)
+    assert int(q.abs().max()) <= 127
+    err = (dequantize_rows_int8(q, s) - w).abs()
+    assert bool((err <= s[:, None] / 2 + 1e-7).all())
+    assert torch.equal(dequantize_rows_int8(q, s)[4], torch.zeros(70))
+
+
+def test_forced_reference_via_env(monkeypatch):
+    monkeypatch.setenv("EMBER_KERNELS", "reference")
+    assert cpu_extension.load() is None
+    w, g = make("gelu_glu", 33, 13, "int8", seed=2)
+    x = torch.randn(3, 33, generator=g)
+    idx = torch.tensor([4, 1, 9])
+    assert torch.equal(sparse_ffn(x, w, idx), reference(x, w, idx))
+    assert torch.equal(sparse_ffn(x, w, torch.empty(0, dtype=torch.long)), torch.zeros(3, 33))
+    with pytest.raises(RuntimeError, match="unavailable"):
+        sparse_ffn(x, w, idx, backend="cpp")
+
+
+def test_build_failure_falls_back_with_one_warning(monkeypatch, caplog):
+    def broken_build():
+        raise OSError("no compiler here")
+
+    monkeypatch.delenv("EMBER_KERNELS", raising=False)
+    monkeypatch.setattr(cpu_extension, "_state", {})
+    monkeypatch.setattr(cpu_extension, "_build", broken_build)
+    w, g = make("relu", 7, 13, seed=4)
+    x = torch.randn(1, 7, generator=g)
+    idx = torch.tensor([0, 12])
+    with caplog.at_level(logging.WARNING, logger="ember.kernels"):
+        for _ in range(3):
+            assert torch.equal(sparse_ffn(x, w, idx), reference(x, w, idx))
+    warnings = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "no compiler here" in warnings[0].getMessage()
+    assert "no compiler here" in cpu_extension.unavailable_reason()
+
+
+@pytest.mark.parametrize("backend", ("reference", "auto"))
+def test_bad_inputs_raise_clear_errors(backend):
+    w, g = make("relu_glu", 33, 13, seed=8)
+    x = torch.randn(1, 33, generator=g)
+    with pytest.raises(ValueError, match="x must be"):
+        sparse_ffn(torch.randn(1, 32), w, torch.tensor([0]), backend=backend)
+    with pytest.raises(ValueError, match="active_idx"):
+        sparse_ffn(x, w, torch.tensor([0.5]), backend=backend)
+    with pytest.raises(IndexError):
+        sparse_ffn(x, w, torch.tensor([13]), backend=backend)
+    with pytest.raises(ValueError, match="backend"):
+        sparse_ffn(x, w, torch.tensor([0]), backend="gpu")
+
+
+def test_weights_validate_themselves():
+    up, down = torch.randn(13, 33), torch.randn(33, 13)
+    with pytest.raises(ValueError, match="unknown activation"):
+        SparseFFNWeights.from_dense(None, up, down, "swish")
+    with pytest.raises(ValueError, match="needs a gate"):
+        SparseFFNWeights.from_dense(None, up, down, "relu_glu")
+    with pytest.raises(ValueError, match="takes no gate"):
+        SparseFFNWeights.from_dense(up, up, down, "relu")
+    with pytest.raises(ValueError, match="dtype"):
+        SparseFFNWeights.from_dense(None, up, down, "relu", dtype="int4")
+    with pytest.raises(ValueError, match="down_nm"):
+        SparseFFNWeights.from_dense(None, up, down[:, :5], "relu")
+    w = SparseFFNWeights.from_dense(up, up, down, "silu_glu", dtype="int8")
+    assert (w.hidden, w.ffn) == (33, 13) and w.nbytes() == 3 * 13 * 33 + 3 * 13 * 4
+    assert torch.equal(w.down_nm, quantize_rows_int8(down.t())[0])
+
+
+def test_subset_is_the_same_ffn_on_those_neurons():
+    w, g = make("gelu_glu", 33, 13, seed=9)
+    x = torch.randn(2, 33, generator=g)
+    keep = torch.tensor([11, 2, 5])
+    part = w.subset(keep)
+    close(dense_ffn(x, part, backend="reference"), reference(x, w, keep))
+
+
+def test_bench_kernels_is_a_cli_command():
+    from ember.app.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "kernels", "--json", "--shape", "gemma3-270m"])
+    assert args.handler == "bench_kernels" and args.shape == "gemma3-270m"
