@@ -28,6 +28,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="device KV-cache pool, e.g. 256MB (default: one full context)")
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
+    p.add_argument("--lm-head", default="auto", choices=("auto", "fp32", "q8_0"),
+                   help="output layer: the file's Q8_0 blocks through the C++ kernel (auto "
+                        "when it applies) or the float32 reference")
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:
@@ -103,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runs", type=int, default=3, metavar="N")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_kv")
+    b = bench.add_parser("kernels", help="sparse vs dense FFN kernel timings (7B and default shapes)")
+    b.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: 2)")
+    b.add_argument("--reps", type=int, default=7, metavar="N", help="repetitions (median)")
+    b.add_argument("--shape", choices=("llama-7b", "gemma3-270m"), help="only this shape")
+    b.add_argument("--dtype", choices=("fp32", "int8"), help="only this weight type")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_kernels")
 
     p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
     _engine_options(p)

@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kv import ContiguousKVCache, KVCache
-from .weights import WeightStore
+from .weights import QTensor, WeightStore
 
 
 def _attach(module: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
@@ -175,6 +175,29 @@ class Block(nn.Module):
         return x + f
 
 
+class LMHead(nn.Module):
+    """hidden (T, H) -> logits (T, vocab), float32 reference.
+
+    The float weight (H, vocab) is made on first use: the runtime may swap in a head that
+    reads the quantized blocks directly, and then this copy (671 MB on the default model) is
+    never built.
+    """
+
+    def __init__(self, stored: QTensor, softcap: float | None):
+        super().__init__()
+        self.stored, self.softcap = stored, softcap
+        _attach(self, "weight", None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            self.weight = self.stored.dequantize().t().contiguous().to(hidden.device)
+        return softcap(hidden @ self.weight, self.softcap)
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 class Transformer(nn.Module):
     """Token ids -> hidden states -> logits, with a KV cache. Inference only."""
 
@@ -183,10 +206,10 @@ class Transformer(nn.Module):
         self.cfg = cfg
         h = cfg.hidden_size
         # Embedding rows are dequantized per token from the file's own blocks (host memory),
-        # so a tied model keeps one float copy of the big matrix: the LM head's.
+        # so a tied model keeps at most one float copy of the big matrix: the LM head's.
         self.embedding = w.get("token_embd.weight", (cfg.vocab_size, h))
         head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-        _attach(self, "lm_head", _matrix(w, head, cfg.vocab_size, h))  # (hidden, vocab)
+        self.head = LMHead(w.get(head, (cfg.vocab_size, h)), cfg.final_logit_softcap)
         _attach(self, "output_norm", w.load("output_norm.weight", (h,)))
         rotaries: dict[float, Rotary] = {}
         for layer in range(cfg.n_layers):
@@ -198,7 +221,7 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.device
+        return self.output_norm.device
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(T,) ids -> (T, hidden) scaled embeddings, on the model's device."""
@@ -225,11 +248,7 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, hidden) -> (T, vocab) float32."""
-        out = hidden @ self.lm_head
-        if self.cfg.final_logit_softcap:
-            cap = self.cfg.final_logit_softcap
-            out = torch.tanh(out / cap) * cap
-        return out
+        return self.head(hidden)
 
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits of the last position only (1, vocab): what decoding needs."""

@@ -23,7 +23,9 @@ from ember.models.tokenizer import StreamDecoder
 from .device import resolve_device, set_threads
 from .events import DoneEvent, Timings, TokenEvent
 from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
+from .lm_head import choose_lm_head
 from .paged_kv import PagedKVCache
+from .resources import memory_check
 from .runner import Runner
 from .sampler import Sampler, SamplingParams
 from .stopping import StopStrings
@@ -39,6 +41,7 @@ class EngineOptions:
     kv_budget: int | None = None  # device KV pool in bytes; None: one full-length context
     kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
     kv_block_size: int = DEFAULT_BLOCK_SIZE
+    lm_head: str = "auto"  # "fp32" reference, "q8_0" kernel, "auto": the kernel when it applies
 
     def __post_init__(self):
         if self.n_ctx < 1:
@@ -51,6 +54,7 @@ class Engine:
         self.loaded = loaded
         self.device = resolve_device(options.device)
         self.model = loaded.model.to(self.device)
+        self.lm_head = choose_lm_head(self.model, options.lm_head)
         self.tokenizer = loaded.tokenizer
         self.stop_ids = set(loaded.source.stop_ids)
         n_ctx = min(options.n_ctx, loaded.config.context_length)
@@ -66,7 +70,7 @@ class Engine:
             from ember.models.default_model import default_model_path
 
             model_path = default_model_path()
-        return cls(load_model(model_path), options)
+        return cls(load_model(model_path, check=memory_check(options)), options)
 
     @property
     def n_ctx(self) -> int:

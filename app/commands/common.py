@@ -25,7 +25,8 @@ def load_engine(args):
         return None if value is None else parse_size(value, f"--{flag}")
 
     options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads,
-                            kv_budget=size("kv-budget"), kv_host_budget=size("kv-host-budget"))
+                            kv_budget=size("kv-budget"), kv_host_budget=size("kv-host-budget"),
+                            lm_head=getattr(args, "lm_head", "auto"))
     print("ember: loading model…", file=sys.stderr, flush=True)
     return Engine.load(model_path(args), options)
 

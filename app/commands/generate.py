@@ -42,6 +42,7 @@ def run(args) -> int:
             "timings": t.to_dict(),
             "kv": engine.kv_usage(),
             "device": str(engine.device),
+            "lm_head": engine.lm_head,
         })
     else:
         sys.stdout.write("\n")
