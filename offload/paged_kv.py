@@ -70,6 +70,8 @@ class PagedKVCache:
         self.stats = KVStats()
         self._next_id = 0
         self._clock = 0
+        # Sequences in the middle of a reserve or a swap: never chosen for eviction or drop.
+        self._busy: set[int] = set()
 
     # -- sequence verbs -----------------------------------------------------------------
     def allocate(self) -> int:
@@ -163,14 +165,18 @@ class PagedKVCache:
         if seq.length + n > self.max_len:
             raise ValueError(f"context of {seq.length + n} tokens exceeds the model's "
                              f"maximum {self.max_len}")
-        self._ensure_resident(seq)
-        first, last = seq.length // self.block_size, (seq.length + n - 1) // self.block_size
-        for table in seq.tables:
-            for b in range(first, last + 1):
-                if b >= len(table):
-                    table.append(self._alloc_device(seq))
-                elif self.device_pool.allocator.refs[table[b]] > 1:
-                    table[b] = self._copy_on_write(seq, table[b])
+        self._busy.add(seq.id)
+        try:
+            self._ensure_resident(seq)
+            first, last = seq.length // self.block_size, (seq.length + n - 1) // self.block_size
+            for table in seq.tables:
+                for b in range(first, last + 1):
+                    if b >= len(table):
+                        table.append(self._alloc_device(seq))
+                    elif self.device_pool.allocator.refs[table[b]] > 1:
+                        table[b] = self._copy_on_write(seq, table[b])
+        finally:
+            self._busy.discard(seq.id)
         self._touch(seq)
 
     def slots(self, seq: Sequence, layer: int, lo: int, hi: int) -> torch.Tensor:
@@ -225,14 +231,21 @@ class PagedKVCache:
 
     def _evict_one(self, exclude: Sequence) -> bool:
         """Swap out the least recently used idle device sequence; False if there is none."""
-        idle = [s for s in self.seqs.values()
-                if s.tier == DEVICE and s is not exclude and _holds_blocks(s)]
+        idle = [s for s in self.seqs.values() if s.tier == DEVICE and s is not exclude
+                and s.id not in self._busy and _holds_blocks(s)]
         if not idle:
             return False
         self.swap_out(min(idle, key=lambda s: s.last_used).id)
         return True
 
     def _move(self, seq: Sequence, src: KVPool, dst: KVPool, tier: str) -> None:
+        self._busy.add(seq.id)
+        try:
+            self._move_blocks(seq, src, dst, tier)
+        finally:
+            self._busy.discard(seq.id)
+
+    def _move_blocks(self, seq: Sequence, src: KVPool, dst: KVPool, tier: str) -> None:
         t0 = time.perf_counter()
         ids = sorted({b for table in seq.tables for b in table if b is not None})
         new_ids = self._alloc_many(dst, len(ids), seq)
@@ -274,7 +287,8 @@ class PagedKVCache:
         return [pool.allocator.alloc() for _ in range(n)]
 
     def _drop_one_host(self, exclude: Sequence) -> bool:
-        idle = [s for s in self.seqs.values() if s.tier == HOST and s is not exclude]
+        idle = [s for s in self.seqs.values()
+                if s.tier == HOST and s is not exclude and s.id not in self._busy]
         if not idle:
             return False
         victim = min(idle, key=lambda s: s.last_used)

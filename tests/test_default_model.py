@@ -80,3 +80,28 @@ def test_perplexity_matches_live_llama_cpp(default_engine, default_model_path):
         ids, default_engine.tokenizer.bos_id, 512)
     assert theirs.tokens == ours.tokens
     assert abs(ours.ppl / theirs.ppl - 1) < 0.02, (ours.ppl, theirs.ppl)
+
+
+def test_sessions_with_swaps_equal_sessions_without_past_the_window(default_model_path):
+    """Two conversations longer than the 512-token window share a device pool that holds
+    one, so every switch swaps; their logits equal those of a pool that holds both."""
+    import torch
+
+    from ember.models.loader import load_model
+    from ember.offload.engine import Engine, EngineOptions
+
+    loaded = load_model(default_model_path)
+    tight = Engine(loaded, EngineOptions(device="cpu", n_ctx=1024, threads=2,
+                                         kv_host_budget=128 << 20))
+    roomy = Engine(loaded, EngineOptions(device="cpu", n_ctx=1024, threads=2,
+                                         kv_budget=256 << 20))
+    text = (DATA / "english.txt").read_text()
+    convs = {"a": tight.encode(text), "b": tight.encode(text[::-1])[:580]}  # 491 + 580 tokens
+    for round_ in range(3):
+        for name, ids in convs.items():
+            got, want = tight.runner.prefill(name, ids), roomy.runner.prefill(name, ids)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            ids.append(int(torch.argmax(want)))
+    usage = tight.kv_usage()
+    assert usage["swaps_in"] >= 2 and usage["dropped"] == 0
+    assert roomy.kv_usage()["swaps_out"] == 0

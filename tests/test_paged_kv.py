@@ -207,3 +207,17 @@ def test_planned_blocks_suffice_for_a_full_context_prefilled_in_chunks(model):
     for t in (7, 8):
         runner.decode("s", t)
     assert cache.device_pool.allocator.n_used <= need
+
+
+def test_swap_in_never_drops_the_sequence_being_swapped_in(model):
+    """Device full of B, host full of A: bringing A back must evict B (dropping it if the host
+    has no room), never drop A halfway through its own swap-in."""
+    per_seq = 6 * 3
+    cache = PagedKVCache(model.cfg, device_blocks=per_seq + 6, host_blocks=per_seq, block_size=4)
+    a, b = cache.allocate(), cache.allocate()
+    _append(model, cache.view(a), _ids(12, seed=1))
+    _append(model, cache.view(b), _ids(12, seed=2))  # evicts a to the host
+    assert cache.seqs[a].tier == HOST
+    logits = _append(model, cache.view(a), [3])
+    torch.testing.assert_close(logits, _reference_last_logits(model, _ids(12, seed=1) + [3]), **TOL)
+    assert cache.seqs[b].tier == DROPPED
