@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from .atomic import atomic_write_text
+from .atomic import atomic_write_text, fsync_dir
 from .errors import EmberError
 
 DEFAULT_MODEL_NAME = "Gemma 3 270M (Q4_K_M)"
@@ -39,9 +39,12 @@ def default_model_path() -> Path:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         pkg.assemble(output_path=tmp, overwrite=True)  # verifies the sha256
+        with open(tmp, "rb") as f:  # on disk before the rename makes it the model
+            os.fsync(f.fileno())
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+    fsync_dir(target.parent)
     st = target.stat()
     atomic_write_text(stamp, json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                          "sha256": pkg.EXPECTED_SHA256}))

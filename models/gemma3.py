@@ -16,6 +16,7 @@ import torch
 
 from .common_fields import gguf_fields, hf_fields
 from .config import ModelConfig
+from .errors import ModelFormatError
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
 from .hf_names import COMMON_LAYER_NAMES, canonical_name
@@ -49,7 +50,11 @@ def config_from_hf(c: HFConfig) -> ModelConfig:
     fields = _gemma_fields(common, c.field("sliding_window", int, 512),
                            c.field("sliding_window_pattern", int, GLOBAL_EVERY))
     if "query_pre_attn_scalar" in c.data:
-        fields["attn_scale"] = c.field("query_pre_attn_scalar", float) ** -0.5
+        scalar = c.field("query_pre_attn_scalar", float)
+        if not scalar > 0:  # the scale is its inverse square root
+            raise ModelFormatError(c.path,
+                                   f"'query_pre_attn_scalar' must be positive, got {scalar}")
+        fields["attn_scale"] = scalar ** -0.5
     return ModelConfig(
         architecture="gemma3",
         local_rope_base=c.field("rope_local_base_freq", float, LOCAL_ROPE_BASE),

@@ -28,6 +28,8 @@ class HFConfig:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelFormatError(self.path, f"not valid JSON ({exc})") from None
+        except RecursionError:  # e.g. 100,000 nested brackets: fits in 1 MiB, overflows json
+            raise ModelFormatError(self.path, "JSON nested too deeply") from None
         if not isinstance(data, dict):
             raise ModelFormatError(self.path, "config.json must hold a JSON object")
         self.data: dict[str, Any] = data

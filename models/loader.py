@@ -79,7 +79,8 @@ def open_model(path: str | Path) -> ModelSource:
     return _open_gguf(path)
 
 
-def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = None) -> LoadedModel:
+def load_model(path: str | Path,
+               check: Callable[[ModelSource], None] | None = None) -> LoadedModel:
     """open_model, then the fp32 Transformer. `check(source)` runs in between: the last moment
     to refuse (e.g. not enough memory) before the weights are dequantized."""
     source = open_model(path)

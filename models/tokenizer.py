@@ -36,7 +36,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 from .atomic import atomic_write_bytes
-from .errors import UnsupportedModelError
+from .errors import ModelFormatError, UnsupportedModelError
 
 # Bump when the conversion changes, so caches written by older code are rebuilt.
 CONVERTER_VERSION = 2
@@ -180,15 +180,19 @@ def _build_hf(spec: VocabSpec, kinds: list[int], source: str) -> tokenizers.Toke
     return hf
 
 
-def _load_cache(path: Path, fingerprint: str) -> tokenizers.Tokenizer | None:
-    """The cached tokenizer if its sidecar names this fingerprint and its bytes check out."""
+def _load_cache(path: Path, fingerprint: str, n_tokens: int) -> tokenizers.Tokenizer | None:
+    """The cached tokenizer if its sidecar names this fingerprint, its bytes check out and its
+    ids fit the vocabulary of `n_tokens` (an id past it would index past the embeddings)."""
     try:
         meta = json.loads(Path(f"{path}.meta").read_text())
         data = path.read_bytes()
         if meta.get("fingerprint") != fingerprint or \
                 meta.get("sha256") != hashlib.sha256(data).hexdigest():
             return None
-        return tokenizers.Tokenizer.from_str(data.decode())
+        hf = tokenizers.Tokenizer.from_str(data.decode())
+        if max(hf.get_vocab(with_added_tokens=True).values(), default=-1) >= n_tokens:
+            return None
+        return hf
     except Exception:  # missing, unreadable or corrupt: the caller rebuilds
         return None
 
@@ -262,7 +266,9 @@ class Tokenizer:
         """Convert `spec` (or load the conversion cached at `cache_path`); `source` names
         the model file in errors."""
         kinds = _token_kinds(spec)
-        hf = _load_cache(Path(cache_path), spec.fingerprint) if cache_path else None
+        hf = None
+        if cache_path:
+            hf = _load_cache(Path(cache_path), spec.fingerprint, len(spec.tokens))
         if hf is None:
             hf = _build_hf(spec, kinds, str(source))
             if cache_path:
@@ -278,8 +284,7 @@ class Tokenizer:
         """A Hugging Face model folder (or its tokenizer.json); special ids are best effort."""
         path = Path(path)
         folder, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
-        hf = tokenizers.Tokenizer.from_file(str(file))
-        raw = json.loads(file.read_text())
+        hf, raw = _read_tokenizer_json(file)
         tok_config, config = (_read_json(folder / n) for n in ("tokenizer_config.json",
                                                                 "config.json"))
         vocab = hf.get_vocab(with_added_tokens=True)
@@ -353,11 +358,24 @@ def _hf_special_id(name: str, tok_config: dict, config: dict, vocab: dict) -> in
     return next((vocab[t] for t in _USUAL_NAMES[name] if t in vocab), None)
 
 
+def _read_tokenizer_json(file: Path) -> tuple[tokenizers.Tokenizer, dict]:
+    """The parsed tokenizer and its raw JSON; a malformed file is a ModelFormatError."""
+    try:
+        hf = tokenizers.Tokenizer.from_file(str(file))
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    # The Rust library raises plain Exception for every kind of bad file (bad JSON, bad UTF-8,
+    # unknown model type), so nothing narrower catches them all.
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelFormatError(file, f"not a valid tokenizer.json ({reason})") from None
+    return hf, raw
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: absurdly nested JSON
         return {}
 
 

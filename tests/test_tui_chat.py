@@ -315,20 +315,26 @@ async def test_settings_validation_and_save(tmp_path):
         screen = app.screen
         assert isinstance(screen, SettingsScreen)
         screen.query_one("#temperature").value = "-1"
+        await pilot.pause()
         await pilot.click("#save")
+        await pilot.pause()
         assert app.screen is screen  # still open
         assert "temperature must be >= 0" in str(screen.query_one("#error").render())
         assert screen.focused.id == "temperature" and screen.focused.has_class("-invalid")
 
         screen.query_one("#temperature").value = "0.5"
         screen.query_one("#top_k").value = "lots"
+        await pilot.pause()  # let the inputs' change events land before saving
         await pilot.click("#save")
+        await pilot.pause()
         assert "top k must be a whole number" in str(screen.query_one("#error").render())
 
         screen.query_one("#top_k").value = "20"
         screen.query_one("#seed").value = "7"
         screen.query_one("#system_prompt").value = "You are terse."
+        await pilot.pause()
         await pilot.click("#save")
+        await pilot.pause()
         assert app.screen is not screen
         saved = app.store.conversation(app.conversation.id)
         assert (saved.settings.temperature, saved.settings.top_k, saved.settings.seed) == (0.5, 20, 7)

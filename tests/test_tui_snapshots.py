@@ -65,7 +65,9 @@ def test_settings_screen_with_an_error(snap_compare, tmp_path):
         await _settle(pilot)
         await pilot.press("ctrl+s")
         pilot.app.screen.query_one("#top_p").value = "2"
+        await pilot.pause()  # the change event first, then the click (matters on busy CPUs)
         await pilot.click("#save")
+        await pilot.pause()
 
     assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=bad_value)
 

@@ -1,0 +1,62 @@
+"""Will the model fit? Checked before any weight is dequantized, so a model too big for this
+machine is a clear error with the numbers instead of an OOM kill halfway through loading.
+
+Needed: every weight as fp32 (4 bytes a parameter, how this release computes; `ember info`'s
+figure), the KV pools the engine will allocate (`plan_kv`: the device pool and the host pool
+for swapped-out conversations), and a fixed allowance for the runtime. On a CUDA device the
+weights and the device pool must also fit in free GPU memory; host RAM still holds the fp32
+weights while they are built.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import psutil
+import torch
+
+from ember.models.errors import EmberError
+from ember.models.loader import ModelSource
+from ember.models.summary import summarize
+
+from .device import resolve_device
+from .kv_plan import plan_kv
+
+GIB = 1 << 30
+# Activations, logits, torch's own buffers and the tokenizer: well under this for the default
+# model; a model that fits only without it would be swapped or killed anyway.
+RUNTIME_ALLOWANCE = 256 << 20
+
+
+class InsufficientMemoryError(EmberError):
+    """The model and its KV cache need more memory than this machine has free."""
+
+
+def memory_check(options) -> Callable[[ModelSource], None]:
+    """For `load_model(path, check=...)`: raises before the weights are built if they and the
+    KV pools of `options` (an EngineOptions) cannot fit."""
+    return lambda source: check_memory(source, options, resolve_device(options.device))
+
+
+def check_memory(source: ModelSource, options, device: torch.device) -> None:
+    cfg = source.config
+    n_ctx = min(options.n_ctx, cfg.context_length)
+    pools = plan_kv(cfg, n_ctx, options.kv_budget, options.kv_host_budget,
+                    options.kv_block_size).to_dict()
+    weights = summarize(source, n_ctx)["memory"]["weights_fp32_bytes"]
+    device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
+    on_gpu = device.type == "cuda"
+    host_need = weights + host_kv + (0 if on_gpu else device_kv) + RUNTIME_ALLOWANCE
+    detail = (f"weights {weights / GIB:.2f} GiB as fp32, KV cache {device_kv / GIB:.2f} GiB "
+              f"for {n_ctx} tokens + {host_kv / GIB:.2f} GiB swap pool")
+    _require("RAM", host_need, psutil.virtual_memory().available, detail)
+    if on_gpu:
+        free, _total = torch.cuda.mem_get_info(device)
+        _require(f"GPU memory on {device}", weights + device_kv, free, detail)
+
+
+def _require(what: str, need: int, available: int, detail: str) -> None:
+    if need > available:
+        raise InsufficientMemoryError(
+            f"the model needs {need / GIB:.2f} GiB of {what} ({detail}) but only "
+            f"{available / GIB:.2f} GiB is available; try a smaller --ctx-size or a smaller model")

@@ -1,0 +1,83 @@
+"""The memory check before loading: too little RAM is a clear error with the numbers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ember.models.loader import open_model
+from ember.models.summary import summarize
+from ember.offload import resources
+from ember.offload.engine import Engine, EngineOptions
+from ember.offload.resources import GIB, InsufficientMemoryError
+
+
+def _available(monkeypatch, nbytes: int) -> None:
+    monkeypatch.setattr(resources.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(available=nbytes))
+
+
+def test_too_little_ram_is_refused_before_the_weights_are_built(monkeypatch, tiny_gemma_gguf):
+    _available(monkeypatch, 100 << 20)
+    built = []
+    monkeypatch.setattr("ember.models.loader.Transformer", lambda *a: built.append(a))
+    with pytest.raises(InsufficientMemoryError) as err:
+        Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=256))
+    message = str(err.value)
+    assert "GiB of RAM" in message and "0.10 GiB is available" in message
+    assert "try a smaller --ctx-size or a smaller model" in message
+    assert not built
+
+
+def test_the_need_counts_weights_kv_pools_and_the_allowance(monkeypatch, tiny_gemma_gguf):
+    source = open_model(tiny_gemma_gguf)
+    options = EngineOptions(device="cpu", n_ctx=256)
+    weights = summarize(source, 256)["memory"]["weights_fp32_bytes"]
+    from ember.offload.kv_plan import plan_kv
+
+    pools = plan_kv(source.config, 256).to_dict()
+    need = weights + pools["device_bytes"] + pools["host_bytes"] + resources.RUNTIME_ALLOWANCE
+    _available(monkeypatch, need)
+    resources.check_memory(source, options, resources.resolve_device("cpu"))  # just fits
+    _available(monkeypatch, need - 1)
+    with pytest.raises(InsufficientMemoryError, match=f"needs {need / GIB:.2f} GiB of RAM"):
+        resources.check_memory(source, options, resources.resolve_device("cpu"))
+
+
+def test_a_smaller_context_needs_less(monkeypatch, tiny_gemma_gguf):
+    source = open_model(tiny_gemma_gguf)
+    needs = []
+
+    def record(what, need, available, detail):
+        needs.append(need)
+
+    monkeypatch.setattr(resources, "_require", record)
+    for n_ctx in (256, 16):
+        resources.check_memory(source, EngineOptions(n_ctx=n_ctx), resources.resolve_device("cpu"))
+    assert needs[1] < needs[0]
+
+
+def test_gpu_memory_is_checked_on_cuda(monkeypatch, tiny_gemma_gguf):
+    import torch
+
+    source = open_model(tiny_gemma_gguf)
+    _available(monkeypatch, 64 * GIB)
+    monkeypatch.setattr(resources.torch.cuda, "mem_get_info", lambda device: (1 << 20, 8 * GIB))
+    with pytest.raises(InsufficientMemoryError, match="GPU memory on cuda"):
+        resources.check_memory(source, EngineOptions(n_ctx=256), torch.device("cuda"))
+
+
+def test_enough_memory_loads(tiny_gemma_gguf):
+    engine = Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=64))
+    assert engine.n_ctx == 64
+
+
+def test_the_cli_prints_one_line_and_exits_2(monkeypatch, tiny_gemma_gguf, capsys):
+    from ember.app.cli import main
+
+    _available(monkeypatch, 1 << 20)
+    code = main(["generate", "hello", "--model", str(tiny_gemma_gguf), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "ember: error: the model needs" in err and "Traceback" not in err
