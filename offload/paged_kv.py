@@ -20,7 +20,7 @@ Sliding-window layers release blocks that lie wholly before their window (keepin
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,9 @@ class Sequence:
     length: int = 0
     tier: str = DEVICE
     last_used: int = 0
+    # Per layer, the flat pool slot of every position the table covers, built on demand and
+    # dropped whenever the table changes: decode then slices it instead of rebuilding it.
+    slot_cache: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -113,6 +116,7 @@ class PagedKVCache:
                 if block is not None:
                     pool.allocator.decref(block)
             del table[keep:]
+        seq.slot_cache.clear()
         seq.length = length
 
     def can_truncate(self, seq_id: int, length: int) -> bool:
@@ -169,24 +173,30 @@ class PagedKVCache:
         try:
             self._ensure_resident(seq)
             first, last = seq.length // self.block_size, (seq.length + n - 1) // self.block_size
-            for table in seq.tables:
+            for layer, table in enumerate(seq.tables):
                 for b in range(first, last + 1):
                     if b >= len(table):
                         table.append(self._alloc_device(seq))
                     elif self.device_pool.allocator.refs[table[b]] > 1:
                         table[b] = self._copy_on_write(seq, table[b])
+                    else:
+                        continue
+                    seq.slot_cache.pop(layer, None)
         finally:
             self._busy.discard(seq.id)
         self._touch(seq)
 
     def slots(self, seq: Sequence, layer: int, lo: int, hi: int) -> torch.Tensor:
         """Flat pool slot (block * block_size + offset) of each position lo..hi-1 of a layer."""
-        bs = self.block_size
-        table = seq.tables[layer]
-        blocks = torch.tensor(table[lo // bs: (hi - 1) // bs + 1])
-        flat = (blocks[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
-        start = lo - (lo // bs) * bs
-        return flat[start: start + (hi - lo)].to(self.device_pool.k.device)
+        flat = seq.slot_cache.get(layer)
+        if flat is None:
+            bs = self.block_size
+            # Released blocks (None) map to slot 0; their positions are never read.
+            blocks = torch.tensor([b if b is not None else 0 for b in seq.tables[layer]],
+                                  dtype=torch.long)
+            flat = (blocks[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
+            flat = seq.slot_cache[layer] = flat.to(self.device_pool.k.device)
+        return flat[lo:hi]
 
     def commit(self, seq: Sequence, n: int) -> None:
         seq.length += n
@@ -263,6 +273,7 @@ class PagedKVCache:
             for i, b in enumerate(table):
                 if b is not None:
                     table[i] = mapping[b]
+        seq.slot_cache.clear()
         for b in ids:
             src.allocator.decref(b)
         seq.tier = tier
@@ -306,6 +317,7 @@ class PagedKVCache:
                 if b is not None:
                     pool.allocator.decref(b)
         seq.tables = [[] for _ in range(self.n_layers)]
+        seq.slot_cache.clear()
 
     def _ensure_resident(self, seq: Sequence) -> None:
         if seq.tier == HOST:

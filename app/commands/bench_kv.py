@@ -3,7 +3,7 @@
 - Resuming a long conversation: swap its blocks back in (then compute one token) versus
   re-prefilling the whole conversation.
 - Decode tokens/s through the paged cache versus the contiguous reference cache, at several
-  context lengths (runs interleaved; medians).
+  context lengths (single steps alternating between the two; medians).
 """
 
 from __future__ import annotations
@@ -43,23 +43,23 @@ def _resume(engine, ids: list[int]) -> dict:
     return {"swap_in_s": swap_in, "reprefill_s": reprefill}
 
 
-def _decode_paged(engine, ids, steps) -> float:
+def _decode_pair(engine, ids: list[int], steps: int) -> tuple[float, float]:
+    """Median seconds per decode step (body + LM head) through the paged cache and through
+    the contiguous reference cache, stepping the two alternately so drift hits both alike."""
+    model = engine.model
     engine.runner.reset("bench")
     engine.runner.prefill("bench", ids)
-    t0 = time.perf_counter()
+    paged = engine.kv.view(engine.runner.session("bench").seq_id)
+    contiguous = model.new_cache(len(ids) + steps + 1)
+    model.hidden(torch.tensor(ids, device=model.device), contiguous)
+    times = {"paged": [], "contiguous": []}
     for i in range(steps):
-        engine.runner.decode("bench", 100 + i)
-    return steps / (time.perf_counter() - t0)
-
-
-def _decode_contiguous(engine, ids, steps) -> float:
-    model = engine.model
-    cache = model.new_cache(len(ids) + steps + 1)
-    model.hidden(torch.tensor(ids, device=model.device), cache)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        model.logits(model.hidden(torch.tensor([100 + i], device=model.device), cache))
-    return steps / (time.perf_counter() - t0)
+        token = torch.tensor([100 + i], device=model.device)
+        for name, cache in (("paged", paged), ("contiguous", contiguous)):
+            t0 = time.perf_counter()
+            model.logits(model.hidden(token, cache))
+            times[name].append(time.perf_counter() - t0)
+    return statistics.median(times["paged"]), statistics.median(times["contiguous"])
 
 
 def run(args) -> int:
@@ -72,13 +72,9 @@ def run(args) -> int:
     resume = [_resume(engine, _prompt(engine, args.resume_tokens)) for _ in range(args.runs)]
     decode = {}
     for ctx in args.contexts:
-        ids = _prompt(engine, ctx)
-        paged, contiguous = [], []
-        for _ in range(args.runs):
-            paged.append(_decode_paged(engine, ids, args.steps))
-            contiguous.append(_decode_contiguous(engine, ids, args.steps))
-        p, c = statistics.median(paged), statistics.median(contiguous)
-        decode[str(ctx)] = {"paged_tok_s": p, "contiguous_tok_s": c, "paged_over_contiguous": p / c}
+        p, c = _decode_pair(engine, _prompt(engine, ctx), args.steps * args.runs)
+        decode[str(ctx)] = {"paged_tok_s": 1 / p, "contiguous_tok_s": 1 / c,
+                            "paged_over_contiguous": c / p}
     s, r = (statistics.median(x[k] for x in resume) for k in ("swap_in_s", "reprefill_s"))
     print_json({
         "resume": {"tokens": args.resume_tokens, "swap_in_s": s, "reprefill_s": r,
