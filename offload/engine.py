@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import torch
 
 from ember.models.chat_format import ChatMessage, render_chat
 from ember.models.errors import ConfigError

@@ -105,3 +105,24 @@ def test_sessions_with_swaps_equal_sessions_without_past_the_window(default_mode
     usage = tight.kv_usage()
     assert usage["swaps_in"] >= 2 and usage["dropped"] == 0
     assert roomy.kv_usage()["swaps_out"] == 0
+
+
+def test_paged_attention_equals_contiguous_past_the_512_window(default_engine):
+    """Same chunks, same decode steps: the paged cache's logits equal the contiguous cache's
+    across Gemma 3's 512-token sliding window (local layers release blocks on the way)."""
+    import torch
+
+    engine, model = default_engine, default_engine.model
+    ids = engine.encode((DATA / "english.txt").read_text() * 2)[:700]
+    engine.runner.reset("window")
+    paged = engine.runner.prefill("window", ids)  # chunks of 512 + 188
+    cache = model.new_cache(720)
+    for lo in range(0, len(ids), 512):
+        contiguous = model.logits(model.hidden(torch.tensor(ids[lo:lo + 512]), cache))[-1]
+    torch.testing.assert_close(paged, contiguous, rtol=1e-5, atol=1e-5)
+    for token in (818, 5279, 529):
+        paged = engine.runner.decode("window", token)
+        contiguous = model.logits(model.hidden(torch.tensor([token]), cache))[0]
+        torch.testing.assert_close(paged, contiguous, rtol=1e-5, atol=1e-5)
+    seq = engine.kv.seqs[engine.runner.session("window").seq_id]
+    assert seq.tables[0][0] is None  # a local layer gave back its oldest block

@@ -16,7 +16,7 @@ from ember.app.tui.app import ChatApp
 from ember.app.tui.fake_engine import FakeEngine
 from ember.app.tui.screens.settings_form import SettingsScreen
 from ember.app.tui.store import ChatStore
-from ember.app.tui.widgets.message_list import MessageList, MessageView
+from ember.app.tui.widgets.message_list import MessageView
 from ember.app.tui.widgets.prompt_input import PromptInput
 from ember.app.tui.widgets.sidebar import ConversationList
 from ember.models.chat_format import ChatMessage
