@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import quants
+from .quantize import quantize
 from .config import ModelConfig
 
 CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
@@ -138,7 +138,7 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
             heads = cfg.n_heads if name.endswith("attn_q.weight") else cfg.n_kv_heads
             tensor = permute_for_gguf(tensor, heads)
         t = qtype if tensor.dim() == 2 else 0
-        raw = quants.quantize(tensor.float(), t).numpy()
+        raw = quantize(tensor.float(), t).numpy()
         byte_shape = (*tensor.shape[:-1], raw.size // max(1, math.prod(tensor.shape[:-1])))
         # uint8 rows of packed blocks; the writer derives the element shape from the type.
         writer.add_tensor(name, raw.reshape(byte_shape), raw_dtype=gguf.GGMLQuantizationType(t))

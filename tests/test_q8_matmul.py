@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ember.kernels import q8_matmul
 from ember.models import quants
+from ember.models.quantize import quantize
 
 needs_kernel = pytest.mark.skipif(not q8_matmul.available(),
                                   reason="C++ kernels not built on this machine")
@@ -16,7 +17,7 @@ needs_kernel = pytest.mark.skipif(not q8_matmul.available(),
 def _rows(n, k, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.1
-    return q8_matmul.q8_0_rows(quants.quantize(w, Q.Q8_0), n, k)
+    return q8_matmul.q8_0_rows(quantize(w, Q.Q8_0), n, k)
 
 
 @needs_kernel

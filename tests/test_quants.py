@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf import quants as ref
 from hypothesis import given, settings, strategies as st
 
+from ember.models import quantize as QZ
 from ember.models import quants as Q
 from ember.models.errors import UnsupportedModelError
 
@@ -272,14 +273,14 @@ def test_quantize_matches_gguf_reference(qtype, scale):
     """Bit-identical bytes to gguf-py's quantizers (which mirror GGML's C reference)."""
     x = _test_matrix(37, 256, scale, seed=int(qtype))
     want = ref.quantize(x, qtype).view(np.uint8).reshape(-1)
-    got = Q.quantize(torch.from_numpy(x), qtype)
+    got = QZ.quantize(torch.from_numpy(x), qtype)
     assert got.dtype == torch.uint8 and got.dim() == 1
     np.testing.assert_array_equal(got.numpy(), want)
 
 
 def test_quantize_bf16_nan_and_rounding():
     x = torch.tensor([float("nan"), float("inf"), -0.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.4e38], dtype=torch.float32)
-    got = Q.quantize(x, T.BF16)
+    got = QZ.quantize(x, T.BF16)
     np.testing.assert_array_equal(got.numpy(), ref.quantize(x.numpy(), T.BF16).view(np.uint8).reshape(-1))
     back = Q.dequantize(got, T.BF16, (6,))
     assert torch.isnan(back[0]) and back[1] == float("inf")
@@ -320,7 +321,7 @@ def test_round_trip_error_bounded(qtype, dist):
         x[:, ::97] *= 50
     x[0, :256] = 0
     block_size = GGML_QUANT_SIZES[qtype][0]
-    y = Q.dequantize(Q.quantize(x, qtype), qtype, tuple(x.shape))
+    y = Q.dequantize(QZ.quantize(x, qtype), qtype, tuple(x.shape))
     err = (y - x).abs().view(-1, block_size)
     amax = x.abs().view(-1, block_size).amax(dim=1, keepdim=True)
     assert (err <= ROUND_TRIP_BOUND[qtype] * amax + 1e-30).all(), (err / amax.clamp(min=1e-30)).max().item()
@@ -330,21 +331,21 @@ def test_round_trip_error_bounded(qtype, dist):
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 def test_round_trip_float_types(qtype):
     x = torch.randn(5, 96)
-    y = Q.dequantize(Q.quantize(x, qtype), qtype, (5, 96))
+    y = Q.dequantize(QZ.quantize(x, qtype), qtype, (5, 96))
     want = {T.F32: x.clone(), T.F16: x.half().float(), T.BF16: x.bfloat16().float()}[qtype]
     assert torch.equal(y, want)
-    packed = Q.quantize(x, qtype)
+    packed = QZ.quantize(x, qtype)
     x.add_(1)                                       # the bytes are a copy, not a view of x
     assert torch.equal(Q.dequantize(packed, qtype, (5, 96)), want)
 
 
 def test_quantize_errors():
     with pytest.raises(UnsupportedModelError, match="Q2_K"):
-        Q.quantize(torch.zeros(256), T.Q2_K)
+        QZ.quantize(torch.zeros(256), T.Q2_K)
     with pytest.raises(ValueError, match="not a multiple"):
-        Q.quantize(torch.zeros(2, 48), T.Q8_0)
-    assert Q.quantize(torch.zeros(0, 32), T.Q8_0).numel() == 0
-    assert Q.quantize(torch.zeros(3, 64), T.Q4_0).numel() == 3 * 2 * 18
+        QZ.quantize(torch.zeros(2, 48), T.Q8_0)
+    assert QZ.quantize(torch.zeros(0, 32), T.Q8_0).numel() == 0
+    assert QZ.quantize(torch.zeros(3, 64), T.Q4_0).numel() == 3 * 2 * 18
 
 
 # --------------------------------------------------------------------------
