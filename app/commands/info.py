@@ -29,6 +29,7 @@ def run(args) -> int:
     print("  quant types     " + ", ".join(f"{k} x{v}" for k, v in sorted(s["quant_types"].items())))
     print("  stored bytes    " + ", ".join(f"{k} {_mib(v)}" for k, v in s["stored_bytes"].items()))
     m = s["memory"]
-    print(f"  memory needed   {_mib(m['total_bytes'])} = weights (fp32) {_mib(m['weights_fp32_bytes'])}"
-          f" + KV cache {_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
+    # An upper bound: the engine keeps a Q8_0 LM head quantized and pages the KV cache.
+    print(f"  memory (max)    {_mib(m['total_bytes'])} = weights as fp32 {_mib(m['weights_fp32_bytes'])}"
+          f" + contiguous KV cache {_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
     return 0
