@@ -110,6 +110,11 @@ class Engine:
         if len(prompt_ids) >= self.n_ctx:
             raise ConfigError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
                               f"{self.n_ctx}; shorten it or raise --ctx-size")
+        vocab = self.loaded.config.vocab_size
+        if prompt_ids and not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab:
+            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
+            raise ConfigError(f"token id {bad} is outside the model's vocabulary of {vocab} "
+                              "(does the tokenizer belong to this model?)")
         timings = Timings(prompt_tokens=len(prompt_ids))
         decoder, stops = StreamDecoder(self.tokenizer), StopStrings(list(stop))
         generated: list[int] = []

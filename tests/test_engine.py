@@ -103,3 +103,8 @@ def test_chat_format_gemma_turns(engine):
     sot, eot = engine.tokenizer.id_of("<start_of_turn>"), engine.tokenizer.id_of("<end_of_turn>")
     assert ids[0] == engine.tokenizer.bos_id and ids.count(sot) == 2 and ids.count(eot) == 1
     assert "Be brief." in text and "hi" in text
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(engine):
+    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+        _events(engine, [2, engine.loaded.config.vocab_size + 5], max_tokens=1)
