@@ -47,6 +47,6 @@ async def test_chat_with_a_tiny_real_model(tmp_path, tiny_engine):
         assert messages[1].finish_reason in ("eos", "length", "context")
         assert app.query(MessageView).last().content == messages[1].content
         status = str(app.query_one("#status-text").render())
-        assert "tok/s" in status and "/128" in status
+        assert "tok/s" in status and "/128" in status and " dev · " in status  # KV blocks
         await pilot.press("ctrl+q")
     app.store.close()

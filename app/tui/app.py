@@ -5,6 +5,8 @@ Engine is not thread-safe), and reports back only by posting messages (worker_ev
 all UI and SQLite work happens on the UI thread in the handlers for those messages.
 At most one reply is in flight: `self._reply` is it, and every worker message carries the
 reply it belongs to, so a stale one is ignored.
+Managing conversations (new, rename, delete, search, switch) is the `Conversations` mixin's
+(conversations.py).
 """
 
 from __future__ import annotations
@@ -13,29 +15,26 @@ from textual import on, work
 from textual.app import App
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Input
+from textual.widgets import Footer
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import EmberError
 from ember.offload.events import DoneEvent
 
+from .conversations import Conversations, title_from
 from .engine_port import EnginePort
-from .screens.dialogs import Confirm, TextPrompt
 from .screens.help import HelpScreen
 from .screens.settings_form import SettingsScreen
 from .settings import ChatSettings
 from .store import DEFAULT_TITLE, ChatStore, Conversation
 from .widgets.message_list import MessageList, MessageView
 from .widgets.prompt_input import PromptInput
-from .widgets.sidebar import ConversationItem, ConversationList, Sidebar
+from .widgets.sidebar import Sidebar
 from .widgets.status_bar import StatusBar
 from .worker_events import ModelFailed, ModelLoaded, PendingReply, ReplyDelta, ReplyDone, ReplyFailed
 
-TITLE_CHARS = 40  # a new conversation is titled after the start of its first message
-CURRENT_KEY = "current_conversation"
 
-
-class ChatApp(App):
+class ChatApp(Conversations, App):
     TITLE = "Ember"
     CSS = """
     #chat { width: 1fr; }
@@ -87,19 +86,14 @@ class ChatApp(App):
         self.query_one(PromptInput).focus()
         self.load_model()
 
-    def _initial_conversation(self) -> Conversation:
-        """The conversation open when the app last closed, else the latest, else a new one."""
-        saved = self.store.get_state(CURRENT_KEY)
-        if saved is not None and saved.isdigit():
-            conversation = self.store.conversation(int(saved))
-            if conversation is not None:
-                return conversation
-        existing = self.store.list_conversations()
-        if existing:
-            return existing[0]
-        return self.store.create_conversation(self.default_system_prompt)
-
     # -- model loading ------------------------------------------------------------------
+    def _engine_stats(self) -> dict:
+        """Engine figures for the status bar; never a reason to lose a finished reply."""
+        try:
+            return self.port.stats()
+        except Exception:  # the reply is saved either way; the bar just shows less
+            return {}
+
     @work(thread=True, group="engine", exit_on_error=False)
     def load_model(self) -> None:
         try:
@@ -145,7 +139,7 @@ class ChatApp(App):
         if self.model_state != "ready":
             self.query_one(StatusBar).loading(self.port.name, "(your message is sent once it is ready)")
         if conversation.title == DEFAULT_TITLE:
-            await self._retitle(conversation.id, _title_from(text))
+            await self._retitle(conversation.id, title_from(text))
         await self.query_one(MessageList).add("user", text)
         if self.model_state == "ready":
             await self._start(self._reply)
@@ -168,7 +162,8 @@ class ChatApp(App):
             for event in self.port.stream_reply(history, settings, reply.cancel,
                                                 session=f"conversation-{reply.conversation_id}"):
                 if isinstance(event, DoneEvent):
-                    self.post_message(ReplyDone(reply, event))
+                    # Asked here, on the engine's thread, before the UI hears the reply is done.
+                    self.post_message(ReplyDone(reply, event, self._engine_stats()))
                 elif event.text:
                     self.post_message(ReplyDelta(reply, event.text))
         except Exception as exc:
@@ -192,7 +187,7 @@ class ChatApp(App):
             self.store.add_message(event.reply.conversation_id, "assistant", done.text,
                                    done.finish_reason)
             await view.finish(done.finish_reason)
-        self.query_one(StatusBar).stats(self.port.name, done.timings, self.port.n_ctx)
+        self.query_one(StatusBar).stats(self.port.name, done.timings, self.port.n_ctx, event.stats)
         self._reply, self._reply_view = None, None  # last: not busy once all of the above is done
         self.refresh_bindings()
 
@@ -283,84 +278,6 @@ class ChatApp(App):
             self.notify(f"The model is {self.model_state}; cannot {what} yet.", severity="warning")
         return not self.busy and self.model_state == "ready"
 
-    # -- conversations ------------------------------------------------------------------
-    async def _open(self, conversation: Conversation) -> None:
-        self.conversation = conversation
-        self.store.set_state(CURRENT_KEY, str(conversation.id))
-        await self.query_one(MessageList).show(self.store.messages(conversation.id))
-        await self._refresh_sidebar()
-
-    async def _refresh_sidebar(self) -> None:
-        sidebar = self.query_one(Sidebar)
-        await sidebar.show(self.store.list_conversations(sidebar.search_text), self.conversation.id)
-
-    async def _retitle(self, conversation_id: int, title: str) -> None:
-        self.store.rename(conversation_id, title)
-        if self.conversation.id == conversation_id:
-            self.conversation = self.store.conversation(conversation_id)
-        await self._refresh_sidebar()
-
-    @on(ConversationList.Selected)
-    async def _picked(self, event: ConversationList.Selected) -> None:
-        item = event.item
-        if not isinstance(item, ConversationItem) or item.conversation_id == self.conversation.id:
-            return
-        if self.busy:
-            self.notify("Wait for the reply, or press Esc to stop it, before switching.",
-                        severity="warning")
-            await self._refresh_sidebar()
-            return
-        await self._open(self.store.conversation(item.conversation_id))
-        self.query_one(PromptInput).focus()
-
-    @on(Input.Changed, "#search")
-    async def _search(self) -> None:
-        await self._refresh_sidebar()
-
-    async def action_new_conversation(self) -> None:
-        if self.busy:
-            self.notify("Wait for the reply, or press Esc to stop it.", severity="warning")
-            return
-        await self._open(self.store.create_conversation(self.default_system_prompt))
-        self.query_one(PromptInput).focus()
-
-    def action_rename(self) -> None:
-        async def renamed(title: str | None) -> None:
-            if title:
-                await self._retitle(self.conversation.id, title)
-
-        self.push_screen(TextPrompt("Rename this conversation:", self.conversation.title), renamed)
-
-    @on(ConversationList.DeleteRequested)
-    def _delete_requested(self, event: ConversationList.DeleteRequested) -> None:
-        target = self.store.conversation(event.conversation_id)
-        if target is None:
-            return
-        if self.busy and target.id == self.conversation.id:
-            self.notify("Stop the reply (Esc) before deleting this conversation.", severity="warning")
-            return
-
-        async def confirmed(yes: bool | None) -> None:
-            if not yes:
-                return
-            self.store.delete_conversation(target.id)
-            if target.id == self.conversation.id:
-                await self._open(self._initial_conversation())
-            else:
-                await self._refresh_sidebar()
-            self.notify(f"Deleted “{target.title}”.")
-
-        self.push_screen(Confirm(f"Delete “{target.title}” and all its messages?", "Delete"),
-                         confirmed)
-
-    def action_search(self) -> None:
-        self.query_one(Sidebar).display = True
-        self.query_one("#search").focus()
-
-    def action_toggle_sidebar(self) -> None:
-        sidebar = self.query_one(Sidebar)
-        sidebar.display = not sidebar.display
-
     # -- settings, help, quit -----------------------------------------------------------
     def action_settings(self) -> None:
         conversation = self.conversation
@@ -389,11 +306,6 @@ class ChatApp(App):
                 self.store.add_message(reply.conversation_id, "assistant", view.content,
                                        "cancelled")
         self.exit()
-
-
-def _title_from(text: str) -> str:
-    first_line = text.strip().splitlines()[0]
-    return first_line if len(first_line) <= TITLE_CHARS else first_line[:TITLE_CHARS - 1] + "…"
 
 
 def _describe(exc: Exception) -> str:

@@ -1,8 +1,9 @@
 """The narrow interface between the chat App and an engine.
 
-The App only ever calls `load()` once and then `stream_reply()`, always from one worker thread
-at a time (the Engine is not thread-safe). `stream_reply` yields the engine's own events: a
-`TokenEvent` per text delta and one final `DoneEvent` with the finish reason and timings.
+The App only ever calls `load()` once and then `stream_reply()` and `stats()`, always from one
+worker thread at a time (the Engine is not thread-safe). `stream_reply` yields the engine's own
+events: a `TokenEvent` per text delta and one final `DoneEvent` with the finish reason and
+timings; `stats()` after each reply says where the KV cache stands.
 `FakeEngine` (fake_engine.py) implements the same interface for tests.
 """
 
@@ -36,6 +37,12 @@ class EnginePort(Protocol):
         `session` names the conversation, so the engine keeps one KV cache per conversation.
         """
 
+    def stats(self) -> dict:
+        """The engine's state after a reply: `{"kv": Engine.kv_usage()'s dict, "lm_head": ...}`.
+
+        Keys the engine does not have are left out; {} before `load()`.
+        """
+
 
 class EngineBackend:
     """The real engine behind the port: loads lazily, so the UI is up before torch is."""
@@ -64,6 +71,11 @@ class EngineBackend:
         from ember.offload.engine import Engine, EngineOptions
 
         self._engine = Engine.load(self._model_path, EngineOptions(**self._options))
+
+    def stats(self) -> dict:
+        if self._engine is None:
+            return {}
+        return {"kv": self._engine.kv_usage(), "lm_head": self._engine.lm_head}
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         # Each turn re-encodes the whole conversation; the engine's session for it keeps the

@@ -2,22 +2,31 @@
 
 Deterministic and fast, with the knobs the tests need: per-token delay, a gate that holds
 loading until the test opens it, an error to raise instead of replying, and a record of every
-conversation it was asked to answer.
+conversation it was asked to answer. `stats()` plays a paged KV cache in miniature: each session
+holds 16-token blocks on each of `KV_LAYERS` layers, and when the device pool is full the least
+recently used other session moves to the host pool (a swap out; answering it again swaps it in),
+or is dropped once the host pool is full too.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 from ember.models.errors import EmberError
 from ember.offload.events import DoneEvent, Timings, TokenEvent
 
+KV_BLOCK_TOKENS = 16
+KV_LAYERS = 18  # as in the default model
+KV_BLOCK_BYTES = 16 * 1024
+
 
 class FakeEngine:
     def __init__(self, replies: list[str] | None = None, token_delay: float = 0.005,
                  load_gate: threading.Event | None = None, n_ctx: int = 4096,
-                 name: str = "fake model"):
+                 name: str = "fake model", kv_device_blocks: int = 1803,
+                 kv_host_blocks: int = 1803):
         self.name = name
         self.replies = list(replies or ["Hello! How can I help?"])
         self.token_delay = token_delay
@@ -28,6 +37,9 @@ class FakeEngine:
         self.last_settings = None  # the ChatSettings of the latest call
         self.loaded = threading.Event()
         self._n_ctx = n_ctx
+        self.kv_capacity = {"device": kv_device_blocks, "host": kv_host_blocks}
+        self._kv: dict[str, tuple[str, int]] = {}  # session -> (tier, blocks), least recent first
+        self._kv_counts = dict(swaps_out=0, swaps_in=0, dropped=0)
 
     @property
     def n_ctx(self) -> int:
@@ -64,4 +76,40 @@ class FakeEngine:
             timings.generated_tokens += 1
             yield TokenEvent(i, token)
         timings.decode_s = time.perf_counter() - start - timings.ttft_s
+        self._kv_use(session, prompt_tokens + timings.generated_tokens)
         yield DoneEvent(finish, text, list(range(timings.generated_tokens)), [], timings)
+
+    def stats(self) -> dict:
+        """Shaped like `EngineBackend.stats()`: the KV pools as `Engine.kv_usage()` reports them."""
+        used = {tier: self._used(tier) for tier in ("device", "host")}
+        counts = self._kv_counts
+        return {"lm_head": "q8_0", "kv": {
+            "block_size": KV_BLOCK_TOKENS, "block_bytes": KV_BLOCK_BYTES,
+            "device_blocks_used": used["device"],
+            "device_blocks_free": self.kv_capacity["device"] - used["device"],
+            "host_blocks_used": used["host"],
+            "host_blocks_free": self.kv_capacity["host"] - used["host"],
+            "sequences": {tier: sum(t == tier for t, _ in self._kv.values())
+                          for tier in ("device", "host", "dropped")},
+            **counts, "bytes_out": 0, "bytes_in": 0, "swap_s": 0.0, "plan": {}}}
+
+    def _kv_use(self, session: str, tokens: int) -> None:
+        """`session` now holds `tokens` on the device; older sessions make room for it."""
+        tier, _ = self._kv.pop(session, ("device", 0))
+        if tier == "host":
+            self._kv_counts["swaps_in"] += 1
+        self._kv[session] = ("device", math.ceil(tokens / KV_BLOCK_TOKENS) * KV_LAYERS)
+        for other, (tier, blocks) in list(self._kv.items()):
+            if self._used("device") <= self.kv_capacity["device"]:
+                break
+            if tier != "device" or other == session:
+                continue
+            if self._used("host") + blocks <= self.kv_capacity["host"]:
+                self._kv[other] = ("host", blocks)
+                self._kv_counts["swaps_out"] += 1
+            else:
+                self._kv[other] = ("dropped", 0)
+                self._kv_counts["dropped"] += 1
+
+    def _used(self, tier: str) -> int:
+        return sum(b for t, b in self._kv.values() if t == tier)

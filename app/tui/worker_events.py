@@ -44,6 +44,7 @@ class ReplyDelta(Message):
 class ReplyDone(Message):
     reply: PendingReply
     done: DoneEvent
+    stats: dict = field(default_factory=dict)  # EnginePort.stats() right after the reply
 
 
 @dataclass
