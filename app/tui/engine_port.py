@@ -48,10 +48,11 @@ class EngineBackend:
     """The real engine behind the port: loads lazily, so the UI is up before torch is."""
 
     def __init__(self, model_path: str | Path | None = None, device: str = "auto",
-                 n_ctx: int = 4096, threads: int | None = None, engine=None):
+                 n_ctx: int = 4096, threads: int | None = None, engine=None, **options):
+        """`options`: further `EngineOptions` fields (kv_budget, kv_host_budget, lm_head)."""
         self.name = Path(model_path).name if model_path else "Gemma 3 270M (default)"
         self._model_path = model_path
-        self._options = dict(device=device, n_ctx=n_ctx, threads=threads)
+        self._options = dict(device=device, n_ctx=n_ctx, threads=threads, **options)
         self._engine = engine
 
     @classmethod
