@@ -67,9 +67,12 @@ class ModelConfig:
             raise ValueError(
                 f"sliding_window lists {len(self.sliding_window)} layers, model has {self.n_layers}"
             )
-        bad_windows = [w for w in self.sliding_window if w is not None and w < 1]
-        if bad_windows:  # a window of 0 keys leaves a query nothing to attend to (NaN outputs)
-            raise ValueError(f"sliding window sizes must be at least 1, got {bad_windows[0]}")
+        # A window of 0 keys leaves a query nothing to attend to (NaN outputs); one past int64
+        # overflows the mask arithmetic. 2**31 - 1 is the cap every other size has too.
+        bad_windows = [w for w in self.sliding_window if w is not None and not 1 <= w < 2**31]
+        if bad_windows:
+            raise ValueError(f"sliding window sizes must be between 1 and 2**31 - 1, "
+                             f"got {bad_windows[0]}")
         if self.rope_scale <= 0 or self.rope_base <= 0:
             raise ValueError("rope_base and rope_scale must be positive")
 

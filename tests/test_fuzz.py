@@ -112,6 +112,17 @@ def test_zero_query_pre_attn_scalar(tiny_models, tmp_path):
         open_model(folder)
 
 
+@pytest.mark.parametrize("window", [10**30, 0])
+def test_impossible_sliding_window_in_config_json(tiny_models, tmp_path, window):
+    """Found by config_edit (cases 3808, 5328, 6648 of the 10,000-case run): a window of 10**30
+    overflowed the attention mask arithmetic (OverflowError) at the first forward pass."""
+    folder = _copy_hf(tiny_models, tmp_path)
+    (folder / "config.json").write_text(json.dumps({**_hf_config(tiny_models),
+                                                    "sliding_window": window}))
+    with pytest.raises(ModelFormatError, match="sliding window sizes must be between 1"):
+        open_model(folder)
+
+
 def test_huge_head_dim_in_config_json(tiny_models, tmp_path):
     """Found by config_edit (case 2208 of the long run): head_dim 10**30 overflowed torch.empty
     in the rotary tables (TypeError) before any weight shape was compared."""
