@@ -145,7 +145,7 @@ def test_rope_scaling_factor_of_the_wrong_type(tiny_models, tmp_path):
 @pytest.mark.parametrize("key, value, message", [
     ("gemma3.attention.key_length", 0, "key_length' must be between 1 and 2147483647, got 0"),
     ("gemma3.block_count", 2**32 - 1, "block_count' must be between 1 and 4096"),
-    ("gemma3.attention.sliding_window", 0, "sliding window sizes must be at least 1, got 0"),
+    ("gemma3.attention.sliding_window", 0, "sliding window sizes must be between 1 and 2..31 - 1, got 0"),
 ])
 def test_impossible_sizes_in_gguf(tiny_models, tmp_path, key, value, message):
     """Found by meta_value: head_dim 0 raised ZeroDivisionError; 2**32 - 1 layers built a
