@@ -58,11 +58,14 @@ def soak(engine: Engine, turns: int, conversations: int, max_tokens: int,
     history: dict[int, list[ChatMessage]] = {c: [] for c in range(conversations)}
     sampling = SamplingParams(temperature=0.8, seed=0)
     rss_start = None
+    curve = []  # RSS every `turns // 10` turns: a leak climbs, a warming pool levels off
     t0 = time.perf_counter()
     for turn in range(turns):
         if turn == warmup:
             gc.collect()
             rss_start = proc.memory_info().rss
+        if turn % max(1, turns // 10) == 0:
+            curve.append(round(proc.memory_info().rss / 2**20, 1))
         c = turn % conversations
         msgs = history[c] + [ChatMessage("user", USER_LINES[turn % len(USER_LINES)])]
         ids = engine.encode_chat(msgs)
@@ -79,6 +82,10 @@ def soak(engine: Engine, turns: int, conversations: int, max_tokens: int,
         "turns": turns, "conversations": conversations, "seconds": time.perf_counter() - t0,
         "rss_start_mib": rss_start / 2**20, "rss_end_mib": rss_end / 2**20,
         "rss_growth_mib": (rss_end - rss_start) / 2**20,
+        "rss_curve_mib": curve,
+        # The KV pools are allocated empty: their pages become resident as swaps first touch
+        # them, which shows as growth up to this size without being a leak.
+        "kv_pool_mib": (usage["plan"]["device_bytes"] + usage["plan"]["host_bytes"]) / 2**20,
         "swaps_out": usage["swaps_out"], "swaps_in": usage["swaps_in"],
         "dropped": usage["dropped"],
     }
