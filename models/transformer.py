@@ -68,12 +68,15 @@ class Rotary:
         angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x (T, heads, head_dim) by its positions (T,)."""
+    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """Rotate q and k (T, heads, head_dim) by their positions (T,); one table lookup."""
         if int(positions.max()) >= self.cos.shape[0]:
             self._grow(int(positions.max()) + 1)
-        cos = self.cos[positions][:, None, :].to(x.device)  # (T, 1, hd/2)
-        sin = self.sin[positions][:, None, :].to(x.device)
+        cos = self.cos[positions][:, None, :].to(q.device)  # (T, 1, hd/2)
+        sin = self.sin[positions][:, None, :].to(q.device)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.interleaved:  # pairs (x0, x1), (x2, x3), ...
             x1, x2 = x[..., 0::2], x[..., 1::2]
             return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
@@ -104,7 +107,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
         positions = torch.arange(start, start + T)
-        q, k = self.rotary.apply(q, positions), self.rotary.apply(k, positions)
+        q, k = self.rotary.apply(q, k, positions)
         cache.write(self.layer, start, k, v)
         # Keys a sliding-window layer can still see: the window before the first query.
         lo = 0 if self.window is None else max(0, start - self.window + 1)
