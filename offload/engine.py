@@ -21,8 +21,10 @@ from ember.models.tokenizer import StreamDecoder
 
 from .device import resolve_device, set_threads
 from .events import DoneEvent, Timings, TokenEvent
+from .hybrid_setup import HostLMHead, HybridModel, build_hybrid, restore_dense
 from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
 from .lm_head import choose_lm_head
+from .memory_plan import SPLITS
 from .paged_kv import PagedKVCache
 from .resources import memory_check
 from .runner import Runner
@@ -41,10 +43,19 @@ class EngineOptions:
     kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
     kv_block_size: int = DEFAULT_BLOCK_SIZE
     lm_head: str = "auto"  # "fp32" reference, "q8_0" kernel, "auto": the kernel when it applies
+    # Hybrid FFN: a GPU-tier byte budget splits FFN layers into hot (GPU tier) and cold
+    # (host) neurons; None with split "auto" runs the dense model on one device.
+    gpu_budget: int | None = None
+    split: str = "auto"  # "auto" | "cpu-only" | "gpu-only" (see memory_plan)
+    cold_dtype: str = "fp32"  # host-side FFN rows: "fp32" (exact) or "int8"
 
     def __post_init__(self):
         if self.n_ctx < 1:
             raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"unknown --split {self.split!r}; choose one of {', '.join(SPLITS)}")
+        if self.gpu_budget is not None and self.gpu_budget < 0:
+            raise ConfigError("--gpu-budget must not be negative")
 
 
 class Engine:
@@ -52,16 +63,41 @@ class Engine:
         set_threads(options.threads)
         self.loaded = loaded
         self.device = resolve_device(options.device)
-        self.model = loaded.model.to(self.device)
-        self.lm_head = choose_lm_head(self.model, options.lm_head)
-        self.tokenizer = loaded.tokenizer
-        self.stop_ids = set(loaded.source.stop_ids)
         n_ctx = min(options.n_ctx, loaded.config.context_length)
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
                                options.kv_block_size)
+        self.hybrid = self._split_ffn(loaded.model, options)
+        compute = self.device if self.hybrid is None else self.hybrid.attention_device
+        self.model = loaded.model.to(compute)
+        self.lm_head = choose_lm_head(self.model, options.lm_head)
+        if (self.hybrid is not None and compute.type != "cpu"
+                and not self.hybrid.plan.lm_head_on_gpu):
+            self.model.head = HostLMHead(self.model.head)
+        self.tokenizer = loaded.tokenizer
+        self.stop_ids = set(loaded.source.stop_ids)
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
-                               self.kv_plan.block_size, self.device, DEFAULT_ROLLBACK_MARGIN)
+                               self.kv_plan.block_size, compute, DEFAULT_ROLLBACK_MARGIN)
         self.runner = Runner(self.model, self.kv, n_ctx)
+
+    def _split_ffn(self, model, options: EngineOptions) -> HybridModel | None:
+        """Split FFN layers by the GPU-tier plan, or put the dense ones back (None)."""
+        if options.gpu_budget is None and options.split == "auto":
+            restore_dense(model)
+            return None
+        if options.gpu_budget is None:
+            raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
+        kv_bytes = self.kv_plan.device_blocks * self.kv_plan.block_bytes
+        return build_hybrid(model, options.gpu_budget, self.device, kv_bytes, options.split,
+                            options.cold_dtype)
+
+    def hybrid_report(self) -> dict | None:
+        """The GPU-tier plan and measured per-layer FFN work (None for a dense engine)."""
+        return None if self.hybrid is None else self.hybrid.report()
+
+    def close(self) -> None:
+        """Stop the CPU worker thread (the engine is unusable afterwards)."""
+        if self.hybrid is not None:
+            self.hybrid.close()
 
     @classmethod
     def load(cls, model_path: str | Path | None = None, options: EngineOptions = EngineOptions()):

@@ -1,0 +1,134 @@
+"""A FFN layer split by a placement: hot neurons on the GPU tier, cold ones in host RAM.
+
+    out = hot_ffn(x on the GPU tier) + sparse_ffn(x on the host, active cold neurons)
+
+The cold side is submitted to the CPU worker first, then the calling thread runs the hot
+side, so the two overlap; the partial down-projections are summed on the caller's device.
+A selector picks the cold neurons to compute for a token (None: all of them, the exact
+dense result); prefill chunks (T > 1) always compute every cold neuron, since the union of
+many tokens' active sets is nearly everything.
+
+Weights are plain attributes, not buffers, so `Transformer.to(device)` (which moves
+attention and norms to their tier) leaves each side where the plan put it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
+from ember.kernels.sparse_ffn import SparseFFNWeights, dense_ffn, sparse_ffn
+from ember.models.transformer import FeedForward
+
+from .cpu_worker import CpuWorker
+
+# x (T, hidden) on the host -> cold-local neuron indices to compute (sorted int64), or None
+# for all of them.
+Selector = Callable[[torch.Tensor], "torch.Tensor | None"]
+
+
+@dataclass
+class LayerCounters:
+    """What one layer computed, for the sparsity report."""
+
+    tokens: int = 0  # decode tokens seen (prefill chunks are dense and not counted)
+    cold_computed: int = 0  # cold neurons computed over those tokens
+
+    def reset(self) -> None:
+        self.tokens = self.cold_computed = 0
+
+
+class HybridFFN(nn.Module):
+    def __init__(self, layer: int, ffn_size: int, hot_idx: np.ndarray, cold_idx: np.ndarray,
+                 hot: HotFFNWeights | None, cold: SparseFFNWeights | None, worker: CpuWorker,
+                 selector: Selector | None = None):
+        super().__init__()
+        self.layer, self.ffn_size = layer, ffn_size
+        self.hot_idx, self.cold_idx = hot_idx, cold_idx
+        self.hot, self.cold, self.worker = hot, cold, worker
+        self.selector = selector
+        self.counters = LayerCounters()
+        # The dense module this was split from (set by hybrid_setup; kept on the host only).
+        object.__setattr__(self, "source", None)
+
+    @classmethod
+    def split(cls, ffn: FeedForward, layer: int, hot_idx: np.ndarray, gpu: torch.device,
+              worker: CpuWorker, cold_dtype: str = "fp32",
+              selector: Selector | None = None) -> "HybridFFN":
+        """Slice a dense FeedForward ((in, out) weights on the host) into its two homes."""
+        size = ffn.up.shape[1]
+        hot_idx = np.asarray(hot_idx, dtype=np.int64)
+        mask = np.ones(size, dtype=bool)
+        mask[hot_idx] = False
+        cold_idx = np.flatnonzero(mask).astype(np.int64)
+
+        def rows(weight_in_out, idx):  # (in, out) columns -> neuron-major rows (n, hidden)
+            return None if weight_in_out is None else weight_in_out[:, idx].t()
+
+        hot = cold = None
+        if hot_idx.size:
+            h = torch.from_numpy(hot_idx)
+            hot = HotFFNWeights.from_rows(rows(ffn.gate, h), rows(ffn.up, h),
+                                          ffn.down[h], ffn.activation, gpu)
+        if cold_idx.size:
+            c = torch.from_numpy(cold_idx)
+            cold = SparseFFNWeights.from_rows(rows(ffn.gate, c), rows(ffn.up, c), ffn.down[c],
+                                              ffn.activation, cold_dtype)
+        return cls(layer, size, hot_idx, cold_idx, hot, cold, worker, selector)
+
+    # -- the per-token path -------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pending = None
+        if x.shape[0] == 1:
+            self.counters.tokens += 1
+        if self.cold is not None:
+            x_host = x if x.device.type == "cpu" else x.to("cpu")
+            active = self.selector(x_host) if self.selector is not None and x.shape[0] == 1 else None
+            pending = self.worker.submit(self._cold_side, x_host, active, label=f"cold{self.layer}")
+        out = None
+        if self.hot is not None:
+            out = self._hot_side(x)
+        if pending is not None:
+            cold_out = pending.result().to(x.device)
+            out = cold_out if out is None else out + cold_out
+        return out
+
+    def _hot_side(self, x: torch.Tensor) -> torch.Tensor:
+        if self.worker.trace is None:
+            return hot_ffn(x.to(self.hot.device), self.hot).to(x.device)
+        import time
+
+        t0 = time.perf_counter()
+        out = hot_ffn(x.to(self.hot.device), self.hot).to(x.device)
+        self.worker.record(f"hot{self.layer}", t0, time.perf_counter())
+        return out
+
+    def _cold_side(self, x_host: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        if active is None:
+            if x_host.shape[0] == 1:
+                self.counters.cold_computed += len(self.cold_idx)
+            return dense_ffn(x_host, self.cold)
+        self.counters.cold_computed += int(active.numel())
+        return sparse_ffn(x_host, self.cold, active)
+
+    # -- reporting ----------------------------------------------------------------------
+    def hot_fraction(self) -> float:
+        return len(self.hot_idx) / self.ffn_size
+
+    def computed_fraction(self) -> float | None:
+        """Fraction of the layer's neurons computed per decode token (hot ones always are)."""
+        c = self.counters
+        if c.tokens == 0:
+            return None
+        return (len(self.hot_idx) + c.cold_computed / c.tokens) / self.ffn_size
+
+    def gpu_bytes(self) -> int:
+        return 0 if self.hot is None else self.hot.nbytes()
+
+    def host_bytes(self) -> int:
+        return 0 if self.cold is None else self.cold.nbytes()

@@ -1,0 +1,179 @@
+"""What goes on the GPU tier under `--gpu-budget`, and how many FFN neurons are hot.
+
+The tier is charged, in this order, for what every token reads in full (so a byte of budget
+buys the same on each): a working-space allowance for one prefill chunk's activations, then
+attention (weights, norms) together with its KV pool, the predictors, the LM head, and
+finally hot FFN neurons with whatever is left. Attention, its KV pool and the LM head move
+whole: if they do not fit they stay in host RAM and the budget goes to FFN neurons. The plan
+never charges more than the budget; a budget below the working space is an error that
+names the minimum.
+
+Split policies: "auto" (hot neurons fill the rest), "cpu-only" (no hot neurons), "gpu-only"
+(every FFN neuron hot: an error if they do not all fit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.models.config import ModelConfig
+from ember.models.errors import ConfigError
+from ember.placement.layout import Placement
+
+from .kv_plan import DEFAULT_PREFILL_CHUNK
+from .sizes import format_size
+
+SPLITS = ("auto", "cpu-only", "gpu-only")
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class ComponentBytes:
+    """Bytes each part takes on whichever tier holds it (fp32 body, as the engine stores it)."""
+
+    attention: int  # all layers' projections and norms, plus the final norm
+    kv_pool: int  # the device KV pool
+    lm_head: int
+    predictors: int
+    neuron: tuple[int, ...]  # per layer: one hot neuron's gate/up/down weights
+
+    @classmethod
+    def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int,
+                 predictors: int = 0) -> "ComponentBytes":
+        hd, h = cfg.head_dim, cfg.hidden_size
+        proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
+        norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
+        attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
+        per_neuron = ((3 if cfg.gated else 2) * h) * FP32
+        return cls(attention, kv_pool, lm_head, predictors, (per_neuron,) * cfg.n_layers)
+
+
+def workspace_bytes(cfg: ModelConfig, chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
+    """Activations of one prefill chunk through one layer: the tier's working space."""
+    width = 2 * cfg.hidden_size + (2 if cfg.gated else 1) * cfg.ffn_size
+    width = max(width, cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim)
+    return chunk * width * FP32
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    budget: int
+    split: str
+    workspace: int
+    attention_on_gpu: bool  # with the KV pool and norms
+    predictors_on_gpu: bool
+    lm_head_on_gpu: bool
+    placement: Placement  # hot neurons per layer
+    sizes: ComponentBytes
+
+    @property
+    def ffn_bytes(self) -> int:
+        return sum(self.placement.hot_count(i) * self.sizes.neuron[i]
+                   for i in range(self.placement.n_layers))
+
+    def charges(self) -> dict[str, int]:
+        s = self.sizes
+        return {
+            "workspace": self.workspace,
+            "attention": s.attention if self.attention_on_gpu else 0,
+            "kv_pool": s.kv_pool if self.attention_on_gpu else 0,
+            "predictors": s.predictors if self.predictors_on_gpu else 0,
+            "lm_head": s.lm_head if self.lm_head_on_gpu else 0,
+            "ffn_hot": self.ffn_bytes,
+        }
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(self.charges().values())
+
+    def to_dict(self) -> dict:
+        return {
+            "budget_bytes": self.budget, "split": self.split, "gpu_bytes": self.gpu_bytes,
+            "charges": self.charges(),
+            "on_gpu_tier": {"attention_and_kv": self.attention_on_gpu,
+                            "predictors": self.predictors_on_gpu, "lm_head": self.lm_head_on_gpu},
+            **self.placement.summary(),
+        }
+
+    def describe(self) -> list[str]:
+        """Human-readable lines for `ember info --gpu-budget` and `generate --verbose`."""
+        lines = [f"GPU tier budget {format_size(self.budget)} ({self.split}): "
+                 f"{format_size(self.gpu_bytes)} planned"]
+        present = {"workspace": True, "attention": True, "kv_pool": True,
+                   "predictors": self.sizes.predictors > 0, "lm_head": True, "ffn_hot": True}
+        for name, n in self.charges().items():
+            where = "GPU tier" if n else ("host" if present[name] else "none")
+            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}  {where}")
+        fractions = [self.placement.hot_fraction(i) for i in range(self.placement.n_layers)]
+        lines.append(f"  hot FFN neurons: {self.placement.total_hot_fraction():.1%} overall; "
+                     f"per layer " + " ".join(f"{f:.0%}" for f in fractions))
+        return lines
+
+
+def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str = "auto",
+                preferred: Placement | None = None, neuron_order=None) -> MemoryPlan:
+    """Plan the GPU tier for `budget` bytes.
+
+    Args:
+        preferred: hot neurons a profile asks for (used as is when it fits the FFN share,
+            else cut down hottest-first); None spreads the FFN share evenly over layers.
+        neuron_order: per layer, neurons hottest first (from a profile) for cutting down.
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    if budget < 0:
+        raise ConfigError("--gpu-budget must not be negative")
+    ffn_sizes = (cfg.ffn_size,) * cfg.n_layers
+    space = workspace_bytes(cfg)
+    if budget < space:
+        raise ConfigError(f"--gpu-budget {format_size(budget)} is below the minimum "
+                          f"{format_size(space)} (working space for a "
+                          f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk); raise it")
+    left = budget - space
+    attention = sizes.attention + sizes.kv_pool <= left
+    if attention:
+        left -= sizes.attention + sizes.kv_pool
+    predictors = attention and 0 < sizes.predictors <= left
+    if predictors:
+        left -= sizes.predictors
+    all_ffn = sum(n * b for n, b in zip(ffn_sizes, sizes.neuron))
+    # The head only when FFN neurons cannot use the room better: after the FFN is all hot,
+    # or when it is the bigger per-token read (it is read in full every token, like hot rows).
+    lm_head = attention and sizes.lm_head <= left and (split != "gpu-only" or
+                                                       sizes.lm_head + all_ffn <= left)
+    if lm_head:
+        left -= sizes.lm_head
+    placement = _hot_neurons(cfg, ffn_sizes, sizes, left, split, preferred, neuron_order)
+    plan = MemoryPlan(budget, split, space, attention, predictors, lm_head, placement, sizes)
+    if split == "gpu-only" and placement.total_hot_fraction() < 1.0:
+        need = space + all_ffn
+        raise ConfigError(f"--split gpu-only needs every FFN neuron on the GPU tier: at least "
+                          f"{format_size(need)}, but --gpu-budget is {format_size(budget)}")
+    if plan.gpu_bytes > budget:  # a bug, not user input: the rules above must prevent it
+        raise RuntimeError(f"memory plan over budget: {plan.gpu_bytes} > {budget}")
+    return plan
+
+
+def _hot_neurons(cfg, ffn_sizes, sizes: ComponentBytes, room: int, split: str,
+                 preferred: Placement | None, order) -> Placement:
+    if split == "cpu-only":
+        return Placement.uniform(ffn_sizes, 0.0)
+    if split == "gpu-only":
+        fits = sum(n * b for n, b in zip(ffn_sizes, sizes.neuron)) <= room
+        return Placement.uniform(ffn_sizes, 1.0 if fits else 0.0)
+    if preferred is not None:
+        if preferred.ffn_sizes != ffn_sizes:
+            raise ConfigError(f"the placement is for FFN sizes {preferred.ffn_sizes[:3]}..., "
+                              f"this model has {ffn_sizes[:3]}...")
+        want = sum(preferred.hot_count(i) * sizes.neuron[i] for i in range(len(ffn_sizes)))
+        if want <= room:
+            return preferred
+        scale = room / want
+        counts = [int(preferred.hot_count(i) * scale) for i in range(len(ffn_sizes))]
+        return Placement.from_counts(ffn_sizes, counts, order)
+    # No statistics: every layer gets the same share, so each one's cold side is as small
+    # as the others' (the per-token latency is the sum of layer latencies).
+    per_round = sum(sizes.neuron)
+    n = min(min(ffn_sizes), room // per_round) if per_round else 0
+    counts = [n] * len(ffn_sizes)
+    return Placement.from_counts(ffn_sizes, counts, order)

@@ -1,0 +1,234 @@
+"""Hybrid FFN: any placement equals dense, the oracle on ReLU equals dense, the memory plan
+holds its budget, and the two sides overlap and stop cleanly."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, reference_hot_ffn
+from ember.kernels.sparse_ffn import SparseFFNWeights
+from ember.models.errors import ConfigError
+from ember.models.loader import load_model
+from ember.offload.cpu_worker import CpuWorker
+from ember.offload.engine import Engine, EngineOptions
+from ember.offload.hybrid_ffn import HybridFFN
+from ember.offload.hybrid_setup import build_hybrid, restore_dense
+from ember.offload.memory_plan import ComponentBytes, plan_memory, workspace_bytes
+from ember.offload.neuron_selectors import OracleSelector
+from ember.placement.layout import Placement
+
+ACTS = ("relu", "relu2", "relu_glu", "drelu", "silu_glu", "gelu_glu")
+BIG = 1 << 40  # a budget everything fits in
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_hot_ffn_matches_reference(act):
+    g = torch.Generator().manual_seed(0)
+    n, h = 37, 24
+    gate = None if act in ("relu", "relu2") else torch.randn(n, h, generator=g)
+    up, down = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
+    x = torch.randn(3, h, generator=g)
+    w = HotFFNWeights.from_rows(gate, up, down, act)
+    torch.testing.assert_close(hot_ffn(x, w), reference_hot_ffn(x, gate, up, down, act),
+                               rtol=1e-4, atol=1e-4)
+    mask = torch.rand(3, n, generator=g) < 0.5
+    torch.testing.assert_close(hot_ffn(x, w, mask), reference_hot_ffn(x, gate, up, down, act, mask),
+                               rtol=1e-4, atol=1e-4)
+
+
+def _placements(cfg, seed=0):
+    sizes = (cfg.ffn_size,) * cfg.n_layers
+    rng = np.random.default_rng(seed)
+    half = [np.sort(rng.choice(cfg.ffn_size, cfg.ffn_size // 2, replace=False))
+            for _ in range(cfg.n_layers)]
+    mixed = [np.sort(rng.choice(cfg.ffn_size, int(f * cfg.ffn_size), replace=False))
+             for f in np.linspace(0.0, 1.0, cfg.n_layers)]
+    return {"all-hot": Placement.uniform(sizes, 1.0), "all-cold": Placement.uniform(sizes, 0.0),
+            "random-half": Placement(sizes, tuple(half)),
+            "per-layer-different": Placement(sizes, tuple(mixed))}
+
+
+def _logits(model, ids):
+    cache = model.new_cache(len(ids) + 1)
+    hidden = model.hidden(torch.tensor(ids[:-1]), cache)  # prefill: T > 1, dense on both sides
+    step = model.hidden(torch.tensor(ids[-1:]), cache)  # decode: T = 1
+    return model.logits(torch.cat([hidden, step]))
+
+
+@pytest.mark.parametrize("kind", ["llama-relu_glu", "gemma3", "llama-relu", "llama-drelu"])
+def test_any_placement_equals_dense(tiny_models, kind):
+    loaded = load_model(tiny_models[kind][2])
+    model, cfg = loaded.model, loaded.config
+    restore_dense(model)
+    ids = loaded.tokenizer.encode("the cat sat on the mat", add_bos=True)
+    want = _logits(model, ids)
+    for name, placement in _placements(cfg).items():
+        split = "cpu-only" if name == "all-cold" else "auto"
+        hybrid = build_hybrid(model, BIG, torch.device("cpu"), 0, split, preferred=placement)
+        try:
+            assert [len(layer.hot_idx) for layer in hybrid.layers] == \
+                   [placement.hot_count(i) for i in range(cfg.n_layers)], name
+            torch.testing.assert_close(_logits(model, ids), want, rtol=0, atol=1e-4, msg=name)
+        finally:
+            hybrid.close()
+            restore_dense(model)
+
+
+def test_oracle_active_set_on_relu_equals_dense(tiny_models):
+    loaded = load_model(tiny_models["llama-relu_glu"][2])
+    model, cfg = loaded.model, loaded.config
+    restore_dense(model)
+    ids = loaded.tokenizer.encode("a dog and a cat", add_bos=True)
+    cache = model.new_cache(len(ids))
+    want = torch.cat([model.hidden(torch.tensor([t]), cache) for t in ids])
+    placement = _placements(cfg, seed=3)["random-half"]
+    hybrid = build_hybrid(model, BIG, torch.device("cpu"), 0, preferred=placement)
+    try:
+        for layer in hybrid.layers:
+            layer.selector = OracleSelector(layer.cold)
+        cache = model.new_cache(len(ids))
+        got = torch.cat([model.hidden(torch.tensor([t]), cache) for t in ids])
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        # ReLU really skipped work: fewer cold neurons than all of them were computed.
+        done = sum(layer.counters.cold_computed for layer in hybrid.layers)
+        assert 0 < done < sum(len(layer.cold_idx) for layer in hybrid.layers) * len(ids)
+    finally:
+        hybrid.close()
+        restore_dense(model)
+
+
+def test_engine_with_gpu_budget_matches_dense_engine(tiny_models):
+    loaded = load_model(tiny_models["gemma3"][2])
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=128))
+    ids = dense.encode("the cat")
+    from ember.offload.sampler import GREEDY
+
+    want = dense.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+    budget = workspace_bytes(loaded.config) + 100_000  # attention cannot fit: FFN gets it
+    hybrid = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget))
+    try:
+        report = hybrid.hybrid_report()
+        assert not report["on_gpu_tier"]["attention_and_kv"]
+        assert 0 < report["hot_fraction"] < 1 and report["gpu_bytes"] <= budget
+        got = hybrid.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        assert got == want
+        assert hybrid.hybrid_report()["computed_fraction_per_layer"][0] == 1.0  # dense mode
+    finally:
+        hybrid.close()
+    again = Engine(loaded, EngineOptions(device="cpu", n_ctx=128))  # un-split on the way back
+    assert again.hybrid is None
+    assert again.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids == want
+
+
+# -- the memory plan ----------------------------------------------------------------------
+
+def _sizes(cfg, kv=50_000, head=400_000):
+    return ComponentBytes.estimate(cfg, kv, head)
+
+
+@pytest.mark.parametrize("budget_kb", [800, 900, 1000, 1200, 1500, 2000, 5000])
+def test_plan_never_exceeds_budget(tiny_models, budget_kb):
+    cfg = tiny_models["gemma3"][0]
+    plan = plan_memory(cfg, budget_kb * 1000, _sizes(cfg))
+    assert plan.gpu_bytes <= plan.budget
+    assert sum(plan.charges().values()) == plan.gpu_bytes
+
+
+def test_plan_order_attention_then_head_then_ffn(tiny_models):
+    cfg = tiny_models["gemma3"][0]
+    sizes = _sizes(cfg)
+    base = workspace_bytes(cfg)
+    tight = plan_memory(cfg, base + sizes.attention + sizes.kv_pool - 1, sizes)
+    assert not tight.attention_on_gpu and tight.placement.total_hot_fraction() > 0
+    roomy = plan_memory(cfg, base + sizes.attention + sizes.kv_pool + sizes.lm_head + 10_000, sizes)
+    assert roomy.attention_on_gpu and roomy.lm_head_on_gpu
+    assert 0 < roomy.placement.total_hot_fraction() < 1
+    assert plan_memory(cfg, BIG, sizes).placement.total_hot_fraction() == 1.0
+
+
+def test_impossible_budgets_are_clear_errors(tiny_models):
+    cfg = tiny_models["gemma3"][0]
+    with pytest.raises(ConfigError, match="below the minimum"):
+        plan_memory(cfg, 1000, _sizes(cfg))
+    with pytest.raises(ConfigError, match="gpu-only needs every FFN neuron"):
+        plan_memory(cfg, workspace_bytes(cfg) + 1000, _sizes(cfg), split="gpu-only")
+    assert plan_memory(cfg, BIG, _sizes(cfg), split="cpu-only").placement.total_hot_fraction() == 0
+    with pytest.raises(ConfigError, match="needs --gpu-budget"):
+        Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", split="gpu-only"))
+    with pytest.raises(ConfigError, match="unknown --split"):
+        EngineOptions(split="half")
+
+
+def test_preferred_placement_is_cut_down_hottest_first(tiny_models):
+    cfg = tiny_models["llama-relu_glu"][0]
+    sizes = _sizes(cfg)
+    order = [np.arange(cfg.ffn_size)[::-1] for _ in range(cfg.n_layers)]  # high index = hot
+    want = Placement.from_counts((cfg.ffn_size,) * cfg.n_layers, [100] * cfg.n_layers, order)
+    room = workspace_bytes(cfg) + sizes.attention + sizes.kv_pool + 50 * 3 * sizes.neuron[0]
+    plan = plan_memory(cfg, room, sizes, preferred=want, neuron_order=order)
+    for layer in range(cfg.n_layers):
+        hot = plan.placement.hot[layer]
+        assert 0 < hot.size < 100 and hot.min() >= cfg.ffn_size - 100
+
+
+# -- concurrency and interrupts -----------------------------------------------------------
+
+def _big_layer(worker, hidden=512, ffn=8192):
+    g = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(ffn, hidden, generator=g), torch.randn(ffn, hidden, generator=g)
+    down = torch.randn(ffn, hidden, generator=g)
+    hot_n = ffn // 2
+    hot = HotFFNWeights.from_rows(gate[:hot_n], up[:hot_n], down[:hot_n], "silu_glu")
+    cold = SparseFFNWeights.from_rows(gate[hot_n:], up[hot_n:], down[hot_n:], "silu_glu")
+    return HybridFFN(0, ffn, np.arange(hot_n), np.arange(hot_n, ffn), hot, cold, worker)
+
+
+def test_cpu_and_gpu_sides_overlap():
+    worker = CpuWorker()
+    worker.trace = []
+    layer = _big_layer(worker)
+    x = torch.randn(1, 512)
+    try:
+        for _ in range(10):
+            layer(x)
+        trace = worker.trace
+        cold = [(s, e) for label, s, e in trace if label.startswith("cold")]
+        hot = [(s, e) for label, s, e in trace if label.startswith("hot")]
+        assert len(cold) == len(hot) == 10
+        # The CPU side starts before the GPU-tier side finishes: it never waits for it.
+        assert all(cs < he for (cs, _), (_, he) in zip(cold, hot))
+        overlapping = sum(cs < he and hs < ce for (cs, ce), (hs, he) in zip(cold, hot))
+        assert overlapping >= 8, trace
+    finally:
+        worker.close()
+
+
+def test_ctrl_c_while_waiting_on_the_cpu_side_leaves_the_worker_usable(monkeypatch):
+    worker = CpuWorker()
+    layer = _big_layer(worker, hidden=64, ffn=256)
+    x = torch.randn(1, 64)
+    slow = threading.Event()
+
+    def slow_cold(x_host, active):
+        slow.set()
+        time.sleep(0.3)
+        return torch.zeros(1, 64)
+
+    monkeypatch.setattr(layer, "_cold_side", slow_cold)
+    threading.Thread(target=lambda: (slow.wait(2), _thread.interrupt_main()), daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(50):
+            layer(x)
+    monkeypatch.undo()
+    torch.testing.assert_close(layer(x), layer(x))  # the worker still serves jobs
+    t0 = time.perf_counter()
+    worker.close()
+    assert time.perf_counter() - t0 < 1.0 and worker.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.submit(lambda: None)
