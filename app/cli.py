@@ -17,6 +17,15 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help="GGUF file or Hugging Face folder (default: the embedded Gemma 3 270M)")
 
 
+def _split_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-budget", metavar="SIZE",
+                   help="GPU-tier memory, e.g. 4GiB or 500MB: attention, KV and the hottest FFN "
+                        "neurons go there, cold neurons run on CPU threads (default: no split)")
+    p.add_argument("--split", default="auto", choices=("auto", "cpu-only", "gpu-only"),
+                   help="FFN split under --gpu-budget: auto (hot neurons fill the budget), "
+                        "cpu-only (none hot) or gpu-only (all hot)")
+
+
 def _engine_options(p: argparse.ArgumentParser) -> None:
     _model_options(p)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
@@ -28,6 +37,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="device KV-cache pool, e.g. 256MB (default: one full context)")
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
+    _split_options(p)
+    p.add_argument("--cold-dtype", default="fp32", choices=("fp32", "int8"),
+                   help="host-side FFN rows under --gpu-budget: fp32 (exact) or int8 (a quarter "
+                        "of the bytes)")
     p.add_argument("--lm-head", default="auto", choices=("auto", "fp32", "q8_0"),
                    help="output layer: the file's Q8_0 blocks through the C++ kernel (auto "
                         "when it applies) or the float32 reference")
@@ -85,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(p)
     p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
                    help="context used for the KV-cache estimate")
+    _split_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="info")
 

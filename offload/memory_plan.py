@@ -105,8 +105,10 @@ class MemoryPlan:
             where = "GPU tier" if n else ("host" if present[name] else "none")
             lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}  {where}")
         fractions = [self.placement.hot_fraction(i) for i in range(self.placement.n_layers)]
-        lines.append(f"  hot FFN neurons: {self.placement.total_hot_fraction():.1%} overall; "
-                     f"per layer " + " ".join(f"{f:.0%}" for f in fractions))
+        per_layer = (f"{fractions[0]:.0%} in every layer" if len(set(fractions)) <= 1 else
+                     "per layer " + " ".join(f"{f:.0%}" for f in fractions))
+        lines.append(f"  hot FFN neurons: {self.placement.total_hot_fraction():.1%} overall, "
+                     + per_layer)
         return lines
 
 

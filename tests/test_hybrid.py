@@ -189,22 +189,36 @@ def _big_layer(worker, hidden=512, ffn=8192):
     return HybridFFN(0, ffn, np.arange(hot_n), np.arange(hot_n, ffn), hot, cold, worker)
 
 
-def test_cpu_and_gpu_sides_overlap():
+def test_cpu_and_gpu_sides_overlap(monkeypatch):
+    """A rendezvous only concurrent sides can pass: the CPU side waits for the GPU-tier side
+    to have started, and the GPU-tier side waits for the CPU side to have started."""
     worker = CpuWorker()
     worker.trace = []
-    layer = _big_layer(worker)
-    x = torch.randn(1, 512)
+    layer = _big_layer(worker, hidden=64, ffn=256)
+    cold_started, hot_started = threading.Event(), threading.Event()
+    real_cold, real_hot = layer._cold_side, layer._hot_side
+
+    def cold_side(x_host, active):
+        cold_started.set()
+        if not hot_started.wait(5):
+            raise TimeoutError("the GPU-tier side never ran while the CPU side did")
+        return real_cold(x_host, active)
+
+    def hot_side(x):
+        hot_started.set()
+        if not cold_started.wait(5):
+            raise TimeoutError("the CPU side never ran while the GPU-tier side did")
+        return real_hot(x)
+
+    monkeypatch.setattr(layer, "_cold_side", cold_side)
+    monkeypatch.setattr(layer, "_hot_side", hot_side)
+    x = torch.randn(1, 64)
     try:
-        for _ in range(10):
-            layer(x)
-        trace = worker.trace
-        cold = [(s, e) for label, s, e in trace if label.startswith("cold")]
-        hot = [(s, e) for label, s, e in trace if label.startswith("hot")]
-        assert len(cold) == len(hot) == 10
-        # The CPU side starts before the GPU-tier side finishes: it never waits for it.
-        assert all(cs < he for (cs, _), (_, he) in zip(cold, hot))
-        overlapping = sum(cs < he and hs < ce for (cs, ce), (hs, he) in zip(cold, hot))
-        assert overlapping >= 8, trace
+        out = layer(x)
+        monkeypatch.undo()
+        torch.testing.assert_close(out, layer(x))
+        labels = [label for label, _, _ in worker.trace]
+        assert "cold0" in labels and "hot0" in labels  # the trace records both sides
     finally:
         worker.close()
 
@@ -232,3 +246,41 @@ def test_ctrl_c_while_waiting_on_the_cpu_side_leaves_the_worker_usable(monkeypat
     assert time.perf_counter() - t0 < 1.0 and worker.closed
     with pytest.raises(RuntimeError, match="closed"):
         worker.submit(lambda: None)
+
+
+# -- the command line ---------------------------------------------------------------------
+
+def _cli(capsys, *argv):
+    from ember.app.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_with_gpu_budget_reports_the_split(capsys, tiny_gemma_gguf):
+    import json
+
+    args = ["generate", "the cat", "--model", str(tiny_gemma_gguf), "--temperature", "0",
+            "--max-tokens", "6", "--json", "--ignore-eos", "--device", "cpu"]
+    dense = json.loads(_cli(capsys, *args)[1])
+    code, out, err = _cli(capsys, *args, "--gpu-budget", "1MB")
+    assert code == 0, err
+    result = json.loads(out)
+    hybrid = result["hybrid"]
+    assert len(hybrid["hot_fraction_per_layer"]) == 6 and 0 < hybrid["hot_fraction"] < 1
+    assert hybrid["gpu_bytes"] <= 1_000_000
+    assert result["token_ids"] == dense["token_ids"] and dense["hybrid"] is None
+
+
+def test_info_prints_the_gpu_plan_and_rejects_impossible_budgets(capsys, tiny_gemma_gguf):
+    code, out, _ = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "2MB")
+    assert code == 0 and "GPU tier budget" in out and "hot FFN neurons" in out
+    code, _, err = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "10KB")
+    assert code == 2 and "below the minimum" in err
+    code, _, err = _cli(capsys, "generate", "x", "--model", str(tiny_gemma_gguf),
+                        "--split", "gpu-only")
+    assert code == 2 and "needs --gpu-budget" in err
+    code, _, err = _cli(capsys, "generate", "x", "--model", str(tiny_gemma_gguf),
+                        "--gpu-budget", "lots")
+    assert code == 2 and "--gpu-budget" in err

@@ -43,6 +43,7 @@ def run(args) -> int:
             "kv": engine.kv_usage(),
             "device": str(engine.device),
             "lm_head": engine.lm_head,
+            "hybrid": engine.hybrid_report(),
         })
     else:
         sys.stdout.write("\n")
@@ -50,4 +51,10 @@ def run(args) -> int:
               f"{t.generated_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s, "
               f"first token after {t.ttft_s * 1000:.0f} ms ({done.finish_reason})",
               file=sys.stderr)
+        hybrid = engine.hybrid_report()
+        if hybrid is not None:
+            print(f"ember: {hybrid['hot_fraction']:.1%} of FFN neurons hot on the GPU tier "
+                  f"({hybrid['gpu_tier_device']}, {hybrid['gpu_bytes'] / 2**20:.1f} MiB of "
+                  f"{hybrid['budget_bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
+    engine.close()
     return 0

@@ -13,7 +13,11 @@ def run(args) -> int:
     from ember.models.loader import open_model
     from ember.models.summary import summarize
 
-    s = summarize(open_model(model_path(args)), args.ctx_size)
+    source = open_model(model_path(args))
+    s = summarize(source, args.ctx_size)
+    plan = _gpu_plan(source.config, args)
+    if plan is not None:
+        s["gpu_plan"] = plan.to_dict()
     if args.json:
         print_json(s)
         return 0
@@ -32,4 +36,21 @@ def run(args) -> int:
     # An upper bound: the engine keeps a Q8_0 LM head quantized and pages the KV cache.
     print(f"  memory (max)    {_mib(m['total_bytes'])} = weights as fp32 {_mib(m['weights_fp32_bytes'])}"
           f" + contiguous KV cache {_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
+    if plan is not None:
+        print("\n".join("  " + line for line in plan.describe()))
     return 0
+
+
+def _gpu_plan(cfg, args):
+    """The GPU-tier plan `--gpu-budget` would give (as the engine makes it), or None."""
+    if args.gpu_budget is None:
+        return None
+    from ember.offload.kv_plan import plan_kv
+    from ember.offload.memory_plan import ComponentBytes, plan_memory
+    from ember.offload.sizes import parse_size
+
+    budget = parse_size(args.gpu_budget, "--gpu-budget")
+    kv = plan_kv(cfg, min(args.ctx_size, cfg.context_length))
+    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
+                                    cfg.vocab_size * cfg.hidden_size * 4)
+    return plan_memory(cfg, budget, sizes, args.split)
