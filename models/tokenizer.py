@@ -118,6 +118,13 @@ def _token_kinds(spec: VocabSpec) -> list[int]:
             for i, t in enumerate(spec.tokens)]
 
 
+# Splitting a token of n characters tries n cuts of O(n) each: a crafted file with megabyte
+# tokens would take hours. Real vocabularies stay far below this (the default model's
+# longest token has 31 characters); longer tokens get no merges, so the tokenizer never
+# produces them (they still decode).
+MAX_MERGE_CHARS = 256
+
+
 def _spm_merges(spec: VocabSpec, kinds: list[int], vocab: dict[str, int]) -> list[tuple[str, str]]:
     """Every split of every token into two vocab tokens, best-scored merged token first."""
     scores = np.asarray(spec.scores if spec.scores is not None else np.zeros(len(spec.tokens)))
@@ -127,6 +134,8 @@ def _spm_merges(spec: VocabSpec, kinds: list[int], vocab: dict[str, int]) -> lis
     tokens = spec.tokens
     for i in np.argsort(-scores, kind="stable").tolist():  # hot loop: ~2M splits for 262k
         tok = tokens[i]
+        if len(tok) > MAX_MERGE_CHARS:
+            continue
         for cut in range(1, len(tok)):
             if tok[:cut] in parts and tok[cut:] in parts:
                 merges.append((tok[:cut], tok[cut:]))

@@ -52,6 +52,18 @@ def test_spm_merges_best_score_first(tiny):
     assert pieces(tiny, tiny.encode("xyx", add_bos=False)) == [b"xyx"]
 
 
+def test_megabyte_tokens_do_not_stall_the_build():
+    """A crafted vocabulary with huge tokens (O(n^2) splits each) must build in moments."""
+    spec = tiny_spm_spec()
+    huge = ["a" * (1 << 20), "b" * (1 << 19) + "c"]
+    spec = dataclasses.replace(spec, tokens=spec.tokens + huge, scores=spec.scores + [0.0, 0.0],
+                               token_types=spec.token_types + [1, 1])
+    t0 = time.perf_counter()
+    tok = Tokenizer.from_vocab(spec)
+    assert time.perf_counter() - t0 < 10
+    assert pieces(tok, tok.encode("abcd", add_bos=False)) == [b"a", b"bc", b"d"]
+
+
 def test_spm_byte_fallback_and_bos(tiny):
     ids = tiny.encode("aé")
     assert ids[0] == tiny.bos_id == 2
