@@ -4,10 +4,11 @@
     out = sparse_ffn(x, w, active_idx)   # x (T, hidden) -> (T, hidden), active neurons only
     out = dense_ffn(x, w)                # every neuron
 
-The fast path is the C++ extension (`cpu_extension.py`, built on first use); it reads each
-active neuron's gate/up rows and its contiguous down row once, straight from these tensors.
-Without it (no compiler, or EMBER_KERNELS=reference, or backend="reference") the PyTorch
-reference in `sparse_ffn_reference.py` computes the same thing.
+The weights are stored as one contiguous bundle per neuron (`ffn_bundles.py`). The fast path
+is the C++ extension (`cpu_extension.py`, built on first use); it reads each active neuron's
+bundle once, as one sequential stream. Without it (no compiler, or EMBER_KERNELS=reference,
+or backend="reference") the PyTorch reference in `sparse_ffn_reference.py` computes the same
+thing, from views into the bundles.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import cpu_extension
+from .ffn_bundles import bundle_layout, pack_rows, scale_view, select_bundles
 from .sparse_ffn_reference import is_gated, quantize_rows_int8, reference_sparse_ffn
 
 # Must match enum Act in csrc/sparse_ffn.cpp.
@@ -27,63 +29,92 @@ BACKENDS = ("auto", "cpp", "reference")
 
 @dataclass(frozen=True)
 class SparseFFNWeights:
-    """One FFN in neuron-major layout: gate/up/down_nm are (ffn, hidden) rows.
+    """One FFN as neuron bundles (see `ffn_bundles`): packed (ffn, bundle) holds each neuron's
+    gate, up and down rows back to back (int8: then their three fp32 scales).
 
-    dtype "fp32": fp32 rows, scales None. dtype "int8": int8 rows plus fp32 (ffn,) scales.
-    gate (and gate_scale) is None for plain MLP activations ("relu", "relu2").
+    gate/up/down_nm (ffn, hidden) and gate/up/down_scale (ffn,) are views into it (strided,
+    not contiguous). dtype "fp32": fp32 rows, scales None. dtype "int8": int8 rows, fp32
+    scales (w = q * scale). gate (and gate_scale) is None for plain MLP activations.
     """
 
     activation: str
     dtype: str
-    gate: torch.Tensor | None
-    up: torch.Tensor
-    down_nm: torch.Tensor
-    gate_scale: torch.Tensor | None = None
-    up_scale: torch.Tensor | None = None
-    down_scale: torch.Tensor | None = None
+    packed: torch.Tensor
+    hidden: int
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if is_gated(self.activation) != (self.gate is not None):
-            need = "needs a gate" if is_gated(self.activation) else "takes no gate"
-            raise ValueError(f"activation {self.activation!r} {need}")
+        length, _ = bundle_layout(self.hidden, is_gated(self.activation), self.dtype)
         want = torch.int8 if self.dtype == "int8" else torch.float32
-        for name in ("gate", "up", "down_nm"):
-            t = getattr(self, name)
-            if t is None:
-                continue
-            if t.dtype != want or t.dim() != 2 or t.shape != self.up.shape or not t.is_contiguous():
-                raise ValueError(f"{name} must be contiguous {want} (ffn, hidden) = "
-                                 f"{tuple(self.up.shape)}, got {t.dtype} {tuple(t.shape)}")
-            s = getattr(self, name.replace("_nm", "") + "_scale")
-            if (s is not None) != (self.dtype == "int8"):
-                raise ValueError(f"{name}: int8 weights need a scale, fp32 weights take none")
-            if s is not None and (s.dtype != torch.float32 or s.shape != (t.shape[0],)):
-                raise ValueError(f"{name} scale must be fp32 ({t.shape[0]},)")
+        p = self.packed
+        if p.dtype != want or p.dim() != 2 or p.shape[1] != length or not p.is_contiguous():
+            raise ValueError(f"packed must be contiguous {want} (ffn, {length}), "
+                             f"got {p.dtype} {tuple(p.shape)}")
 
     @property
     def ffn(self) -> int:
-        return self.up.shape[0]
+        return self.packed.shape[0]
 
     @property
-    def hidden(self) -> int:
-        return self.up.shape[1]
+    def nrows(self) -> int:
+        return 3 if is_gated(self.activation) else 2
+
+    def _row(self, j: int) -> torch.Tensor:
+        return self.packed[:, j * self.hidden:(j + 1) * self.hidden]
+
+    def _scale(self, j: int) -> torch.Tensor | None:
+        if self.dtype != "int8":
+            return None
+        _, off = bundle_layout(self.hidden, self.nrows == 3, self.dtype)
+        return scale_view(self.packed, off, self.nrows)[:, j]
+
+    @property
+    def gate(self) -> torch.Tensor | None:
+        return self._row(0) if self.nrows == 3 else None
+
+    @property
+    def up(self) -> torch.Tensor:
+        return self._row(self.nrows - 2)
+
+    @property
+    def down_nm(self) -> torch.Tensor:
+        return self._row(self.nrows - 1)
+
+    @property
+    def gate_scale(self) -> torch.Tensor | None:
+        return self._scale(0) if self.nrows == 3 else None
+
+    @property
+    def up_scale(self) -> torch.Tensor | None:
+        return self._scale(self.nrows - 2)
+
+    @property
+    def down_scale(self) -> torch.Tensor | None:
+        return self._scale(self.nrows - 1)
 
     @classmethod
     def from_rows(cls, gate, up, down_nm, activation: str, dtype: str = "fp32") -> "SparseFFNWeights":
-        """From neuron-major fp32 tensors: gate/up/down_nm (ffn, hidden); gate None if plain."""
+        """From neuron-major tensors: gate/up/down_nm (ffn, hidden); gate None if plain.
+
+        Any float dtype and strides (e.g. a transposed view); the rows are copied once into
+        the bundles (int8: quantized per row first).
+        """
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        mats = {"gate": gate, "up": up, "down_nm": down_nm}
-        if dtype == "fp32":
-            kw = {k: None if v is None else v.detach().float().contiguous() for k, v in mats.items()}
-            return cls(activation, dtype, **kw)
-        kw = {}
-        for k, v in mats.items():
-            q, s = quantize_rows_int8(v) if v is not None else (None, None)
-            kw[k], kw[k.replace("_nm", "") + "_scale"] = q, s
-        return cls(activation, dtype, **kw)
+        if is_gated(activation) != (gate is not None):
+            need = "needs a gate" if is_gated(activation) else "takes no gate"
+            raise ValueError(f"activation {activation!r} {need}")
+        named = [("gate", gate), ("up", up), ("down_nm", down_nm)][0 if gate is not None else 1:]
+        for name, t in named:
+            if t.dim() != 2 or t.shape != up.shape or not t.is_floating_point():
+                raise ValueError(f"{name} must be a float (ffn, hidden) = {tuple(up.shape)} "
+                                 f"tensor, got {t.dtype} {tuple(t.shape)}")
+        rows, scales = [t for _, t in named], None
+        if dtype == "int8":
+            quantized = [quantize_rows_int8(t) for t in rows]
+            rows, scales = [q for q, _ in quantized], [s for _, s in quantized]
+        return cls(activation, dtype, pack_rows(rows, scales, dtype), up.shape[1])
 
     @classmethod
     def from_dense(cls, gate, up, down, activation: str, dtype: str = "fp32") -> "SparseFFNWeights":
@@ -93,19 +124,15 @@ class SparseFFNWeights:
         return cls.from_rows(gate, up, down.t(), activation, dtype)
 
     def subset(self, neurons: torch.Tensor) -> "SparseFFNWeights":
-        """A new FFN holding only these neurons' rows (copies; e.g. the hot/cold split)."""
+        """A new FFN holding only these neurons' bundles (copies; e.g. the hot/cold split)."""
         idx = neurons.to(torch.long)
-
-        def pick(t):
-            return None if t is None else t.index_select(0, idx).contiguous()
-
-        return SparseFFNWeights(self.activation, self.dtype, pick(self.gate), pick(self.up),
-                                pick(self.down_nm), pick(self.gate_scale), pick(self.up_scale),
-                                pick(self.down_scale))
+        return SparseFFNWeights(self.activation, self.dtype, select_bundles(self.packed, idx),
+                                self.hidden)
 
     def nbytes(self) -> int:
-        ts = (self.gate, self.up, self.down_nm, self.gate_scale, self.up_scale, self.down_scale)
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+        """Weight bytes: rows and scales (the bundle padding, under 64 B a neuron, not counted)."""
+        per_row = self.hidden * (1 if self.dtype == "int8" else 4) + (4 if self.dtype == "int8" else 0)
+        return self.ffn * self.nrows * per_row
 
 
 def _pick_backend(backend: str):
@@ -131,7 +158,7 @@ def _as_kernel_input(x: torch.Tensor, hidden: int) -> torch.Tensor:
 
 def _run(x: torch.Tensor, w: SparseFFNWeights, idx: torch.Tensor | None, backend: str):
     # Called per layer per token: checks are cheap attribute reads, copies only when needed.
-    x2 = _as_kernel_input(x, w.up.shape[1])
+    x2 = _as_kernel_input(x, w.hidden)
     if idx is not None and (idx.dtype != torch.int64 or idx.dim() != 1 or not idx.is_contiguous()):
         if idx.dim() != 1 or idx.dtype not in (torch.int64, torch.int32, torch.int16):
             raise ValueError(f"active_idx must be a 1-D integer tensor, got {idx.dtype} {tuple(idx.shape)}")
@@ -142,8 +169,7 @@ def _run(x: torch.Tensor, w: SparseFFNWeights, idx: torch.Tensor | None, backend
                                    gate_scale=w.gate_scale, up_scale=w.up_scale,
                                    down_scale=w.down_scale)
     else:
-        out = mod.ffn(x2, w.gate, w.gate_scale, w.up, w.up_scale, w.down_nm, w.down_scale, idx,
-                      ACTIVATION_CODES[w.activation])
+        out = mod.ffn(x2, w.packed, w.hidden, idx, ACTIVATION_CODES[w.activation])
     return out if x.dim() == 2 else out.reshape(x.shape)
 
 

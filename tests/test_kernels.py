@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ember.kernels import cpu_extension
+from ember.kernels.ffn_bundles import empty_bundles
 from ember.kernels.sparse_ffn import (
     ACTIVATION_CODES, SparseFFNWeights, dense_ffn, sparse_ffn,
 )
@@ -90,11 +91,13 @@ def test_all_active_equals_dense(fast, act, dtype):
 
 
 def test_many_tokens_and_vector_input(fast):
-    # T = 5 crosses the kernel's 4-token register block; a 1-D x gives a 1-D result.
+    # T = 5 crosses the kernel's 4-token register block, T = 20 its 16-token stack buffer;
+    # a 1-D x gives a 1-D result.
     w, g = make("silu_glu", 33, 13, seed=5)
-    x = torch.randn(5, 33, generator=g)
     idx = torch.tensor([12, 0, 7, 3], dtype=torch.int32)
-    close(sparse_ffn(x, w, idx, backend="cpp"), reference(x, w, idx.long()))
+    for T in (5, 20):
+        x = torch.randn(T, 33, generator=g)
+        close(sparse_ffn(x, w, idx, backend="cpp"), reference(x, w, idx.long()))
     close(sparse_ffn(x[0], w, idx, backend="cpp"), reference(x[:1], w, idx.long())[0])
 
 
@@ -248,12 +251,42 @@ def test_weights_validate_themselves():
     assert torch.equal(w.down_nm, quantize_rows_int8(down.t())[0])
 
 
+@pytest.mark.parametrize("dtype", ("fp32", "int8"))
+@pytest.mark.parametrize("act", ("relu_glu", "relu2"))
+def test_each_neuron_is_one_contiguous_bundle(act, dtype):
+    # The layout the kernel relies on: neuron i's rows (then, int8, its scales) back to back
+    # in packed[i], and the public row/scale tensors are views into it, not copies.
+    gate, up, down_nm = (torch.randn(13, 33) for _ in range(3))
+    w = SparseFFNWeights.from_rows(gate if is_gated(act) else None, up, down_nm, act, dtype)
+    rows = ([w.gate] if is_gated(act) else []) + [w.up, w.down_nm]
+    scales = ([w.gate_scale] if is_gated(act) else []) + [w.up_scale, w.down_scale]
+    p, size = w.packed, w.packed.element_size()
+    for j, (r, s) in enumerate(zip(rows, scales)):
+        assert r.data_ptr() == p.data_ptr() + j * 33 * size and r.stride() == (p.shape[1], 1)
+        assert torch.equal(p[4, j * 33:(j + 1) * 33], r[4])
+        if dtype == "int8":
+            assert s.data_ptr() - p.data_ptr() < p.shape[1]  # in neuron 0's bundle
+        else:
+            assert s is None
+    want = up if dtype == "fp32" else quantize_rows_int8(up)[0]
+    assert torch.equal(w.up, want)
+    with pytest.raises(ValueError, match="packed"):
+        SparseFFNWeights(act, dtype, p[:, :-1].contiguous(), 33)
+
+
+def test_big_bundle_buffers_start_on_a_huge_page():
+    big = empty_bundles(4096, 1040, torch.int8)  # over 2 huge pages: aligned (and madvised)
+    assert big.shape == (4096, 1040) and big.is_contiguous() and big.data_ptr() % (2 << 20) == 0
+    assert empty_bundles(3, 16, torch.float32).shape == (3, 16)
+
+
 def test_subset_is_the_same_ffn_on_those_neurons():
     w, g = make("gelu_glu", 33, 13, seed=9)
     x = torch.randn(2, 33, generator=g)
     keep = torch.tensor([11, 2, 5])
     part = w.subset(keep)
     close(dense_ffn(x, part, backend="reference"), reference(x, w, keep))
+    assert torch.equal(part.packed, w.packed[keep])
 
 
 def test_bench_kernels_is_a_cli_command():

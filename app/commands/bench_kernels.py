@@ -8,6 +8,7 @@ What is compared, per shape x dtype x sparsity s (random sorted active sets of (
   `dense_torch_ms` reports `torch._weight_int8pack_mm` (one timing, for context).
 - sparse_ms: `sparse_ffn` (C++ kernel) on the active set.
 speedup = dense_ms / sparse_ms; ideal = 1 / (1 - s); fraction_of_ideal = speedup / ideal.
+call_overhead_ms: `sparse_ffn` with an empty active set (Python, binding, output allocation).
 
 Weights are random. ReLU-GLU gate rows are sign-flipped so every neuron fires for the bench
 input: the kernel's skip of exact zeros never triggers (its worst case). Small shapes rotate
@@ -44,8 +45,8 @@ def _layers(hidden: int, ffn: int, act: str, copies: int, seed: int):
             gate *= torch.where(gate @ x[0] < 0, -1.0, 1.0)[:, None]
         up = torch.randn(ffn, hidden, generator=g) / math.sqrt(hidden)
         down_nm = torch.randn(ffn, hidden, generator=g) / math.sqrt(ffn)
-        w = SparseFFNWeights.from_rows(gate, up, down_nm, act, "fp32")
-        out.append((w, (gate.t().contiguous(), up.t().contiguous(), w.down_nm)))
+        w = SparseFFNWeights.from_rows(gate, up, down_nm, act, "fp32")  # copies into bundles
+        out.append((w, (gate.t().contiguous(), up.t().contiguous(), down_nm)))
     return out, x
 
 
@@ -71,7 +72,9 @@ def _bench_dtype(layers, x, act, dtype, reps, gen):
     else:
         ws = [w for w, _ in layers]
     torch_dense = _torch_dense(layers, ws, x, act, dtype)
-    fns = {"dense_kernel": lambda i: dense_ffn(x, ws[i % copies], backend="cpp")}
+    empty = torch.empty(0, dtype=torch.long)
+    fns = {"dense_kernel": lambda i: dense_ffn(x, ws[i % copies], backend="cpp"),
+           "empty": lambda i: sparse_ffn(x, ws[i % copies], empty, backend="cpp")}
     if dtype == "fp32":
         fns["dense_torch"] = torch_dense
     for s in SPARSITIES:
@@ -111,6 +114,7 @@ def _bench_shape(name, hidden, ffn, act, reps, seed, dtypes):
                 "fraction_of_ideal": round(speedup / ideal, 3),
                 "dense_torch_ms": round(med["dense_torch"], 4),
                 "dense_kernel_ms": round(med["dense_kernel"], 4),
+                "call_overhead_ms": round(med["empty"], 4),
                 "weight_copies": copies,
             })
     return rows
@@ -133,11 +137,12 @@ def _torch_dense(layers, ws, x, act, dtype):
     from ember.kernels.sparse_ffn_reference import quantize_rows_int8
 
     downs = [quantize_rows_int8(layers[j][0].down_nm.t().contiguous()) for j in range(n)]
+    # The int8 mm wants contiguous matrices; ours are views into the neuron bundles.
+    mats = [tuple(t.contiguous() for t in (w.gate, w.gate_scale, w.up, w.up_scale)) for w in ws]
 
     def run(i):
-        w, (dq, ds) = ws[i % n], downs[i % n]
-        h = activate(act, torch._weight_int8pack_mm(x, w.gate, w.gate_scale),
-                     torch._weight_int8pack_mm(x, w.up, w.up_scale))
+        (gq, gs, uq, us), (dq, ds) = mats[i % n], downs[i % n]
+        h = activate(act, torch._weight_int8pack_mm(x, gq, gs), torch._weight_int8pack_mm(x, uq, us))
         return torch._weight_int8pack_mm(h, dq, ds)
     return run
 

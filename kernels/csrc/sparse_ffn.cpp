@@ -3,12 +3,14 @@
 //   out[t, :] = sum_{k} h[t, k] * down_nm[idx[k], :]
 //   h[t, k]   = act(gate[idx[k], :] . x[t, :], up[idx[k], :] . x[t, :])
 //
-// Shapes: x (T, H) fp32; gate/up (F, H) rows; down_nm (F, H), the transpose of the usual
-// (H, F) down matrix so one neuron's down weights are contiguous ("bundled" with its rows).
-// Weights are fp32, or int8 with one fp32 scale per row (w = q * scale).
+// Shapes: x (T, H) fp32; the weights are F neuron bundles (see Layout below): neuron i's
+// gate row, up row and down_nm row (its column of the usual (H, F) down matrix), back to
+// back. Weights are fp32, or int8 with one fp32 scale per row (w = q * scale), stored in the
+// bundle after the rows.
 //
 // Why it looks like this: batch-1 decode is memory-bound, so the kernel reads each active
-// neuron's three rows exactly once, straight from the weight matrices (no gathered copy).
+// neuron's bundle exactly once, as one sequential stream (no gathered copy), prefetching the
+// bundle it will read next (a random address the hardware prefetcher cannot guess).
 // Threads split the active neurons; each neuron's gate/up dots and its down update are done
 // by the same thread back to back, so there is one parallel region and no barrier between
 // the two halves. Each thread accumulates into its own (T, H) buffer; the buffers are summed
@@ -85,10 +87,12 @@ inline void prefetch(const void* p) {
 #endif
 }
 
-#ifndef EMBER_PF_AHEAD
-#define EMBER_PF_AHEAD 1
+// How far ahead the prefetch runs, in bytes of bundles (at least one neuron): far enough to
+// cover DRAM latency with small bundles, near enough that the lines are still in L1/L2 when
+// used: the neuron about this many bytes further down this thread's list (1 to 8 neurons).
+#ifndef EMBER_PF_BYTES
+#define EMBER_PF_BYTES 16384
 #endif
-constexpr int64_t kAhead = EMBER_PF_AHEAD;  // how many neurons ahead the prefetch runs
 
 // Elements of W per 64-byte cache line (fp32 16, int8 64): the unit of the inner loops.
 template <typename W>
@@ -203,18 +207,34 @@ void axpy_all(const W* row, const W* pf, const float* c, int64_t T, int64_t H, f
   }
 }
 
-struct Rows {  // one weight matrix: F rows of H, optional per-row scale
-  const void* data = nullptr;
-  const float* scale = nullptr;
+// One neuron's bundle: its rows back to back, then (int8) its scales, padded to a cache line.
+//   fp32: [gate H][up H][down H]                 row_elems = round_up(3H, 16) floats
+//   int8: [gate H][up H][down H][scales 3 fp32]  scales at round_up(3H, 16) bytes,
+//                                                row_elems = round_up(that + 16, 64) bytes
+// Plain MLPs ("relu", "relu2") have no gate row (and no gate scale): 2 rows instead of 3.
+// Must match bundle_layout in kernels/ffn_bundles.py.
+struct Layout {
+  int64_t nrows;      // 3 gated, 2 plain
+  int64_t row_elems;  // bundle stride, in elements of W
+  int64_t scale_off;  // byte offset of the nrows fp32 scales (int8), else -1
 };
 
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+Layout layout_of(int64_t H, bool gated, bool quantized) {
+  const int64_t nr = gated ? 3 : 2;
+  if (!quantized) return {nr, round_up(nr * H, 16), -1};
+  const int64_t s = round_up(nr * H, 16);
+  return {nr, round_up(s + 16, 64), s};
+}
+
 template <typename W>
-void run(const float* x, int64_t T, int64_t H, Rows gate, Rows up, Rows down,
+void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
          const int64_t* idx, int64_t n, int act, float* out, float* scratch, int nslots,
          std::vector<char>& used) {
-  const W* G = static_cast<const W*>(gate.data);
-  const W* U = static_cast<const W*>(up.data);
-  const W* D = static_cast<const W*>(down.data);
+  const int64_t R = L.row_elems;
+  const int64_t ahead_n = std::max<int64_t>(1, std::min<int64_t>(
+      8, EMBER_PF_BYTES / std::max<int64_t>(1, R * (int64_t)sizeof(W))));
   // Work is handed out in chunks from a shared counter rather than split statically: on a
   // busy 2-core desktop one thread is often preempted, and the other keeps going instead of
   // waiting at the join. A chunk holds at least ~64 KiB of weights (cheap to hand out).
@@ -222,42 +242,63 @@ void run(const float* x, int64_t T, int64_t H, Rows gate, Rows up, Rows down,
       16384 / std::max<int64_t>(H, 1) + 1, n / (8 * (int64_t)nslots) + 1));
   const int64_t n_workers = std::min<int64_t>(nslots, (n + chunk - 1) / chunk);
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
-    const int tid = at::get_thread_num();
-    TORCH_CHECK(tid >= 0 && tid < nslots, "sparse_ffn: thread id ", tid, " out of range");
+  auto work = [&](int tid) {
     float* acc = tid == 0 ? out : scratch + (int64_t)(tid - 1) * T * H;
     used[tid] = 1;
-    std::vector<float> buf(3 * T);  // g, u, c for T tokens
-    float *g = buf.data(), *u = g + T, *c = u + T;
-    for (int64_t begin; (begin = next.fetch_add(chunk)) < n;) {
+    float buf[3 * 16];  // g, u, c for T tokens (heap only past 16 tokens)
+    std::vector<float> big(T > 16 ? 3 * T : 0);
+    float* g = T > 16 ? big.data() : buf;
+    float *u = g + T, *c = u + T;
+    // Each thread claims its next chunk before starting the current one, so the neurons it
+    // prefetches near a chunk's end are ones it will process itself.
+    for (int64_t begin = next.fetch_add(chunk), ahead; begin < n; begin = ahead) {
       const int64_t end = std::min(n, begin + chunk);
+      ahead = next.fetch_add(chunk);
       for (int64_t k = begin; k < end; ++k) {
         const int64_t i = idx ? idx[k] : k;
-        // A neuron kAhead further down the list (this thread's, except near a chunk's end).
-        const int64_t kn = k + kAhead < n ? k + kAhead : k;
-        const int64_t nx = idx ? idx[kn] : kn;
-        if (G) {  // g and u are adjacent in buf, so one call fills both
-          const W* rows[2] = {G + i * H, U + i * H};
-          const W* next[2] = {G + nx * H, U + nx * H};
-          dot_all<2>(rows, next, x, T, H, g);
+        const W* rec = P + i * R;
+        // This thread's neuron ahead_n further on (or this one, at the very end: harmless).
+        int64_t kn = k + ahead_n < end ? k + ahead_n : ahead + (k + ahead_n - end);
+        if (kn >= n || kn >= ahead + chunk) kn = k;
+        const W* nrec = P + (idx ? idx[kn] : kn) * R;
+        if (L.scale_off >= 0) prefetch(reinterpret_cast<const char*>(nrec) + L.scale_off);
+        if (gated) {  // g and u are adjacent in buf, so one call fills both
+          const W* rows[2] = {rec, rec + H};
+          const W* pf[2] = {nrec, nrec + H};
+          dot_all<2>(rows, pf, x, T, H, g);
         } else {
-          const W* rows[1] = {U + i * H};
-          const W* next[1] = {U + nx * H};
-          dot_all<1>(rows, next, x, T, H, u);
+          const W* rows[1] = {rec};
+          const W* pf[1] = {nrec};
+          dot_all<1>(rows, pf, x, T, H, u);
         }
-        const float gs = gate.scale ? gate.scale[i] : 1.f;
-        const float us = up.scale ? up.scale[i] : 1.f;
-        const float ds = down.scale ? down.scale[i] : 1.f;
+        float gs = 1.f, us = 1.f, ds = 1.f;
+        if (L.scale_off >= 0) {
+          const float* s = reinterpret_cast<const float*>(
+              reinterpret_cast<const char*>(rec) + L.scale_off);
+          gs = gated ? s[0] : 1.f;
+          us = s[L.nrows - 2];
+          ds = s[L.nrows - 1];
+        }
         bool any = false;
         for (int64_t t = 0; t < T; ++t) {
-          c[t] = activate(act, G ? g[t] * gs : 0.f, u[t] * us) * ds;
+          c[t] = activate(act, gated ? g[t] * gs : 0.f, u[t] * us) * ds;
           any |= c[t] != 0.f;
         }
         // Exact zeros (ReLU family) skip the down row: a third of the neuron's bytes.
-        if (any) axpy_all(D + i * H, D + nx * H, c, T, H, acc);
+        const int64_t dn = (L.nrows - 1) * H;
+        if (any) axpy_all(rec + dn, nrec + dn, c, T, H, acc);
       }
     }
-  });
+  };
+  if (n_workers <= 1) {
+    work(0);  // no parallel region: no wake-up of the pool for small active sets
+  } else {
+    at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
+      const int tid = at::get_thread_num();
+      TORCH_CHECK(tid >= 0 && tid < nslots, "sparse_ffn: thread id ", tid, " out of range");
+      work(tid);
+    });
+  }
   for (int s = 1; s < nslots; ++s) {
     if (!used[s]) continue;
     const float* src = scratch + (int64_t)(s - 1) * T * H;
@@ -265,49 +306,24 @@ void run(const float* x, int64_t T, int64_t H, Rows gate, Rows up, Rows down,
   }
 }
 
-void check_rows(const at::Tensor& w, const char* name, int64_t H, at::ScalarType dt) {
-  TORCH_CHECK(w.dim() == 2 && w.size(1) == H, name, " must be (ffn, ", H, "), got ", w.sizes());
-  TORCH_CHECK(w.scalar_type() == dt, name, " must be ", dt, ", got ", w.scalar_type());
-  TORCH_CHECK(w.is_contiguous() && w.device().is_cpu(), name, " must be contiguous on the CPU");
-}
-
-Rows rows_of(const at::Tensor& w, const c10::optional<at::Tensor>& scale, const char* name,
-             int64_t F, bool quantized) {
-  TORCH_CHECK(w.size(0) == F, name, " has ", w.size(0), " rows, expected ", F);
-  Rows r;
-  r.data = w.data_ptr();
-  if (quantized) {
-    TORCH_CHECK(scale.has_value(), name, " is int8 and needs a per-row scale");
-    const auto& s = *scale;
-    TORCH_CHECK(s.dim() == 1 && s.size(0) == F && s.scalar_type() == at::kFloat &&
-                    s.is_contiguous(), name, " scale must be fp32 (", F, ",)");
-    r.scale = s.data_ptr<float>();
-  }
-  return r;
-}
-
-// x (T, H) fp32; gate optional (plain MLPs); idx optional (None = every neuron, dense).
-at::Tensor ffn(at::Tensor x, c10::optional<at::Tensor> gate,
-                  c10::optional<at::Tensor> gate_scale, at::Tensor up,
-                  c10::optional<at::Tensor> up_scale, at::Tensor down,
-                  c10::optional<at::Tensor> down_scale, c10::optional<at::Tensor> idx,
-                  int64_t act) {
+// x (T, H) fp32; packed (F, row_elems) bundles, fp32 or int8 (see Layout); idx optional
+// (None = every neuron, dense).
+at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
+               int64_t act) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be contiguous fp32 (T, hidden)");
   TORCH_CHECK(act >= RELU && act <= GELU_GLU, "unknown activation code ", act);
-  const int64_t T = x.size(0), H = x.size(1), F = up.size(0);
-  const auto dt = up.scalar_type();
+  const int64_t T = x.size(0), H = x.size(1);
+  TORCH_CHECK(H == hidden, "x has ", H, " features, the weights ", hidden);
+  const auto dt = packed.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kChar, "weights must be fp32 or int8");
   const bool q = dt == at::kChar;
   const bool gated = act != RELU && act != RELU2;
-  TORCH_CHECK(gated == gate.has_value(), gated ? "this activation needs a gate" : "no gate expected");
-  check_rows(up, "up", H, dt);
-  check_rows(down, "down", H, dt);
-  Rows G, U = rows_of(up, up_scale, "up", F, q), D = rows_of(down, down_scale, "down", F, q);
-  if (gated) {
-    check_rows(*gate, "gate", H, dt);
-    G = rows_of(*gate, gate_scale, "gate", F, q);
-  }
+  const Layout L = layout_of(H, gated, q);
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == L.row_elems && packed.is_contiguous() &&
+                  packed.device().is_cpu(),
+              "packed must be contiguous (ffn, ", L.row_elems, ") on the CPU, got ", packed.sizes());
+  const int64_t F = packed.size(0);
   const int64_t* ip = nullptr;
   int64_t n = F;
   if (idx.has_value()) {
@@ -325,11 +341,11 @@ at::Tensor ffn(at::Tensor x, c10::optional<at::Tensor> gate,
   std::vector<char> used(nslots, 0);
   if (n > 0 && T > 0 && H > 0) {
     if (q)
-      run<int8_t>(x.data_ptr<float>(), T, H, G, U, D, ip, n, (int)act, out.data_ptr<float>(),
-                  scratch.data_ptr<float>(), nslots, used);
+      run<int8_t>(x.data_ptr<float>(), T, H, packed.data_ptr<int8_t>(), L, gated, ip, n,
+                  (int)act, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
     else
-      run<float>(x.data_ptr<float>(), T, H, G, U, D, ip, n, (int)act, out.data_ptr<float>(),
-                 scratch.data_ptr<float>(), nslots, used);
+      run<float>(x.data_ptr<float>(), T, H, packed.data_ptr<float>(), L, gated, ip, n,
+                 (int)act, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
   }
   return out;
 }
@@ -346,14 +362,16 @@ bool has_avx2() {
 
 // Defined in q8_0_matmul.cpp, compiled into the same extension.
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
+at::Tensor q8_0_quantize(at::Tensor w);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
-  m.def("ffn", &ffn, "sparse (idx) or dense (idx=None) FFN, fp32 or int8 rows",
-        py::arg("x"), py::arg("gate"), py::arg("gate_scale"), py::arg("up"), py::arg("up_scale"),
-        py::arg("down"), py::arg("down_scale"), py::arg("idx"), py::arg("act"),
+  m.def("ffn", &ffn, "sparse (idx) or dense (idx=None) FFN over neuron bundles, fp32 or int8",
+        py::arg("x"), py::arg("packed"), py::arg("hidden"), py::arg("idx"), py::arg("act"),
         py::call_guard<py::gil_scoped_release>());
   m.def("has_avx2", &has_avx2, "built with the AVX2/FMA path");
   m.def("q8_0_matmul", &q8_0_matmul, "x @ W^T with W in GGML Q8_0 blocks",
         py::arg("x"), py::arg("w"), py::call_guard<py::gil_scoped_release>());
+  m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
+        py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }

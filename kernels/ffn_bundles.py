@@ -1,0 +1,91 @@
+"""Neuron bundles: the memory layout of `SparseFFNWeights` (one neuron = one contiguous block).
+
+A neuron's weights are its gate row, up row and down row (down_nm: one column of the usual
+(hidden, ffn) down matrix), each `hidden` long. The sparse kernel reads whole neurons in a
+random order, so they are stored back to back, one bundle per neuron, padded to a cache line:
+
+    fp32: [gate | up | down]                     round_up(3 * hidden, 16) floats
+    int8: [gate | up | down | 3 fp32 scales]     scales at byte round_up(3 * hidden, 16),
+                                                 bundle = round_up(that + 16, 64) bytes
+
+Plain MLP activations have no gate row (two rows, two scales). A sparse read is then one
+sequential stream per neuron (its scales included), instead of three streams in three
+matrices plus three scale lookups. The buffer is 2 MiB-aligned and advised for transparent
+huge pages where Linux allows: a random 12 KiB read touches 3-4 small pages, each a TLB miss.
+
+Must match `layout_of` in csrc/sparse_ffn.cpp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import torch
+
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_libc = None
+
+
+def _round_up(v: int, m: int) -> int:
+    return (v + m - 1) // m * m
+
+
+def bundle_layout(hidden: int, gated: bool, dtype: str) -> tuple[int, int]:
+    """(bundle length in elements of the weight dtype, byte offset of the scales or -1)."""
+    nrows = 3 if gated else 2
+    if dtype == "fp32":
+        return _round_up(nrows * hidden, 16), -1
+    scales = _round_up(nrows * hidden, 16)
+    return _round_up(scales + 16, 64), scales
+
+
+def _advise_huge(addr: int, nbytes: int) -> None:
+    """madvise(MADV_HUGEPAGE); a no-op where unsupported (THP off, not Linux)."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE)
+    except (OSError, AttributeError):
+        pass
+
+
+def empty_bundles(ffn: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised (ffn, length) buffer; big ones 2 MiB-aligned and advised for huge pages
+    before their first touch (torch's own allocations are only 64-byte aligned)."""
+    nbytes = ffn * length * torch.empty((), dtype=dtype).element_size()
+    if nbytes < 2 * _HUGE:
+        return torch.empty(ffn, length, dtype=dtype)
+    raw = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
+    off = -raw.data_ptr() % _HUGE
+    _advise_huge(raw.data_ptr() + off, nbytes)
+    return raw[off:off + nbytes].view(dtype).view(ffn, length)  # keeps raw's storage alive
+
+
+def pack_rows(rows: list[torch.Tensor], scales: list[torch.Tensor] | None, dtype: str) -> torch.Tensor:
+    """Bundles from rows [gate,] up, down_nm, each (ffn, hidden), fp32 (any float dtype or
+    strides) or int8 with their (ffn,) fp32 scales."""
+    ffn, hidden = rows[-1].shape
+    length, scale_off = bundle_layout(hidden, len(rows) == 3, dtype)
+    packed = empty_bundles(ffn, length, torch.float32 if dtype == "fp32" else torch.int8)
+    for j, r in enumerate(rows):
+        packed[:, j * hidden:(j + 1) * hidden].copy_(r.detach())
+    packed[:, len(rows) * hidden:].zero_()  # padding (never read) and the scale slots
+    if scales is not None:
+        scale_view(packed, scale_off, len(rows)).copy_(torch.stack(scales, dim=1))
+    return packed
+
+
+def scale_view(packed: torch.Tensor, scale_off: int, nrows: int) -> torch.Tensor:
+    """The int8 bundles' scales as an fp32 (ffn, nrows) view (column j: row j's scales)."""
+    return packed[:, scale_off:scale_off + 4 * nrows].view(torch.float32)
+
+
+def select_bundles(packed: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """A new buffer holding these bundles (rows of packed), in this order."""
+    out = empty_bundles(idx.numel(), packed.shape[1], packed.dtype)
+    return torch.index_select(packed, 0, idx, out=out)
