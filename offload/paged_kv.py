@@ -119,6 +119,25 @@ class PagedKVCache:
         seq.slot_cache.clear()
         seq.length = length
 
+    def compact(self, seq_id: int, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of positions `src` to positions `dst` in every layer (speculation:
+        the accepted path of a token tree moves to consecutive positions). Both must lie in
+        reserved, unshared blocks, e.g. within the last `reserve`."""
+        seq = self._get(seq_id)
+        if len(src) != len(dst):
+            raise ValueError("compact needs as many source as destination positions")
+        moves = [(s, d) for s, d in zip(src, dst) if s != d]
+        if not moves:
+            return
+        pool = self.device_pool
+        k, v = pool.k.view(-1, *pool.k.shape[2:]), pool.v.view(-1, *pool.v.shape[2:])
+        for layer in range(self.n_layers):
+            table = self.slots(seq, layer, 0, max(max(m) for m in moves) + 1)
+            s_slots = table[[m[0] for m in moves]]
+            d_slots = table[[m[1] for m in moves]]
+            k.index_copy_(0, d_slots, k.index_select(0, s_slots))
+            v.index_copy_(0, d_slots, v.index_select(0, s_slots))
+
     def can_truncate(self, seq_id: int, length: int) -> bool:
         """Whether every block a truncated sequence still needs is held (not window-released)."""
         seq = self._get(seq_id)

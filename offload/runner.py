@@ -17,6 +17,7 @@ from ember.models.errors import ConfigError
 from ember.models.transformer import Transformer
 
 from .kv_plan import DEFAULT_PREFILL_CHUNK
+from .lm_head import QuantizedLMHead
 from .paged_kv import DROPPED, PagedKVCache
 
 
@@ -88,6 +89,61 @@ class Runner:
         s.tokens.append(token)
         return self.model.logits(hidden)[0]
 
+    # -- speculation: a token tree in the slots after the committed context ---------------
+    # All tree nodes go through the body in one pass when the body is batch-invariant (see
+    # body_batch_invariant); otherwise one node at a time, each given exactly its path: the
+    # very computation plain decoding does, so equality with it holds bit for bit either way.
+
+    def begin_tree(self, name: str, max_nodes: int) -> int:
+        """Reserve slots for up to `max_nodes` tree nodes; returns how many fit (>= 1), or 0
+        when the context is full."""
+        s = self.sessions[name]
+        if self.kv.seqs[s.seq_id].tier == DROPPED:
+            self.prefill(name, list(s.tokens))  # rebuilt; these logits are not needed
+        n = min(max_nodes, self.n_ctx - len(s.tokens))
+        if n > 0:
+            self.kv.view(s.seq_id).reserve(n)
+        return max(n, 0)
+
+    @torch.inference_mode()
+    def tree_hidden(self, name: str, tree, upto: int | None = None) -> None:
+        """Fill `tree.hidden` for nodes 0..upto-1 (all by default) whose state is unknown."""
+        s = self.sessions[name]
+        view, context = self.kv.view(s.seq_id), len(s.tokens)
+        upto = len(tree) if upto is None else upto
+        todo = [i for i in range(upto) if tree.hidden[i] is None]
+        if not todo:
+            return
+        if body_batch_invariant(self.model) and todo == list(range(todo[0], upto)):
+            rows = tree.rows_for(context, todo[0], len(todo))
+            hidden = self.model.hidden(self._tensor(tree.tokens[todo[0]:upto]), view, rows)
+            for j, i in enumerate(todo):
+                tree.hidden[i] = hidden[j: j + 1]
+            return
+        for i in todo:
+            tree.hidden[i] = self.model.hidden(self._tensor([tree.tokens[i]]), view,
+                                               tree.row_for(context, i))
+
+    @torch.inference_mode()
+    def verify(self, name: str, tree) -> torch.Tensor:
+        """Target logits (N, vocab) at every node of `tree`."""
+        self.tree_hidden(name, tree)
+        hidden = torch.cat(tree.hidden)
+        if isinstance(self.model.head, QuantizedLMHead):  # batch-invariant: all rows at once
+            return self.model.logits(hidden)
+        return torch.cat([self.model.logits(hidden[i: i + 1]) for i in range(len(tree))])
+
+    def commit_path(self, name: str, tree, path: list[int]) -> None:
+        """Keep the nodes of `path` (root first) as the next positions; drop the rest."""
+        s = self.sessions[name]
+        context = len(s.tokens)
+        self.kv.compact(s.seq_id, [context + i for i in path],
+                        [context + j for j in range(len(path))])
+        view = self.kv.view(s.seq_id)
+        view.commit(len(path))
+        view.truncate(context + len(path))  # frees blocks reserved past the path
+        s.tokens.extend(tree.tokens[i] for i in path)
+
     def _restart(self, s: Session) -> None:
         if self.kv.seqs[s.seq_id].tier == DROPPED:
             s.recomputed += 1
@@ -97,6 +153,25 @@ class Runner:
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.model.device)
+
+
+def body_batch_invariant(model: Transformer) -> bool:
+    """Whether a T-row body pass gives each row the bits a one-row pass gives.
+
+    True with the Q8_0 body (each output is one dot product in a fixed order, whatever T) and
+    tree attention (row by row). fp32 torch matmul is not: MKL's GEMM for T >= 4 rows rounds
+    differently from its GEMV, which can flip a near-tie greedy token. A model may set
+    `batch_invariant` to override the check (tests do).
+    """
+    forced = getattr(model, "batch_invariant", None)
+    if forced is not None:
+        return bool(forced)
+    from .quant_body import Q8FeedForward, Q8Projection
+
+    return all(isinstance(getattr(b.attn, n), Q8Projection) for b in model.blocks
+               for n in ("wq", "wk", "wv", "wo")) and all(
+        type(b.ffn).__name__ == "FeedForward" and isinstance(getattr(b.ffn, "fast", None), Q8FeedForward)
+        for b in model.blocks)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -1,0 +1,198 @@
+"""Drafters: cheap guesses of the next tokens, as a token tree the target model then verifies.
+
+All three share one call, `draft(runner, session, history, widths, max_nodes) -> TokenTree`,
+where `history` ends with the tree's root (the last emitted token) and `widths` is the
+expansion per depth (see token_tree). A drafter may leave target hidden states in the tree
+(the self-drafter does: its body passes are the target's own), and verification reuses them.
+
+- `LookupDrafter`: prompt lookup, the continuation of earlier occurrences of the last n-gram.
+- `SelfDrafter`: the target's own body with a shortlisted-vocabulary LM head. The 262k-token
+  head is ~72% of the bytes a default-model decode step reads; a head over the ~16k most
+  likely tokens plus every token seen in the context reads a sixteenth of that.
+- `ModelDrafter`: a separate small model that shares the target's tokenizer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ember.kernels import q8_matmul
+from ember.models.errors import ConfigError
+from ember.models.transformer import Transformer
+
+from .lm_head import QuantizedLMHead
+from .runner import Runner
+from .token_tree import TokenTree
+
+DEFAULT_SHORTLIST = 32768
+
+
+def _top_children(tree: TokenTree, node: int, ranked: list[int], width: int, room: int) -> list[int]:
+    """Add up to `width` children of `node` from `ranked` tokens (best first) while room lasts."""
+    added = []
+    for token in ranked[:width]:
+        if len(tree) >= room:
+            break
+        added.append(tree.add(node, token))
+    return added
+
+
+class LookupDrafter:
+    """Prompt lookup: find earlier occurrences of the context's last n tokens (longest n
+    first, most recent occurrence first) and draft what followed them, as a trie. A single
+    matching token is weak evidence on prose (it drafts mostly rejected chains), hence
+    min_ngram 2."""
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2, max_matches: int = 4):
+        self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
+
+    def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
+        pass
+
+    def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
+        tree = TokenTree.root(history[-1])
+        for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
+            for cont in self._continuations(history, n, len(widths)):
+                node = 0
+                for token in cont:
+                    child = tree.children(node).get(token)
+                    if child is None:
+                        if len(tree.children(node)) >= widths[tree.depths[node]] or len(tree) >= max_nodes:
+                            break
+                        child = tree.add(node, token)
+                    node = child
+            if len(tree) > 1:
+                break
+        return tree
+
+    def _continuations(self, history: list[int], n: int, depth: int) -> list[list[int]]:
+        tail, end = history[-n:], len(history) - n
+        found = []
+        for i in range(end - 1, -1, -1):
+            if history[i: i + n] == tail:
+                found.append(history[i + n: i + n + depth])
+                if len(found) == self.max_matches:
+                    break
+        return found
+
+
+class ShortlistHead:
+    """The target's LM head restricted to a token shortlist (draft quality, not exact).
+
+    Base rows (the lowest ids: Gemma-style vocabularies put frequent pieces first) are built
+    once; tokens seen in the context are added as they appear, which matters most: without
+    them a shortlist misses names and rare words the continuation repeats.
+    """
+
+    def __init__(self, model: Transformer, size: int):
+        self.model = model
+        self.stored = model.head.stored
+        vocab = self.stored.shape[0]
+        self.base_ids = torch.arange(min(size, vocab))
+        self.base = self._rows(self.base_ids)
+        self.extra_ids: list[int] = []
+        self.extra = self._rows(torch.tensor([], dtype=torch.long))
+        self._known = set(range(len(self.base_ids)))
+
+    def _rows(self, ids: torch.Tensor):
+        if isinstance(self.model.head, QuantizedLMHead):
+            return self.model.head.rows.index_select(0, ids)  # (S, row_bytes) Q8_0 blocks
+        return self.stored.dequantize_rows(ids).t().contiguous().to(self.model.device)  # (H, S)
+
+    def add(self, tokens: list[int]) -> None:
+        new = sorted({t for t in tokens if t not in self._known})
+        if new:
+            self._known.update(new)
+            self.extra_ids += new
+            self.extra = self._rows(torch.tensor(self.extra_ids, dtype=torch.long))
+
+    def _logits(self, hidden: torch.Tensor, rows) -> torch.Tensor:
+        if rows.numel() == 0:
+            return hidden.new_empty(hidden.shape[0], 0)
+        if isinstance(self.model.head, QuantizedLMHead):
+            return q8_matmul.q8_0_matmul(hidden.float().cpu(), rows)
+        return hidden @ rows
+
+    def top(self, hidden: torch.Tensor, k: int) -> list[list[int]]:
+        """Best k token ids (best first) for each row of hidden (T, H)."""
+        logits = torch.cat((self._logits(hidden, self.base), self._logits(hidden, self.extra)), 1)
+        ids = torch.cat((self.base_ids, torch.tensor(self.extra_ids, dtype=torch.long)))
+        top = torch.topk(logits, min(k, logits.shape[1]), dim=1).indices.cpu()
+        return ids[top].tolist()
+
+
+class SelfDrafter:
+    """The target's own body, one node at a time, with a shortlist head choosing children.
+
+    The body passes are the target's exact computation for those nodes, so verification only
+    has to run the full head over them; the draft cost is the body plus a small head.
+    """
+
+    name = "self"
+
+    def __init__(self, model: Transformer, shortlist: int = DEFAULT_SHORTLIST):
+        self.model, self.shortlist = model, shortlist
+        self.head: ShortlistHead | None = None
+
+    def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
+        if self.head is None:
+            self.head = ShortlistHead(self.model, self.shortlist)
+        self.head.add(prompt_ids)
+        self._added = len(prompt_ids)
+
+    def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
+        self.head.add(history[self._added:])  # every token emitted since the last draft
+        self._added = len(history)
+        tree, frontier = TokenTree.root(history[-1]), [0]
+        for width in widths:
+            if not frontier or len(tree) >= max_nodes:
+                break
+            runner.tree_hidden(session, tree)
+            ranked = self.head.top(torch.cat([tree.hidden[i] for i in frontier]), width)
+            frontier = [c for node, tokens in zip(frontier, ranked)
+                        for c in _top_children(tree, node, tokens, width, max_nodes)]
+        return tree
+
+
+class ModelDrafter:
+    """A separate small model with the same tokenizer, in its own KV cache (session "draft").
+
+    Each node's draft logits come from `Runner.prefill` over the history plus the node's path,
+    which recomputes only what the draft cache does not already hold (one token per level
+    along a chain).
+    """
+
+    name = "model"
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+
+    def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
+        pass
+
+    def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
+        tree, frontier = TokenTree.root(history[-1]), [0]
+        for width in widths:
+            nxt = []
+            for node in frontier:
+                if len(tree) >= max_nodes:
+                    break
+                ids = history + [tree.tokens[i] for i in tree.path(node)[1:]]
+                if len(ids) >= self.runner.n_ctx:
+                    break
+                logits = self.runner.prefill("draft", ids)
+                ranked = torch.topk(logits, width).indices.tolist()
+                nxt += _top_children(tree, node, ranked, width, max_nodes)
+            frontier = nxt
+        return tree
+
+
+def check_same_tokenizer(target, draft, path: str) -> None:
+    """Refuse a draft model whose vocabulary differs: its token ids would mean other text."""
+    if target.vocab_size != draft.vocab_size or any(
+            target.token_bytes(i) != draft.token_bytes(i) for i in range(target.vocab_size)):
+        raise ConfigError(f"the draft model {path} does not use the target model's tokenizer "
+                          f"({draft.vocab_size} vs {target.vocab_size} tokens, or different "
+                          "pieces); choose a draft model from the same family")

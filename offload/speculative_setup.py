@@ -1,0 +1,51 @@
+"""Building the drafter `EngineOptions.speculate` asks for, with its default tree."""
+
+from __future__ import annotations
+
+from ember.models.errors import ConfigError
+
+from .drafters import LookupDrafter, ModelDrafter, SelfDrafter, check_same_tokenizer
+from .token_tree import parse_tree
+
+SPECULATE_CHOICES = ("off", "self", "lookup", "model")
+# Default expansions (the tree sizer shrinks them while drafts are rejected). Chains: on a
+# CPU every drafted node costs a body pass (self) or a verified row, and the self-drafter's
+# top-1 agrees with the target ~99% of the time on the default model.
+DEFAULT_TREES = {"self": "1,1,1,1,1,1,1", "lookup": "1,1,1,1,1,1,1,1,1,1,1,1",
+                 "model": "1,1,1,1,1,1"}
+
+
+def make_drafter(engine, options):
+    """(drafter or None, tree widths) for the engine's options."""
+    if options.speculate == "off":
+        return None, ()
+    widths = parse_tree(options.tree or DEFAULT_TREES[options.speculate])
+    if options.speculate == "self":
+        return SelfDrafter(engine.model), widths
+    if options.speculate == "lookup":
+        return LookupDrafter(), widths
+    return ModelDrafter(_draft_runner(engine, options.draft_model)), widths
+
+
+def _draft_runner(engine, path: str):
+    from ember.models.loader import load_model
+
+    from .kv_plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
+    from .lm_head import choose_lm_head
+    from .paged_kv import PagedKVCache
+    from .quant_body import use_body
+    from .runner import Runner
+
+    try:
+        loaded = load_model(path)
+    except FileNotFoundError:
+        raise ConfigError(f"--draft-model {path}: no such file or folder") from None
+    check_same_tokenizer(engine.tokenizer, loaded.tokenizer, path)
+    model = loaded.model.to(engine.model.device)
+    choose_lm_head(model, "auto")
+    use_body(model, "auto")  # draft numerics need not match anything: the fastest body
+    n_ctx = min(engine.n_ctx, loaded.config.context_length)
+    plan = plan_kv(loaded.config, n_ctx, None, 0, engine.kv_plan.block_size)
+    kv = PagedKVCache(loaded.config, plan.device_blocks, plan.host_blocks, plan.block_size,
+                      engine.model.device, DEFAULT_ROLLBACK_MARGIN)
+    return Runner(model, kv, n_ctx)

@@ -1,0 +1,248 @@
+"""Speculative decoding: token trees, verification numerics, lossless acceptance, drafters."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from ember.models.errors import ConfigError
+from ember.models.loader import load_model
+from ember.offload.engine import Engine, EngineOptions
+from ember.offload.paged_kv import PagedKVCache
+from ember.offload.sampler import GREEDY, SamplingParams
+from ember.offload.token_tree import TokenTree, parse_tree, tree_size
+
+PROMPTS = ["the cat is in the hat and the dog is in the", "an apple of the", "wh is the"]
+
+
+def _engine(path, **kw) -> Engine:
+    return Engine(load_model(path), EngineOptions(device="cpu", n_ctx=128, **kw))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models):
+    return {name: _engine(m[2]) for name, m in tiny_models.items() if name in ("gemma3", "llama-silu_glu")}
+
+
+def _greedy(engine, text, n=40):
+    return engine.generate(engine.encode(text), sampling=GREEDY, max_tokens=n,
+                           ignore_eos=True).token_ids
+
+
+# -- token trees ------------------------------------------------------------------------
+def test_parse_tree_and_size():
+    assert parse_tree("1,1,3,1") == (1, 1, 3, 1)
+    assert tree_size((1, 1, 3, 1)) == 1 + 1 + 1 + 3 + 3
+    for bad in ("", "1,0", "a,b", "8,8,8,8"):
+        with pytest.raises(ConfigError):
+            parse_tree(bad)
+
+
+def test_tree_paths_and_mask():
+    tree = TokenTree.root(5)
+    a, b = tree.add(0, 7), tree.add(0, 8)
+    c = tree.add(a, 9)
+    assert tree.add(0, 7) == a and tree.children(0) == {7: a, 8: b}
+    assert tree.path(c) == [0, a, c] and tree.depths == [0, 1, 1, 2]
+    mask = tree.ancestor_mask()
+    assert mask[c].tolist() == [True, True, False, True]
+    assert mask[b].tolist() == [True, False, True, False]
+
+
+def test_compact_moves_positions(tiny_models):
+    cfg = tiny_models["gemma3"][0]
+    kv = PagedKVCache(cfg, device_blocks=64, block_size=4)
+    seq = kv.allocate()
+    view = kv.view(seq)
+    view.reserve(6)
+    for layer in range(cfg.n_layers):
+        k = torch.arange(6, dtype=torch.float32)[:, None, None].expand(6, cfg.n_kv_heads, cfg.head_dim)
+        view.write(layer, 0, k, -k)
+    kv.compact(seq, [3, 5], [1, 2])
+    view.commit(3)
+    k, v = view.read(0, 0, 3)
+    assert k[:, 0, 0].tolist() == [0.0, 3.0, 5.0] and v[:, 0, 0].tolist() == [0.0, -3.0, -5.0]
+
+
+# -- numerics -----------------------------------------------------------------------------
+@pytest.mark.parametrize("weights", ["fp32", "q8"])
+def test_tree_verification_logits_equal_decode_bit_for_bit(tiny_models, weights):
+    """Verifying a chain gives exactly the logits plain decode gives: one pass over all rows
+    with the batch-invariant Q8_0 body, one row at a time with the fp32 reference body."""
+    from ember.kernels import q8_matmul
+    from ember.offload.runner import body_batch_invariant
+
+    if weights == "q8" and not q8_matmul.available():
+        pytest.skip("no Q8_0 kernel here")
+    engine = _engine(tiny_models["gemma3"][2], weights=weights)
+    assert body_batch_invariant(engine.model) == (weights == "q8")
+    runner = engine.runner
+    ids = engine.encode(PROMPTS[0])
+    out = _greedy(engine, PROMPTS[0], 12)
+    runner.reset("v")
+    runner.prefill("v", ids)
+    ref = [runner.decode("v", t) for t in out[:11]]
+    runner.reset("v")
+    runner.prefill("v", ids)
+    tree = TokenTree.root(out[0])
+    for t in out[1:11]:
+        tree.add(len(tree) - 1, t)
+    assert runner.begin_tree("v", len(tree)) == len(tree)
+    logits = runner.verify("v", tree)
+    assert all(torch.equal(logits[i], ref[i]) for i in range(len(tree)))
+    runner.reset("v")
+
+
+def test_batched_tree_pass_matches_rows_closely(tiny_models):
+    """The one-pass tree-mask forward (for batch-invariant bodies) agrees with row-by-row
+    passes to rounding; fp32 torch matmul is not batch-invariant, hence the row default."""
+    engine = _engine(tiny_models["gemma3"][2], weights="fp32")
+    runner, model = engine.runner, engine.model
+    ids = engine.encode(PROMPTS[1])
+    tree = TokenTree.root(ids[-1])
+    a = tree.add(0, 40)
+    tree.add(0, 50)
+    tree.add(a, 60)
+    tree.add(a, 70)
+    results = []
+    for batched in (False, True):
+        runner.reset("b")
+        runner.prefill("b", ids[:-1])
+        runner.begin_tree("b", len(tree))
+        t = TokenTree(list(tree.tokens), list(tree.parents), list(tree.depths), [None] * len(tree))
+        model.batch_invariant = batched  # force the one-pass path on the fp32 body
+        try:
+            results.append(runner.verify("b", t))
+        finally:
+            del model.batch_invariant
+    runner.reset("b")
+    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
+
+
+def test_which_ops_are_batch_invariant():
+    """Documents the cause: a T-row fp32 matmul may round each row differently from a
+    single-row one (GEMM vs GEMV kernels); the Q8_0 LM head kernel does not."""
+    from ember.kernels import q8_matmul
+    from ember.models.quantize import quantize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, generator=g)
+    w = torch.randn(64, 96, generator=g)
+    rows = torch.stack([x[i: i + 1] @ w for i in range(8)])[:, 0]
+    assert torch.allclose(x @ w, rows, atol=1e-5)  # equal to rounding; bitwise varies by BLAS
+    raw = quantize(torch.randn(96, 64, generator=g), q8_matmul.Q8_0)
+    if not q8_matmul.available():
+        pytest.skip("no Q8_0 kernel here")
+    q = q8_matmul.q8_0_rows(raw, 96, 64)
+    batched = q8_matmul.q8_0_matmul(x, q)
+    single = torch.cat([q8_matmul.q8_0_matmul(x[i: i + 1], q) for i in range(8)])
+    assert torch.equal(batched, single)
+
+
+# -- lossless ------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["lookup", "self", "model"])
+@pytest.mark.parametrize("name", ["gemma3", "llama-silu_glu"])
+def test_greedy_speculation_is_lossless(tiny_models, plain, name, mode):
+    path = tiny_models[name][2]
+    spec = _engine(path, speculate=mode, draft_model=str(path) if mode == "model" else None)
+    for text in PROMPTS:
+        assert _greedy(spec, text) == _greedy(plain[name], text)
+    assert spec.speculation["verifications"] > 0
+
+
+def test_fp32_body_rows_are_lossless(tiny_models):
+    """The fp32 reference body is not batch-invariant: verification goes row by row."""
+    path = tiny_models["llama-silu_glu"][2]
+    plain32 = _engine(path, weights="fp32")
+    for mode in ("self", "lookup"):
+        spec = _engine(path, weights="fp32", speculate=mode, tree="2,1,1,1")
+        for text in PROMPTS[:2]:
+            assert _greedy(spec, text, 30) == _greedy(plain32, text, 30)
+
+
+def test_trees_with_branches_are_lossless(tiny_models, plain):
+    path = tiny_models["gemma3"][2]
+    for mode in ("self", "lookup"):
+        spec = _engine(path, speculate=mode, tree="2,2,1,1")
+        for text in PROMPTS:
+            assert _greedy(spec, text, 30) == _greedy(plain["gemma3"], text, 30)
+        assert max(spec.speculation["accepted_per_step"]) >= 1
+
+
+def test_drafting_with_the_target_accepts_every_draft(tiny_models, plain):
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="model", draft_model=str(path), tree="1,1,1,1,1")
+    out = _greedy(spec, PROMPTS[0], 37)  # 1 from prefill + 6 steps of (5 drafts + 1)
+    assert out == _greedy(plain["gemma3"], PROMPTS[0], 37)
+    assert spec.speculation["accepted_per_step"] == [5] * 6
+
+
+def test_seeded_sampling_is_identical_draw_for_draw(tiny_models, plain):
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="self")
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=11)
+    ids = spec.encode(PROMPTS[1])
+    a = spec.generate(ids, sampling=params, max_tokens=30, ignore_eos=True).token_ids
+    b = plain["gemma3"].generate(ids, sampling=params, max_tokens=30, ignore_eos=True).token_ids
+    assert a == b
+
+
+def test_sampling_distribution_matches_target(tiny_models, plain):
+    """Statistical: 3-token continuations with speculation (seeds 0..n-1) and with plain
+    decoding (other seeds) come from the same distribution (top-2 sampling: 8 outcomes)."""
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="model", draft_model=str(path), tree="1,2")
+    ids = spec.encode(PROMPTS[2])
+    n = 150
+    counts = []
+    for engine, offset in ((spec, 0), (plain["gemma3"], 10_000)):
+        c = collections.Counter()
+        for seed in range(n):
+            p = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=seed + offset)
+            c[tuple(engine.generate(ids, sampling=p, max_tokens=3, ignore_eos=True).token_ids)] += 1
+        counts.append(c)
+    keys = set(counts[0]) | set(counts[1])
+    tv = 0.5 * sum(abs(counts[0][k] - counts[1][k]) for k in keys) / n
+    assert len(keys) > 2 and tv < 0.2, (tv, counts)
+
+
+# -- options -------------------------------------------------------------------------------
+def test_options_are_checked():
+    with pytest.raises(ConfigError, match="--speculate"):
+        EngineOptions(speculate="maybe")
+    with pytest.raises(ConfigError, match="--draft-model"):
+        EngineOptions(speculate="model")
+    with pytest.raises(ConfigError, match="--tree"):
+        EngineOptions(speculate="self", tree="1,x")
+
+
+def test_mismatched_draft_tokenizer_is_refused(tiny_models):
+    from ember.offload.drafters import check_same_tokenizer
+
+    a = load_model(tiny_models["gemma3"][2]).tokenizer
+
+    class Other:
+        vocab_size = a.vocab_size + 1
+
+    with pytest.raises(ConfigError, match="tokenizer"):
+        check_same_tokenizer(a, Other(), "other.gguf")
+
+
+# -- the default model -----------------------------------------------------------------------
+DEFAULT_PROMPTS = [
+    "The history of the printing press begins in the fifteenth century, when",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Copy this list:\n1. apples\n2. bread\n3. cheese\n\nCopy:\n1. apples",
+]
+
+
+@pytest.mark.parametrize("mode", ["self", "lookup"])
+def test_default_model_greedy_speculation_is_lossless(default_engine, mode):
+    """A few prompts here; `bench/speculate_lossless.py` checks all 21 of the bench."""
+    spec = Engine(default_engine.loaded, EngineOptions(device="cpu", n_ctx=2048, threads=2,
+                                                       speculate=mode))
+    for text in DEFAULT_PROMPTS:
+        assert _greedy(spec, text, 24) == _greedy(default_engine, text, 24), text
+    assert max(spec.speculation["accepted_per_step"]) >= 2
