@@ -1,12 +1,17 @@
 """`ember bench decode`: prefill and decode tokens/s, optionally beside llama.cpp.
 
 Both engines run the same prompt ids (greedy, EOS ignored) in the same process, interleaved
-run by run, so machine noise hits both alike; the ratios are what to read.
+run by run, so machine noise hits both alike; the ratios are what to read. Each figure is
+reported as min/median/max over the runs. Ember's report also gives the bytes of weights a
+decode step reads times its median tokens/s, as a fraction of a large tensor copy's bandwidth
+measured in the same process (bytes read + written per second); near 1 means decoding streams
+its weights about as fast as memory moves bytes at all.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 from ember.models.errors import EmberError
 
@@ -38,6 +43,32 @@ def _stats(values: list[float]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 3) -> float:
+    """Bytes/s of a large tensor copy (bytes read + bytes written), best of `repeats`: what
+    memory gives this process now, with the same threads and the same neighbours."""
+    import torch
+
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
+
+
+def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
+    """Weights read per decode step times tokens/s, against the measured copy bandwidth."""
+    from ember.offload.quant_body import weight_bytes_per_token
+
+    per_token = weight_bytes_per_token(engine.model)
+    achieved = per_token * decode_median
+    return {"weights": engine.weights, "lm_head": engine.lm_head,
+            "weight_bytes_per_token": per_token, "weight_gb_per_s": achieved / 1e9,
+            "copy_gb_per_s": copy_bps / 1e9, "fraction_of_copy_bandwidth": achieved / copy_bps}
+
+
 def run(args) -> int:
     if args.runs < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1:
         raise EmberError("--runs must be >= 1, --gen-tokens >= 2, --prompt-tokens >= 1")
@@ -55,6 +86,7 @@ def run(args) -> int:
     if other:
         other.decode_speed(ids[:8], 4)
     results = {"ember": [], "llama.cpp": []}
+    copy_bps = copy_bandwidth()
     for _ in range(args.runs):
         results["ember"].append(_ember_run(engine, ids, args.gen_tokens))
         if other:
@@ -67,6 +99,9 @@ def run(args) -> int:
         "runs": args.runs,
         "ember": {k: _stats([r[k] for r in results["ember"]]) for k in ("prefill", "decode")},
     }
+    copy_bps = max(copy_bps, copy_bandwidth())  # before and after the runs: the better one
+    report["ember"]["bandwidth"] = _bandwidth_report(
+        engine, report["ember"]["decode"]["median"], copy_bps)
     if other:
         report["llama.cpp"] = {k: _stats([r[k] for r in results["llama.cpp"]])
                                for k in ("prefill", "decode")}

@@ -1,0 +1,123 @@
+"""Quantized weights for the dense body, swapped in at load (as gpt-fast swaps nn.Linear).
+
+Every projection of the body (attention q/k/v/o, FFN gate/up/down) is requantized from its
+dequantized GGUF values (Q4_K/Q5_0/Q6_K/Q8_0 blocks) to Q8_0 and run through the Q8_0 kernel
+that also serves the LM head: about a quarter of the float32 bytes per token. 8 bits per
+weight on top of the file's 4-6 is near-lossless (perplexity and greedy tokens are tested).
+
+Attention projections are `Projection` objects replaced by `Q8Projection`; a dense
+`FeedForward` keeps its float32 tensors (the hybrid engine and the profiler read them) and
+gets a `Q8FeedForward` as its `fast` path. `use_body(model, "fp32")` puts everything back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ember.kernels import q8_matmul
+from ember.models.transformer import FeedForward, Projection, Transformer, activate
+
+BODY_CHOICES = ("auto", "fp32", "q8")
+PROJECTIONS = ("wq", "wk", "wv", "wo")
+
+
+def _rows(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 (in, out) projection weight -> (out, row_bytes) Q8_0 rows."""
+    return q8_matmul.q8_0_quantize(weight.t())
+
+
+class Q8Projection(nn.Module):
+    """x (T, in) -> (T, out) from Q8_0 rows. `source`: the float32 Projection it replaces."""
+
+    def __init__(self, source: Projection):
+        super().__init__()
+        object.__setattr__(self, "source", source)  # not a submodule: `.to()` leaves it alone
+        self.register_buffer("rows", _rows(source.weight), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return q8_matmul.q8_0_matmul(x, self.rows)
+
+
+class Q8FeedForward(nn.Module):
+    """A FeedForward's forward from Q8_0 rows; gate and up share one matrix (one kernel call)."""
+
+    def __init__(self, ffn: FeedForward):
+        super().__init__()
+        self.activation, self.gated = ffn.activation, ffn.gate is not None
+        self.ffn_size = ffn.up.shape[1]
+        gate_up = torch.cat((ffn.gate, ffn.up), 1) if self.gated else ffn.up  # (hidden, 2*ffn)
+        self.register_buffer("gate_up", _rows(gate_up), persistent=False)
+        self.register_buffer("down", _rows(ffn.down), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gu = q8_matmul.q8_0_matmul(x, self.gate_up)  # (T, 2*ffn) or (T, ffn)
+        gate, up = (gu[:, :self.ffn_size], gu[:, self.ffn_size:]) if self.gated else (None, gu)
+        return q8_matmul.q8_0_matmul(activate(self.activation, gate, up), self.down)
+
+
+def _fits(*weights: torch.Tensor | None) -> bool:
+    """Q8_0 rows need the input size to be a multiple of 32 (every common model's is)."""
+    return all(w is None or w.shape[0] % q8_matmul.BLOCK == 0 for w in weights)
+
+
+def use_body(model: Transformer, choice: str = "auto") -> str:
+    """Run the body on Q8_0 weights ("q8") or the float32 reference ("fp32"); "auto" picks
+    q8 when it applies (the model on the CPU and the C++ kernels built). Returns the choice
+    in use. FFNs another runtime has replaced (hybrid ones) are left to it."""
+    if choice not in BODY_CHOICES:
+        raise ValueError(f"unknown body weights {choice!r}; choose one of {', '.join(BODY_CHOICES)}")
+    applies = model.device.type == "cpu"
+    if choice == "fp32" or (choice == "auto" and not (applies and q8_matmul.available())):
+        _restore(model)
+        return "fp32"
+    if not applies:
+        from ember.models.errors import ConfigError
+
+        raise ConfigError(f"--weights q8 runs on the CPU; this model is on {model.device.type}")
+    for block in model.blocks:
+        attn = block.attn
+        for name in PROJECTIONS:
+            proj = getattr(attn, name)
+            if type(proj) is Projection and _fits(proj.weight):
+                setattr(attn, name, Q8Projection(proj))
+        ffn = block.ffn
+        if type(ffn) is FeedForward and ffn.fast is None and _fits(ffn.gate, ffn.up, ffn.down):
+            ffn.fast = Q8FeedForward(ffn)
+    return "q8"
+
+
+def _restore(model: Transformer) -> None:
+    for block in model.blocks:
+        for name in PROJECTIONS:
+            proj = getattr(block.attn, name)
+            if isinstance(proj, Q8Projection):
+                setattr(block.attn, name, proj.source)
+        for module in block.modules():  # the block's FFN, or a dense one a hybrid FFN holds
+            if isinstance(module, FeedForward):
+                module.fast = None
+
+
+def weight_bytes_per_token(model: Transformer) -> int:
+    """Bytes of weights one decode step reads: the body's projections and FFNs as they run
+    now (quantized or float32) plus the LM head. Norms and the embedding row are left out
+    (under 0.1%)."""
+    total = 0
+    for block in model.blocks:
+        for name in PROJECTIONS:
+            total += _buffer_bytes(getattr(block.attn, name))
+        ffn = block.ffn
+        if isinstance(ffn, FeedForward) and ffn.fast is not None:
+            ffn = ffn.fast
+        total += _buffer_bytes(ffn)
+    head = getattr(model.head, "inner", model.head)  # a head kept in host RAM is still read
+    rows = getattr(head, "rows", None)  # the Q8_0 head
+    if rows is not None:
+        return total + rows.numel() * rows.element_size()
+    return total + model.cfg.vocab_size * model.cfg.hidden_size * 4  # the float32 head
+
+
+def _buffer_bytes(module: nn.Module) -> int:
+    # A FeedForward's own tensors only, not those of its `fast` twin.
+    recurse = not isinstance(module, FeedForward)
+    return sum(b.numel() * b.element_size() for b in module.buffers(recurse=recurse))
