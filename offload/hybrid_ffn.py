@@ -23,7 +23,7 @@ from torch import nn
 
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
 from ember.kernels.sparse_ffn import SparseFFNWeights, dense_ffn, sparse_ffn
-from ember.models.transformer import FeedForward
+from ember.models.transformer import FeedForward, activate
 
 from .cpu_worker import CpuWorker
 
@@ -52,6 +52,12 @@ class HybridFFN(nn.Module):
         self.hot_idx, self.cold_idx = hot_idx, cold_idx
         self.hot, self.cold, self.worker = hot, cold, worker
         self.selector = selector
+        # Compensation (hidden,) for GLU thresholding: the calibration mean of what the
+        # skipped neurons would have added; applied whenever the cold side runs sparse.
+        self.bias: torch.Tensor | None = None
+        # Quality evaluation: apply the selector row by row in multi-token passes too (a
+        # masked dense computation: the same sums as per-token sparse decoding, batched).
+        self.sparse_rows = False
         self.counters = LayerCounters()
         # The dense module this was split from (set by hybrid_setup; kept on the host only).
         object.__setattr__(self, "source", None)
@@ -109,12 +115,17 @@ class HybridFFN(nn.Module):
         return out
 
     def _cold_side(self, x_host: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
-        if active is None:
-            if x_host.shape[0] == 1:
-                self.counters.cold_computed += len(self.cold_idx)
-            return dense_ffn(x_host, self.cold)
-        self.counters.cold_computed += int(active.numel())
-        return sparse_ffn(x_host, self.cold, active)
+        if active is not None:
+            self.counters.cold_computed += int(active.numel())
+            return self._compensate(sparse_ffn(x_host, self.cold, active))
+        if x_host.shape[0] > 1 and self.sparse_rows and self.selector is not None:
+            return self._compensate(masked_rows_ffn(x_host, self.cold, self.selector.mask(x_host)))
+        if x_host.shape[0] == 1:
+            self.counters.cold_computed += len(self.cold_idx)
+        return dense_ffn(x_host, self.cold)
+
+    def _compensate(self, out: torch.Tensor) -> torch.Tensor:
+        return out if self.bias is None else out + self.bias
 
     # -- reporting ----------------------------------------------------------------------
     def hot_fraction(self) -> float:
@@ -132,3 +143,16 @@ class HybridFFN(nn.Module):
 
     def host_bytes(self) -> int:
         return 0 if self.cold is None else self.cold.nbytes()
+
+
+def masked_rows_ffn(x: torch.Tensor, w: SparseFFNWeights, mask: torch.Tensor) -> torch.Tensor:
+    """Every row of x (T, hidden) through the neurons its own mask (T, n) keeps: the result
+    per-token sparse decoding gives, computed as one masked dense pass (for evaluation)."""
+    rows = {}
+    for name in ("gate", "up", "down_nm"):
+        t = getattr(w, name)
+        scale = getattr(w, name.replace("_nm", "") + "_scale")
+        rows[name] = None if t is None else (t.float() * scale[:, None] if scale is not None else t)
+    gate = None if rows["gate"] is None else x @ rows["gate"].t()
+    h = activate(w.activation, gate, x @ rows["up"].t()) * mask
+    return h @ rows["down_nm"]

@@ -16,9 +16,10 @@ from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
 from .hybrid_ffn import HybridFFN, Selector
-from .memory_plan import ComponentBytes, MemoryPlan, plan_memory
+from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 
 COLD_DTYPES = ("fp32", "int8")
+UNLIMITED = 1 << 62  # "no GPU-tier budget": everything the plan wants fits
 
 
 @dataclass
@@ -44,6 +45,7 @@ class HybridModel:
             **self.plan.to_dict(),
             "gpu_tier_device": str(self.gpu),
             "gpu_ffn_bytes": sum(layer.gpu_bytes() for layer in self.layers),
+            "gpu_ffn_bytes_per_layer": [layer.gpu_bytes() for layer in self.layers],
             "host_ffn_bytes": sum(layer.host_bytes() for layer in self.layers),
             "computed_fraction_per_layer": [None if c is None else round(c, 4) for c in computed],
             "sparsity": None if not known else round(1 - sum(known) / len(known), 4),
@@ -71,7 +73,7 @@ def component_bytes(model: Transformer, kv_pool: int, lm_head: int,
 def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_bytes: int,
                  split: str = "auto", cold_dtype: str = "fp32", preferred=None,
                  neuron_order=None, selectors: list[Selector | None] | None = None,
-                 predictor_bytes: int = 0) -> HybridModel:
+                 predictor_bytes: int = 0, choose=None) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split the model's FFN layers accordingly.
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
@@ -84,7 +86,7 @@ def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_byt
     cfg = model.cfg
     head = cfg.vocab_size * cfg.hidden_size * 4
     plan = plan_memory(cfg, budget, component_bytes(model, kv_pool_bytes, head, predictor_bytes),
-                       split, preferred, neuron_order)
+                       split, preferred, neuron_order, choose)
     worker = CpuWorker()
     layers = []
     for i, block in enumerate(model.blocks):
@@ -107,6 +109,60 @@ class HostLMHead(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.inner(hidden.cpu()).to(hidden.device)
+
+
+@dataclass(frozen=True)
+class LayerPredictors:
+    """Per layer a `predict(x) -> (T, ffn) bool` callable or None (the layer runs dense)."""
+
+    predict: list
+    nbytes: int
+
+
+def profile_predictors(profile, cfg) -> LayerPredictors:
+    """The profile's predictors, validated against the model's sizes."""
+    from ember.predictors.mlp import PredictorSet
+
+    tensors = profile.predictor_tensors
+    if not tensors:
+        return LayerPredictors([None] * cfg.n_layers, 0)
+    found = PredictorSet.from_tensors(tensors, cfg.n_layers, cfg.hidden_size, cfg.ffn_size,
+                                      source="profile artifact")
+    return LayerPredictors([None if p is None else p.predict for p in found.predictors],
+                           sum(p.nbytes for p in found.predictors if p is not None))
+
+
+def profile_chooser(profile, predictors: LayerPredictors | None, sparse: bool, cfg):
+    """room -> Placement solved from the profile's statistics and measured costs (None when
+    the profile has no costs: its own placement is then cut to the room hottest-first)."""
+    from .cost_probe import SideCosts
+    from .placement_solver import chooser
+
+    if "costs" not in profile.meta:
+        return None
+    try:
+        costs = SideCosts.from_dict(profile.meta["costs"])
+    except (KeyError, TypeError, ValueError):
+        from ember.models.errors import ModelFormatError
+
+        raise ModelFormatError("profile artifact", "its 'costs' entry is malformed; run "
+                               "`ember profile` again") from None
+    dense = [not sparse or predictors is None or p is None
+             for p in (predictors.predict if predictors else [None] * profile.n_layers)]
+    neuron = neuron_bytes(cfg.hidden_size, cfg.gated)
+    return chooser(profile.frequency, dense, [neuron] * profile.n_layers, costs)
+
+
+def attach_predictors(hybrid: HybridModel, predictors: LayerPredictors,
+                      bias: list | None = None) -> None:
+    """Gate each layer's cold side by its predictor (layers without one stay dense), with
+    the layer's compensation bias (GLU models) where the profile has one."""
+    from .neuron_selectors import PredictorSelector
+
+    for i, (layer, predict) in enumerate(zip(hybrid.layers, predictors.predict)):
+        if predict is not None and layer.cold is not None:
+            layer.selector = PredictorSelector(predict, torch.from_numpy(layer.cold_idx))
+            layer.bias = bias[i] if bias and i < len(bias) else None
 
 
 def restore_dense(model: Transformer) -> None:

@@ -44,8 +44,13 @@ class ComponentBytes:
         proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
         norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
         attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
-        per_neuron = ((3 if cfg.gated else 2) * h) * FP32
+        per_neuron = neuron_bytes(h, cfg.gated)
         return cls(attention, kv_pool, lm_head, predictors, (per_neuron,) * cfg.n_layers)
+
+
+def neuron_bytes(hidden: int, gated: bool) -> int:
+    """GPU-tier bytes of one hot neuron: gate (if any), up and down weights, fp32."""
+    return (3 if gated else 2) * hidden * FP32
 
 
 def workspace_bytes(cfg: ModelConfig, chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
@@ -113,13 +118,16 @@ class MemoryPlan:
 
 
 def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str = "auto",
-                preferred: Placement | None = None, neuron_order=None) -> MemoryPlan:
+                preferred: Placement | None = None, neuron_order=None,
+                choose=None) -> MemoryPlan:
     """Plan the GPU tier for `budget` bytes.
 
     Args:
         preferred: hot neurons a profile asks for (used as is when it fits the FFN share,
             else cut down hottest-first); None spreads the FFN share evenly over layers.
         neuron_order: per layer, neurons hottest first (from a profile) for cutting down.
+        choose: room in bytes -> Placement (a solver over a profile's statistics); takes
+            precedence over `preferred` under split "auto".
     """
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -145,7 +153,10 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
                                                        sizes.lm_head + all_ffn <= left)
     if lm_head:
         left -= sizes.lm_head
-    placement = _hot_neurons(cfg, ffn_sizes, sizes, left, split, preferred, neuron_order)
+    if choose is not None and split == "auto":
+        placement = choose(left)
+    else:
+        placement = _hot_neurons(cfg, ffn_sizes, sizes, left, split, preferred, neuron_order)
     plan = MemoryPlan(budget, split, space, attention, predictors, lm_head, placement, sizes)
     if split == "gpu-only" and placement.total_hot_fraction() < 1.0:
         need = space + all_ffn

@@ -17,6 +17,11 @@ from ember.models.transformer import activate
 
 
 class OracleSelector:
+    """Active = |h| > threshold (absolute). With threshold 0 that is exactly "h != 0", the
+    ReLU-family rule. (Profiles of GLU models define activity relative to each token's mean
+    |h| over the whole layer, which a cold-side-only oracle cannot see; their predictors
+    learned that rule, so this oracle is for ReLU-family checks.)"""
+
     def __init__(self, cold: SparseFFNWeights, threshold: float = 0.0):
         self.cold, self.threshold = cold, threshold
 
@@ -27,11 +32,15 @@ class OracleSelector:
         scale = getattr(self.cold, name.replace("_nm", "") + "_scale")
         return w if scale is None else dequantize_rows_int8(w, scale)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def mask(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, hidden) -> (T, cold) bool: the truly active cold neurons of each row."""
         gate = self._rows("gate")
         h = activate(self.cold.activation, None if gate is None else x @ gate.t(),
-                     x @ self._rows("up").t())  # (T, cold)
-        return torch.nonzero((h.abs() > self.threshold).any(dim=0)).flatten()
+                     x @ self._rows("up").t())
+        return h.abs() > self.threshold
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nonzero(self.mask(x).any(dim=0)).flatten()
 
 
 class PredictorSelector:
@@ -41,6 +50,9 @@ class PredictorSelector:
     def __init__(self, predict, cold_idx: torch.Tensor):
         self.predict, self.cold_idx = predict, cold_idx
 
+    def mask(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, hidden) -> (T, cold) bool: the predicted-active cold neurons of each row."""
+        return self.predict(x).index_select(1, self.cold_idx)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        mask = self.predict(x).any(dim=0)  # (ffn,)
-        return torch.nonzero(mask.index_select(0, self.cold_idx)).flatten()
+        return torch.nonzero(self.mask(x).any(dim=0)).flatten()

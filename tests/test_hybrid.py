@@ -284,3 +284,33 @@ def test_info_prints_the_gpu_plan_and_rejects_impossible_budgets(capsys, tiny_ge
     code, _, err = _cli(capsys, "generate", "x", "--model", str(tiny_gemma_gguf),
                         "--gpu-budget", "lots")
     assert code == 2 and "--gpu-budget" in err
+
+
+def test_batched_sparse_evaluation_equals_token_by_token_decoding(tiny_models):
+    """`sparse_rows` (used to measure quality) computes what per-token decoding computes."""
+    from ember.offload.neuron_selectors import PredictorSelector
+
+    loaded = load_model(tiny_models["llama-silu_glu"][2])
+    model, cfg = loaded.model, loaded.config
+    restore_dense(model)
+    g = torch.Generator().manual_seed(5)
+    proj = [torch.randn(cfg.hidden_size, cfg.ffn_size, generator=g) for _ in range(cfg.n_layers)]
+    placement = _placements(cfg, seed=4)["random-half"]
+    hybrid = build_hybrid(model, BIG, torch.device("cpu"), 0, preferred=placement)
+    ids = loaded.tokenizer.encode("the cat sat on a mat", add_bos=True)
+    try:
+        for layer, w in zip(hybrid.layers, proj):
+            layer.selector = PredictorSelector(lambda x, w=w: (x @ w) > 0,
+                                               torch.from_numpy(layer.cold_idx))
+            layer.bias = torch.full((cfg.hidden_size,), 0.01)
+            layer.sparse_rows = True
+        cache = model.new_cache(len(ids))
+        batched = model.hidden(torch.tensor(ids), cache)
+        cache = model.new_cache(len(ids))
+        stepped = torch.cat([model.hidden(torch.tensor([t]), cache) for t in ids])
+        torch.testing.assert_close(batched, stepped, rtol=0, atol=1e-4)
+        computed = [layer.computed_fraction() for layer in hybrid.layers]
+        assert all(0.5 < c < 1.0 for c in computed)  # hot half always, about half the rest
+    finally:
+        hybrid.close()
+        restore_dense(model)

@@ -1,0 +1,67 @@
+"""`ember profile`: prepare a model for sparse, hybrid decoding; writes one artifact."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .common import model_path, print_json
+
+
+def run(args) -> int:
+    from ember.models.loader import load_model
+    from ember.offload.device import set_threads
+    from ember.offload.profile_artifact import default_profile_path
+    from ember.offload.profiler import ProfileOptions, run_profile
+    from ember.offload.sizes import parse_size
+
+    options = ProfileOptions(
+        texts=tuple(args.text or ()), sample_tokens=args.sample_tokens,
+        gpu_budget=None if args.gpu_budget is None else parse_size(args.gpu_budget, "--gpu-budget"),
+        quality_budget=args.quality_budget / 100, recall=args.recall, seed=args.seed,
+        epochs=args.epochs)
+    set_threads(args.threads)
+    started = time.perf_counter()
+    print("ember: loading model…", file=sys.stderr, flush=True)
+    loaded = load_model(model_path(args))
+    out = args.output or default_profile_path(loaded.source.fingerprint)
+
+    def say(stage: str, message: str) -> None:
+        print(f"ember: [{time.perf_counter() - started:6.1f} s] {stage}: {message}",
+              file=sys.stderr, flush=True)
+
+    report = run_profile(loaded, out, options, say)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        _summary(report)
+    return 0
+
+
+def _summary(report) -> None:
+    q = report.quality
+    print(f"profile written to {report.path}")
+    print(f"  calibration     {report.calibration['train_tokens']} training + "
+          f"{report.calibration['held_out_tokens']} held-out tokens "
+          f"({report.calibration['source']})")
+    if report.glu:
+        print(f"  GLU thresholds  mean sparsity {report.glu['mean_sparsity']:.1%}, "
+              f"held-out perplexity x{report.glu['ppl_ratio']:.3f}")
+    gated = sum(1 for p in report.predictors if not p["dense"])
+    print(f"  predictors      {gated} of {len(report.predictors)} layers gated "
+          "(the rest run dense: a predictor would cost more than it saves)")
+    for p in report.predictors:
+        if not p["dense"]:
+            print(f"    layer {p['layer']:>3}: rank {p['rank']:>4}  recall {p['recall']:.3f}  "
+                  f"precision {p['precision']:.3f}  predicted active {p['predicted_fraction']:.1%}")
+    if report.placement.get("ilp"):
+        ilp = report.placement["ilp"]
+        print(f"  placement       ILP {ilp['objective_ms']:.3f} ms/token (greedy "
+              f"{report.placement['greedy_objective_ms']:.3f}), hot {ilp['hot_fraction']:.1%}, "
+              f"solved in {ilp['solve_s']:.2f} s ({ilp['status']})")
+    print(f"  quality         held-out perplexity {q['dense_ppl']:.3f} -> {q['sparse_ppl']:.3f} "
+          f"(x{q['ppl_ratio']:.3f}), top-1 agreement {q['top1_agreement']:.1%}, greedy match "
+          f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")
+    if q["sparsity"] is not None:
+        print(f"  sparsity        {q['sparsity']:.1%} of FFN neurons skipped per decoded token")
+    print("  stages          " + ", ".join(f"{k} {v:.0f} s" for k, v in report.stages_s.items()))

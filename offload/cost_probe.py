@@ -1,0 +1,100 @@
+"""Measured per-neuron costs of each side, for the placement problem's latency model.
+
+For one FFN layer of the model (its real weights), time:
+- the CPU side (`sparse_ffn`) at two active-set sizes: the slope is ms per active neuron,
+  the intercept the fixed cost of running the side at all;
+- the GPU tier (`hot_ffn` on its device) at two hot-set sizes, likewise;
+- the hand-off to the CPU worker and back (an empty job): what a split layer pays extra.
+Medians of a few repetitions: these machines are noisy and the ILP only needs the shape.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
+from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
+from ember.models.transformer import FeedForward
+
+from .cpu_worker import CpuWorker
+
+
+@dataclass(frozen=True)
+class SideCosts:
+    cpu_ms_per_active: float
+    cpu_base_ms: float
+    gpu_ms_per_neuron: float
+    gpu_base_ms: float
+    split_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SideCosts":
+        values = {k: float(d[k]) for k in cls.__dataclass_fields__}
+        if any(not (v >= 0) or v == float("inf") for v in values.values()):
+            raise ValueError("costs must be finite and non-negative")
+        return cls(**values)
+
+
+def _median_ms(fn, reps: int) -> float:
+    fn()  # warm up (first-touch pages, kernel build)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _line(n_lo: int, t_lo: float, n_hi: int, t_hi: float) -> tuple[float, float]:
+    """(slope, intercept) through two timings, both clamped at >= 0."""
+    slope = max(0.0, (t_hi - t_lo) / max(1, n_hi - n_lo))
+    return slope, max(0.0, t_lo - slope * n_lo)
+
+
+def measure_costs(ffn: FeedForward, gpu: torch.device, reps: int = 15) -> SideCosts:
+    """Time one dense FFN layer's two sides (weights (in, out) on the host)."""
+    size = ffn.up.shape[1]
+    lo, hi = max(1, size // 8), max(2, size // 2)
+    rows = {
+        "gate": None if ffn.gate is None else ffn.gate.t().contiguous(),
+        "up": ffn.up.t().contiguous(),
+        "down": ffn.down.contiguous(),
+    }
+    x = torch.randn(1, rows["up"].shape[1])
+    cold = SparseFFNWeights.from_rows(rows["gate"], rows["up"], rows["down"], ffn.activation)
+    t = {n: _median_ms(lambda n=n: sparse_ffn(x, cold, torch.arange(n)), reps) for n in (lo, hi)}
+    cpu_slope, cpu_base = _line(lo, t[lo], hi, t[hi])
+
+    def hot_of(n):
+        g = None if rows["gate"] is None else rows["gate"][:n]
+        return HotFFNWeights.from_rows(g, rows["up"][:n], rows["down"][:n], ffn.activation, gpu)
+
+    x_gpu = x.to(gpu)
+    g = {}
+    for n in (lo, hi):
+        w = hot_of(n)
+        g[n] = _median_ms(lambda w=w: _sync(hot_ffn(x_gpu, w), gpu), reps)
+    gpu_slope, gpu_base = _line(lo, g[lo], hi, g[hi])
+    worker = CpuWorker()
+    try:
+        handoff = _median_ms(lambda: worker.submit(_noop, x).result(), reps)
+    finally:
+        worker.close()
+    return SideCosts(cpu_slope, cpu_base, gpu_slope, gpu_base, handoff)
+
+
+def _noop(x):
+    return x
+
+
+def _sync(out: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out

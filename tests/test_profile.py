@@ -1,0 +1,77 @@
+"""`ember profile` end to end on a tiny ReLU model: artifact written, loadable, reported;
+an interrupted run leaves no artifact behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ember.models.loader import load_model
+from ember.offload.engine import Engine, EngineOptions
+from ember.offload.profile_artifact import load_profile
+from ember.offload.profiler import ProfileOptions, run_profile
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    from pathlib import Path
+
+    src = Path(__file__).parent / "data" / "english.txt"
+    path = tmp_path_factory.mktemp("calib") / "calib.txt"
+    path.write_text(src.read_text()[:2500])
+    return path
+
+
+def test_profile_writes_a_checked_artifact(tmp_path, tiny_models, text_file):
+    loaded = load_model(tiny_models["llama-relu_glu"][2])
+    out = tmp_path / "prof.safetensors"
+    stages = []
+    report = run_profile(loaded, out, ProfileOptions(texts=(str(text_file),), epochs=3,
+                                                     gpu_budget=1_500_000),
+                         lambda stage, msg: stages.append(stage))
+    assert out.is_file() and report.path == str(out)
+    assert {"calibration", "statistics", "predictors", "costs", "placement", "check"} <= set(stages)
+    q = report.quality
+    assert q["ppl_ratio"] > 0 and 0 <= q["top1_agreement"] <= 1
+    assert len(q["computed_fraction_per_layer"]) == loaded.config.n_layers
+    assert report.placement["ilp"]["objective_ms"] <= report.placement["greedy_objective_ms"] + 1e-9
+    prof = load_profile(out, loaded.config, loaded.source.fingerprint)
+    assert prof.meta["report"]["quality"] == q and "costs" in prof.meta
+    eng = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, profile=str(out),
+                                       gpu_budget=1_500_000))
+    try:
+        assert eng.hybrid is not None and eng.hybrid.plan.gpu_bytes <= 1_500_000
+    finally:
+        eng.close()
+
+
+def test_interrupted_profile_leaves_no_artifact(tmp_path, tiny_models, text_file):
+    loaded = load_model(tiny_models["llama-relu_glu"][2])
+    out = tmp_path / "prof.safetensors"
+
+    def interrupt(stage, msg):
+        if stage == "check" and msg == "started":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_profile(loaded, out, ProfileOptions(texts=(str(text_file),), epochs=1), interrupt)
+    assert list(tmp_path.iterdir()) == []
+    # The model is dense again afterwards.
+    assert Engine(loaded, EngineOptions(device="cpu", n_ctx=64)).hybrid is None
+
+
+def test_profile_cli_json_and_bad_flags(capsys, tmp_path, tiny_models, text_file):
+    from ember.app.cli import main
+
+    out = tmp_path / "p.safetensors"
+    code = main(["profile", "--model", str(tiny_models["llama-relu"][2]), "--text", str(text_file),
+                 "-o", str(out), "--json", "--epochs", "2"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["path"] == str(out)
+    code = main(["profile", "--model", str(tiny_models["llama-relu"][2]), "--quality-budget", "-1"])
+    assert code == 2 and "quality-budget" in capsys.readouterr().err
+    code = main(["profile", "--model", str(tiny_models["llama-relu"][2]),
+                 "--text", str(tmp_path / "missing.txt")])
+    assert code == 2 and "missing.txt" in capsys.readouterr().err
