@@ -38,12 +38,32 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
     _split_options(p)
+    p.add_argument("--profile", default="auto", metavar="PATH",
+                   help="profile artifact from `ember profile` (default: auto = the one made for "
+                        "this model, if any; 'none' runs without)")
+    p.add_argument("--ffn-mode", default="auto", choices=("auto", "dense", "sparse"),
+                   help="FFN neurons computed: dense (all), sparse (predicted-active cold "
+                        "neurons, needs a profile), auto (sparse when a profile is found)")
     p.add_argument("--cold-dtype", default="fp32", choices=("fp32", "int8"),
                    help="host-side FFN rows under --gpu-budget: fp32 (exact) or int8 (a quarter "
                         "of the bytes)")
     p.add_argument("--lm-head", default="auto", choices=("auto", "fp32", "q8_0"),
                    help="output layer: the file's Q8_0 blocks through the C++ kernel (auto "
                         "when it applies) or the float32 reference")
+    p.add_argument("--weights", default="auto", choices=("auto", "fp32", "q8"),
+                   help="attention and FFN weights: requantized to Q8_0 for the C++ kernel "
+                        "(auto when it applies) or the float32 reference")
+
+
+def _speculation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculate", default="off", choices=("off", "self", "lookup", "model"),
+                   help="lossless speculative decoding: the model itself with a small vocabulary "
+                        "head (self), n-grams from the context (lookup), or --draft-model")
+    p.add_argument("--draft-model", metavar="PATH",
+                   help="small model with the same tokenizer (with --speculate model)")
+    p.add_argument("--tree", metavar="SPEC",
+                   help="draft tree: children per node at each depth, e.g. 1,1,3,1 "
+                        "(default: a chain sized for the drafter; it adapts to acceptance)")
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:
@@ -69,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads standard input)")
     _engine_options(p)
+    _speculation_options(p)
     _sampling_options(p)
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user turn in the model's chat format")
@@ -112,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine, interleaved")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_decode")
+    b = bench.add_parser("speculate", help="plain decode vs each drafter on prose, code and "
+                                           "repeat prompts: tokens/s, accepted length")
+    _engine_options(b)
+    b.add_argument("--drafters", nargs="+", default=["self", "lookup"],
+                   choices=("self", "lookup", "model"), metavar="NAME",
+                   help="drafters to compare with plain decoding (default: self lookup)")
+    b.add_argument("--draft-model", metavar="PATH", help="for the 'model' drafter")
+    b.add_argument("--tree", metavar="SPEC", help="draft tree for every drafter")
+    b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
+    b.add_argument("--prompts", type=int, default=2, metavar="N", help="prompts per kind")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_speculate")
     b = bench.add_parser("kv", help="paged KV cache: swap-in vs re-prefill, paged vs contiguous decode")
     _engine_options(b)
     b.add_argument("--resume-tokens", type=int, default=2000, metavar="N")
@@ -127,9 +160,43 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=("fp32", "int8"), help="only this weight type")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_kernels")
+    b = bench.add_parser("placement", help="hot/cold placement: ILP vs greedy on a 70B-shaped problem")
+    b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
+    b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
+    b.add_argument("--group-size", type=int, metavar="N",
+                   help="neurons per ILP group (default: sized for ~20k groups in all)")
+    b.add_argument("--time-limit", type=float, default=8.0, metavar="S", help="ILP time limit")
+    b.add_argument("--threads", type=int, metavar="N", help="CBC threads (default: CBC's choice)")
+    b.add_argument("--seed", type=int, default=0, metavar="N")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_placement")
+
+    p = sub.add_parser("profile", help="prepare a model for sparse hybrid decoding (statistics, "
+                                      "predictors, placement); writes a profile artifact")
+    _model_options(p)
+    p.add_argument("--text", action="append", metavar="FILE",
+                   help="calibration text (repeatable; default: text the model samples itself)")
+    p.add_argument("--sample-tokens", type=int, default=2048, metavar="N",
+                   help="tokens to sample for calibration when no --text is given")
+    p.add_argument("--gpu-budget", metavar="SIZE",
+                   help="GPU-tier memory the placement is solved for (default: no GPU tier; "
+                        "--gpu-budget at run time re-solves it)")
+    p.add_argument("--quality-budget", type=float, default=3.0, metavar="PCT",
+                   help="allowed held-out perplexity increase of GLU sparsity, percent")
+    p.add_argument("--recall", type=float, default=0.95, metavar="R",
+                   help="predictors' target recall of active neurons")
+    p.add_argument("--epochs", type=int, metavar="N",
+                   help="predictor training epochs (default: the trainer's)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="artifact path (default: the user's data dir, keyed by the model)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler="profile")
 
     p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
     _engine_options(p)
+    _speculation_options(p)
     p.add_argument("--system", metavar="TEXT", help="system prompt for new conversations")
     p.set_defaults(handler="chat")
     return parser

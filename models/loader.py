@@ -79,14 +79,31 @@ def open_model(path: str | Path) -> ModelSource:
     return _open_gguf(path)
 
 
-def load_model(path: str | Path,
-               check: Callable[[ModelSource], None] | None = None) -> LoadedModel:
+# Share of loading spent opening the file (metadata, tokenizer) before layers are built:
+# roughly what the default model takes; the rest is spread evenly over its layers.
+OPEN_SHARE = 0.35
+
+
+def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = None,
+               progress: Callable[[float, str], None] | None = None) -> LoadedModel:
     """open_model, then the fp32 Transformer. `check(source)` runs in between: the last moment
-    to refuse (e.g. not enough memory) before the weights are dequantized."""
+    to refuse (e.g. not enough memory) before the weights are dequantized.
+
+    `progress(fraction, stage)`, if given, is called as loading goes on: fraction in [0, 1]
+    (1.0 once the last layer is built), stage a short phrase such as "layer 3 of 18".
+    """
+    report = progress or (lambda fraction, stage: None)
+    report(0.0, "reading the model file")
     source = open_model(path)
     if check is not None:
         check(source)
-    return LoadedModel(source, Transformer(source.config, source.weights))
+    n = source.config.n_layers
+    report(OPEN_SHARE, f"building {n} layers")
+
+    def layer_built(i: int) -> None:
+        report(OPEN_SHARE + (1 - OPEN_SHARE) * (i + 1) / n, f"layer {i + 1} of {n}")
+
+    return LoadedModel(source, Transformer(source.config, source.weights, on_layer=layer_built))
 
 
 def _open_gguf(path: Path) -> ModelSource:

@@ -10,6 +10,8 @@ the hybrid engine later replaces `FeedForward` modules with split ones.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,8 +35,23 @@ def _matrix(w: WeightStore, name: str, out_features: int, in_features: int) -> t
     return w.load(name, (out_features, in_features)).t().contiguous()
 
 
+class Projection(nn.Module):
+    """x (T, in) -> (T, out): the float32 reference, `x @ weight` with weight stored (in, out).
+
+    The runtime may swap in one that reads quantized blocks (offload/quant_body.py).
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        _attach(self, "weight", weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # In place on the (T, 1) statistic: two fewer allocations per call, same values.
+    return x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_() * weight
 
 
 def activate(kind: str, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor:
@@ -60,6 +77,7 @@ class Rotary:
     def __init__(self, head_dim: int, base: float, scale: float, interleaved: bool):
         self.head_dim, self.base, self.scale, self.interleaved = head_dim, base, scale, interleaved
         self.cos = self.sin = torch.empty(0, head_dim // 2)
+        self._last: tuple = (None, None, None)  # (start, n, device), cos, sin of the last range
 
     def _grow(self, n: int) -> None:
         n = max(n, 2 * self.cos.shape[0], 256)
@@ -68,13 +86,29 @@ class Rotary:
         angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        """Rotate q and k (T, heads, head_dim) by their positions (T,); one table lookup."""
-        if int(positions.max()) >= self.cos.shape[0]:
-            self._grow(int(positions.max()) + 1)
-        cos = self.cos[positions][:, None, :].to(q.device)  # (T, 1, hd/2)
-        sin = self.sin[positions][:, None, :].to(q.device)
+    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | int):
+        """Rotate q and k (T, heads, head_dim) by their positions: a (T,) tensor, or an int
+        `start` for positions start..start+T-1 (prefill and decode)."""
+        if isinstance(positions, int):
+            cos, sin = self._range(positions, q.shape[0], q.device)
+        else:
+            if int(positions.max()) >= self.cos.shape[0]:
+                self._grow(int(positions.max()) + 1)
+            cos = self.cos[positions][:, None, :].to(q.device)  # (T, 1, hd/2)
+            sin = self.sin[positions][:, None, :].to(q.device)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _range(self, start: int, n: int, device: torch.device):
+        """cos, sin (n, 1, hd/2) of positions start..start+n-1. Every layer sharing this table
+        asks for the same range in a step: the first lookup serves them all."""
+        key, cos, sin = self._last
+        if key != (start, n, device):
+            if start + n > self.cos.shape[0]:
+                self._grow(start + n)
+            cos = self.cos[start:start + n, None, :].to(device)
+            sin = self.sin[start:start + n, None, :].to(device)
+            self._last = ((start, n, device), cos, sin)
+        return cos, sin
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.interleaved:  # pairs (x0, x1), (x2, x3), ...
@@ -85,35 +119,89 @@ class Rotary:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+@dataclass
+class TreeRows:
+    """How T rows of a token tree (speculative verification) sit in the cache.
+
+    The committed context holds positions 0..context-1 in slots of the same index. Tree node i
+    has its K/V written to slot context + i, but is rotated as position context + depth(i).
+    Rows are nodes first..first+T-1; `keys` are the tree-node indices the rows may attend to
+    (after the context), `mask` (T, len(keys)) which of them each row sees (its ancestors and
+    itself); None when every row sees every key (a single row given exactly its path).
+    """
+
+    context: int
+    first: int
+    positions: torch.Tensor  # (T,) rotary positions of the rows
+    keys: torch.Tensor  # (S,) tree-node indices of the visible tree keys
+    key_positions: torch.Tensor  # (S,)
+    mask: torch.Tensor | None = None  # (T, S) bool
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, w: WeightStore, rotary: Rotary):
         super().__init__()
         p, hd, h = f"blk.{layer}.", cfg.head_dim, cfg.hidden_size
         self.cfg, self.layer, self.rotary = cfg, layer, rotary
         self.window = cfg.window(layer)
-        _attach(self, "wq", _matrix(w, p + "attn_q.weight", cfg.n_heads * hd, h))
-        _attach(self, "wk", _matrix(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h))
-        _attach(self, "wv", _matrix(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h))
-        _attach(self, "wo", _matrix(w, p + "attn_output.weight", h, cfg.n_heads * hd))
+        self.wq = Projection(_matrix(w, p + "attn_q.weight", cfg.n_heads * hd, h))
+        self.wk = Projection(_matrix(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h))
+        self.wv = Projection(_matrix(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h))
+        self.wo = Projection(_matrix(w, p + "attn_output.weight", h, cfg.n_heads * hd))
         if cfg.qk_norm:
             _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
             _attach(self, "k_norm", w.load(p + "attn_k_norm.weight", (hd,)))
 
-    def forward(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache,
+                tree: TreeRows | None = None) -> torch.Tensor:
         cfg, T = self.cfg, x.shape[0]
-        q = (x @ self.wq).view(T, cfg.n_heads, cfg.head_dim)
-        k = (x @ self.wk).view(T, cfg.n_kv_heads, cfg.head_dim)
-        v = (x @ self.wv).view(T, cfg.n_kv_heads, cfg.head_dim)
+        q = self.wq(x).view(T, cfg.n_heads, cfg.head_dim)
+        k = self.wk(x).view(T, cfg.n_kv_heads, cfg.head_dim)
+        v = self.wv(x).view(T, cfg.n_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
+        if tree is not None:
+            q, k = self.rotary.apply(q, k, tree.positions)
+            return self.wo(self._attend_tree(q, k, v, cache, tree))
         positions = torch.arange(start, start + T)
-        q, k = self.rotary.apply(q, k, positions)
+        q, k = self.rotary.apply(q, k, start)
         cache.write(self.layer, start, k, v)
         # Keys a sliding-window layer can still see: the window before the first query.
         lo = 0 if self.window is None else max(0, start - self.window + 1)
         keys, values = cache.read(self.layer, lo, start + T)
         out = attend(q, keys, values, positions, torch.arange(lo, start + T), self.window, cfg.scale)
-        return out @ self.wo
+        return self.wo(out)
+
+    def _attend_tree(self, q, k, v, cache: KVCache, tree: TreeRows) -> torch.Tensor:
+        """Tree rows see the context (within the window) and the tree keys their mask allows.
+
+        Each row is attended on its own, given exactly the keys it sees, in position order:
+        the same shapes and values plain decoding has at that position, so the result is the
+        same bit for bit however many rows are verified together (attention is a small part
+        of a step; the projections are where rows are batched).
+        """
+        c, window = tree.context, self.window
+        cache.write(self.layer, c + tree.first, k, v)
+        lo = 0 if window is None else max(0, int(tree.positions.min()) - window + 1)
+        lo = min(lo, c)
+        ctx_k, ctx_v = cache.read(self.layer, lo, c)
+        tree_k, tree_v = cache.read(self.layer, c, c + int(tree.keys.max()) + 1)
+        outs = []
+        for r in range(q.shape[0]):
+            pos = int(tree.positions[r])
+            sel, k_pos = tree.keys, tree.key_positions
+            if tree.mask is not None:
+                sel, k_pos = sel[tree.mask[r]], k_pos[tree.mask[r]]
+            first = lo
+            if window is not None:
+                first = min(max(lo, pos - window + 1), c)
+                inside = k_pos > pos - window
+                sel, k_pos = sel[inside], k_pos[inside]
+            sel = sel.to(tree_k.device)
+            keys = torch.cat((ctx_k[first - lo:], tree_k[sel]))
+            values = torch.cat((ctx_v[first - lo:], tree_v[sel]))
+            outs.append(attend(q[r: r + 1], keys, values, None, None, window, self.cfg.scale))
+        return torch.cat(outs)
 
 
 def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float) -> torch.Tensor:
@@ -147,8 +235,13 @@ class FeedForward(nn.Module):
         _attach(self, "gate", _matrix(w, p + "ffn_gate.weight", f, h) if cfg.gated else None)
         _attach(self, "up", _matrix(w, p + "ffn_up.weight", f, h))
         _attach(self, "down", _matrix(w, p + "ffn_down.weight", h, f))
+        # The same FFN on quantized weights, when the runtime sets one (offload/quant_body.py);
+        # the float32 tensors above stay the reference that other code reads.
+        self.fast: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast is not None:
+            return self.fast(x)
         gate = x @ self.gate if self.gate is not None else None
         return activate(self.activation, gate, x @ self.up) @ self.down
 
@@ -166,9 +259,10 @@ class Block(nn.Module):
             _attach(self, "post_attn_norm", w.load(p + "post_attention_norm.weight", (h,)))
             _attach(self, "post_ffn_norm", w.load(p + "post_ffw_norm.weight", (h,)))
 
-    def forward(self, x: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int, cache: KVCache,
+                tree: TreeRows | None = None) -> torch.Tensor:
         eps = self.cfg.rms_eps
-        a = self.attn(rms_norm(x, self.attn_norm, eps), start, cache)
+        a = self.attn(rms_norm(x, self.attn_norm, eps), start, cache, tree)
         if self.cfg.sandwich_norms:
             a = rms_norm(a, self.post_attn_norm, eps)
         x = x + a
@@ -204,7 +298,8 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 class Transformer(nn.Module):
     """Token ids -> hidden states -> logits, with a KV cache. Inference only."""
 
-    def __init__(self, cfg: ModelConfig, w: WeightStore):
+    def __init__(self, cfg: ModelConfig, w: WeightStore, on_layer=None):
+        """`on_layer(i)`, if given, is called after block i is built (loading progress)."""
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
@@ -218,9 +313,11 @@ class Transformer(nn.Module):
         for layer in range(cfg.n_layers):
             base = cfg.layer_rope_base(layer)
             rotaries.setdefault(base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved))
-        self.blocks = nn.ModuleList(
-            Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]) for i in range(cfg.n_layers)
-        )
+        self.blocks = nn.ModuleList()
+        for i in range(cfg.n_layers):
+            self.blocks.append(Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]))
+            if on_layer is not None:
+                on_layer(i)
 
     @property
     def device(self) -> torch.device:
@@ -235,17 +332,21 @@ class Transformer(nn.Module):
         return ContiguousKVCache(self.cfg, max_len, device=self.device)
 
     @torch.inference_mode()
-    def hidden(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:
         """Run ids (T,) at positions cache.length.. ; commits them to the cache.
 
+        With `tree`, the rows are token-tree nodes placed as it says; the caller has reserved
+        their slots and commits (or truncates) them itself.
         Returns the final-normed hidden states (T, hidden).
         """
         start = cache.length
-        cache.reserve(ids.shape[0])
+        if tree is None:
+            cache.reserve(ids.shape[0])
         x = self.embed(ids)
         for block in self.blocks:
-            x = block(x, start, cache)
-        cache.commit(ids.shape[0])
+            x = block(x, start, cache, tree)
+        if tree is None:
+            cache.commit(ids.shape[0])
         return rms_norm(x, self.output_norm, self.cfg.rms_eps)
 
     @torch.inference_mode()

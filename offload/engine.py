@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 from ember.models.chat_format import ChatMessage, render_chat
@@ -21,17 +21,24 @@ from ember.models.tokenizer import StreamDecoder
 
 from .device import resolve_device, set_threads
 from .events import DoneEvent, Timings, TokenEvent
-from .hybrid_setup import HostLMHead, HybridModel, build_hybrid, restore_dense
+from .hybrid_setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
+                           profile_chooser, profile_predictors, restore_dense)
 from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
 from .lm_head import choose_lm_head
 from .memory_plan import SPLITS
+from .profile_artifact import default_profile_path, load_profile
+from .quant_body import BODY_CHOICES, use_body
 from .paged_kv import PagedKVCache
 from .resources import memory_check
 from .runner import Runner
 from .sampler import Sampler, SamplingParams
+from .speculative import SpecStats, TreeSizer, speculative_steps
+from .speculative_setup import SPECULATE_CHOICES, make_drafter
+from .token_tree import parse_tree
 from .stopping import StopStrings
 
 DEFAULT_CTX = 4096
+FFN_MODES = ("auto", "dense", "sparse")
 
 
 @dataclass(frozen=True)
@@ -43,15 +50,42 @@ class EngineOptions:
     kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
     kv_block_size: int = DEFAULT_BLOCK_SIZE
     lm_head: str = "auto"  # "fp32" reference, "q8_0" kernel, "auto": the kernel when it applies
+    weights: str = "auto"  # body projections: "fp32" reference, "q8" kernel, "auto": q8 if it applies
     # Hybrid FFN: a GPU-tier byte budget splits FFN layers into hot (GPU tier) and cold
     # (host) neurons; None with split "auto" runs the dense model on one device.
     gpu_budget: int | None = None
     split: str = "auto"  # "auto" | "cpu-only" | "gpu-only" (see memory_plan)
     cold_dtype: str = "fp32"  # host-side FFN rows: "fp32" (exact) or "int8"
+    # A profile artifact (`ember profile`): its placement guides the split and its
+    # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
+    profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
+    ffn_mode: str = "auto"  # "auto" | "dense" (every neuron) | "sparse" (predictor-gated)
+    # Speculative decoding (lossless): "off", "self", "lookup" or "model" (with draft_model);
+    # tree: expansion per depth such as "1,1,3,1" (None: the drafter's default).
+    speculate: str = "off"
+    tree: str | None = None
+    draft_model: str | None = None
 
     def __post_init__(self):
+        if self.speculate not in SPECULATE_CHOICES:
+            raise ConfigError(f"unknown --speculate {self.speculate!r}; choose one of "
+                              f"{', '.join(SPECULATE_CHOICES)}")
+        if (self.speculate == "model") != (self.draft_model is not None):
+            raise ConfigError("--speculate model needs --draft-model PATH, and --draft-model "
+                              "needs --speculate model")
+        if self.tree is not None:
+            parse_tree(self.tree)
         if self.n_ctx < 1:
             raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
+        if self.weights not in BODY_CHOICES:
+            raise ConfigError(f"unknown --weights {self.weights!r}; choose one of "
+                              f"{', '.join(BODY_CHOICES)}")
+        if self.ffn_mode not in FFN_MODES:
+            raise ConfigError(f"unknown --ffn-mode {self.ffn_mode!r}; choose one of "
+                              f"{', '.join(FFN_MODES)}")
+        if self.ffn_mode == "sparse" and self.profile is None:
+            raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
+                              "`ember profile`)")
         if self.split not in SPLITS:
             raise ConfigError(f"unknown --split {self.split!r}; choose one of {', '.join(SPLITS)}")
         if self.gpu_budget is not None and self.gpu_budget < 0:
@@ -66,10 +100,12 @@ class Engine:
         n_ctx = min(options.n_ctx, loaded.config.context_length)
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
                                options.kv_block_size)
+        use_body(loaded.model, "fp32")  # an earlier engine's q8 body off: split and move float32
         self.hybrid = self._split_ffn(loaded.model, options)
         compute = self.device if self.hybrid is None else self.hybrid.attention_device
         self.model = loaded.model.to(compute)
         self.lm_head = choose_lm_head(self.model, options.lm_head)
+        self.weights = use_body(self.model, options.weights)
         if (self.hybrid is not None and compute.type != "cpu"
                 and not self.hybrid.plan.lm_head_on_gpu):
             self.model.head = HostLMHead(self.model.head)
@@ -78,17 +114,44 @@ class Engine:
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
                                self.kv_plan.block_size, compute, DEFAULT_ROLLBACK_MARGIN)
         self.runner = Runner(self.model, self.kv, n_ctx)
+        self.options = options
+        self.drafter, self.tree_widths = make_drafter(self, options)
+        self.speculation: dict | None = None  # the last stream's SpecStats.to_dict()
 
     def _split_ffn(self, model, options: EngineOptions) -> HybridModel | None:
         """Split FFN layers by the GPU-tier plan, or put the dense ones back (None)."""
-        if options.gpu_budget is None and options.split == "auto":
+        profile, path = None, options.profile
+        if path == "auto":  # the one `ember profile` wrote for this model, if any
+            found = default_profile_path(self.loaded.source.fingerprint)
+            path = found if found.is_file() else None
+            if path is None and options.ffn_mode == "sparse":
+                raise ConfigError(f"--ffn-mode sparse needs a profile and there is none at "
+                                  f"{found}; run `ember profile` first")
+        if path is not None:
+            profile = load_profile(path, self.loaded.config, self.loaded.source.fingerprint)
+        self.profile_path = path
+        if options.gpu_budget is None and options.split == "auto" and profile is None:
             restore_dense(model)
             return None
-        if options.gpu_budget is None:
+        if options.gpu_budget is None and options.split != "auto":
             raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
         kv_bytes = self.kv_plan.device_blocks * self.kv_plan.block_bytes
-        return build_hybrid(model, options.gpu_budget, self.device, kv_bytes, options.split,
-                            options.cold_dtype)
+        if options.gpu_budget is None:  # a profile alone: sparse on the host, no GPU tier
+            budget, split = UNLIMITED, "cpu-only"
+        else:
+            budget, split = options.gpu_budget, options.split
+        predictors = None if profile is None else profile_predictors(profile, self.loaded.config)
+        sparse = predictors is not None and options.ffn_mode != "dense"
+        hybrid = build_hybrid(
+            model, budget, self.device, kv_bytes, split, options.cold_dtype,
+            preferred=None if profile is None else profile.placement,
+            neuron_order=None if profile is None else profile.neuron_order(),
+            predictor_bytes=0 if predictors is None else predictors.nbytes,
+            choose=None if profile is None else profile_chooser(profile, predictors, sparse,
+                                                                     self.loaded.config))
+        if sparse:
+            attach_predictors(hybrid, predictors, profile.bias)
+        return hybrid
 
     def hybrid_report(self) -> dict | None:
         """The GPU-tier plan and measured per-layer FFN work (None for a dense engine)."""
@@ -100,12 +163,25 @@ class Engine:
             self.hybrid.close()
 
     @classmethod
-    def load(cls, model_path: str | Path | None = None, options: EngineOptions = EngineOptions()):
+    def load(cls, model_path: str | Path | None = None, options: EngineOptions = EngineOptions(),
+             progress: Callable[[float, str], None] | None = None):
+        """Load the model and build the engine around it.
+
+        `progress(fraction, stage)`, if given, is called as loading goes on (see `load_model`);
+        the last call is (1.0, "ready"), once the engine is built.
+        """
         if model_path is None:
             from ember.models.default_model import default_model_path
 
             model_path = default_model_path()
-        return cls(load_model(model_path, check=memory_check(options)), options)
+        report = progress or (lambda fraction, stage: None)
+        # Building the weights is most of the work; the rest (split, KV pool, drafter) after.
+        loaded = load_model(model_path, check=memory_check(options),
+                            progress=lambda fraction, stage: report(0.95 * fraction, stage))
+        report(0.95, "placing the model")
+        engine = cls(loaded, options)
+        report(1.0, "ready")
+        return engine
 
     @property
     def n_ctx(self) -> int:
@@ -185,6 +261,16 @@ class Engine:
     def _steps(self, session, prompt_ids, sampling, max_tokens, stop_ids, timings, cancel):
         """Yield (token, None) per generated token, then (None, finish_reason) if it ends early."""
         sampler = Sampler(sampling)
+        if self.drafter is not None:
+            stats = SpecStats(self.drafter.name)
+            self.speculation = stats.to_dict()
+            try:
+                yield from speculative_steps(self.runner, session, self.drafter,
+                                             TreeSizer(self.tree_widths), sampler, prompt_ids,
+                                             max_tokens, stop_ids, timings, cancel, stats)
+            finally:
+                self.speculation = stats.to_dict()
+            return
         t0 = time.perf_counter()
         logits = self.runner.prefill(session, list(prompt_ids))
         timings.prefill_s = time.perf_counter() - t0

@@ -27,10 +27,20 @@ def load_engine(args):
     options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads,
                             kv_budget=size("kv-budget"), kv_host_budget=size("kv-host-budget"),
                             lm_head=getattr(args, "lm_head", "auto"),
+                            weights=getattr(args, "weights", "auto"),
                             gpu_budget=size("gpu-budget"), split=getattr(args, "split", "auto"),
-                            cold_dtype=getattr(args, "cold_dtype", "fp32"))
+                            cold_dtype=getattr(args, "cold_dtype", "fp32"),
+                            profile=_profile(getattr(args, "profile", "auto")),
+                            ffn_mode=getattr(args, "ffn_mode", "auto"),
+                            speculate=getattr(args, "speculate", "off"),
+                            tree=getattr(args, "tree", None),
+                            draft_model=getattr(args, "draft_model", None))
     print("ember: loading model…", file=sys.stderr, flush=True)
     return Engine.load(model_path(args), options)
+
+
+def _profile(value: str | None) -> str | None:
+    return None if value is None or value.lower() == "none" else value
 
 
 def read_prompt(text: str) -> str:

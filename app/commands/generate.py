@@ -44,6 +44,8 @@ def run(args) -> int:
             "device": str(engine.device),
             "lm_head": engine.lm_head,
             "hybrid": engine.hybrid_report(),
+            # accepted drafts per verification step and the drafter's share of time (or null)
+            "speculation": engine.speculation if engine.drafter is not None else None,
         })
     else:
         sys.stdout.write("\n")
@@ -51,6 +53,11 @@ def run(args) -> int:
               f"{t.generated_tokens} generated at {t.decode_tokens_per_s:.1f} tok/s, "
               f"first token after {t.ttft_s * 1000:.0f} ms ({done.finish_reason})",
               file=sys.stderr)
+        spec = engine.speculation if engine.drafter is not None else None
+        if spec and spec["verifications"]:
+            print(f"ember: speculation ({spec['drafter']}): {spec['mean_accepted_length']:.2f} "
+                  f"tokens per verification, drafter {spec['drafter_time_share']:.0%} of the "
+                  "time", file=sys.stderr)
         hybrid = engine.hybrid_report()
         if hybrid is not None:
             print(f"ember: {hybrid['hot_fraction']:.1%} of FFN neurons hot on the GPU tier "
