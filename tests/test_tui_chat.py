@@ -294,7 +294,7 @@ async def test_message_sent_while_loading_is_answered_once_loaded(tmp_path):
 
 async def test_model_load_failure_is_reported(tmp_path):
     class BrokenEngine(FakeEngine):
-        def load(self):
+        def load(self, progress=None):
             raise EmberError("model.gguf: not a GGUF file")
 
     app = make_app(tmp_path / "chat.db", BrokenEngine())

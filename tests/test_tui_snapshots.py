@@ -1,4 +1,5 @@
-"""How `ember chat` looks at 80x24: the main screen, settings and help (pytest-textual-snapshot).
+"""How `ember chat` looks at 80x24: the main screen, settings, help and the placement view
+(pytest-textual-snapshot).
 
 Regenerate after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`
 and look at the SVGs under tests/__snapshots__/ before committing them.
@@ -11,7 +12,7 @@ import pytest
 pytest.importorskip("pytest_textual_snapshot")
 
 from ember.app.tui.app import ChatApp
-from ember.app.tui.fake_engine import FakeEngine
+from ember.app.tui.fake_engine import FakeEngine, sample_hybrid_report
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.prompt_input import PromptInput
 
@@ -26,7 +27,7 @@ squares = [n * n for n in range(10)]
 It is **shorter** than a loop."""
 
 
-def _app(tmp_path) -> ChatApp:
+def _app(tmp_path, engine: FakeEngine | None = None) -> ChatApp:
     """A store with three conversations, the open one holding a finished and a cancelled reply.
 
     History comes from the store, not from generating, so nothing time-dependent (tokens/s)
@@ -41,7 +42,7 @@ def _app(tmp_path) -> ChatApp:
     store.add_message(c.id, "assistant", REPLY, "eos")
     store.add_message(c.id, "user", "And in Rust?")
     store.add_message(c.id, "assistant", "In Rust you would write an iterator", "cancelled")
-    return ChatApp(FakeEngine(), store)
+    return ChatApp(engine or FakeEngine(), store)
 
 
 async def _settle(pilot) -> None:
@@ -74,3 +75,19 @@ def test_settings_screen_with_an_error(snap_compare, tmp_path):
 
 def test_help_screen(snap_compare, tmp_path):
     assert snap_compare(_app(tmp_path), terminal_size=SIZE, press=["f1"], run_before=_settle)
+
+
+def test_placement_screen(snap_compare, tmp_path):
+    # A scripted report for the default model's shape, measured: 18 layers, so it scrolls.
+    app = _app(tmp_path, FakeEngine(hybrid=sample_hybrid_report()))
+    assert snap_compare(app, terminal_size=SIZE, press=["f3"], run_before=_settle)
+
+
+def test_placement_screen_light_and_wide(snap_compare, tmp_path):
+    app = _app(tmp_path, FakeEngine(hybrid=sample_hybrid_report(measured=False)))
+
+    async def light(pilot):
+        pilot.app.theme = "textual-light"
+        await _settle(pilot)
+
+    assert snap_compare(app, terminal_size=(120, 36), press=["f3"], run_before=light)

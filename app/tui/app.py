@@ -7,6 +7,8 @@ At most one reply is in flight: `self._reply` is it, and every worker message ca
 reply it belongs to, so a stale one is ignored.
 Managing conversations (new, rename, delete, search, switch) is the `Conversations` mixin's
 (conversations.py).
+The engine's own figures (`EnginePort.stats()`: KV cache, FFN split, speculation) come back
+with `ModelLoaded` and each `ReplyDone`; the status bar and the placement screen draw them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ember.offload.events import DoneEvent
 from .conversations import Conversations, title_from
 from .engine_port import EnginePort
 from .screens.help import HelpScreen
+from .screens.placement import PlacementScreen
 from .screens.settings_form import SettingsScreen
 from .settings import ChatSettings
 from .store import DEFAULT_TITLE, ChatStore, Conversation
@@ -31,7 +34,8 @@ from .widgets.message_list import MessageList, MessageView
 from .widgets.prompt_input import PromptInput
 from .widgets.sidebar import Sidebar
 from .widgets.status_bar import StatusBar
-from .worker_events import ModelFailed, ModelLoaded, PendingReply, ReplyDelta, ReplyDone, ReplyFailed
+from .worker_events import (ModelFailed, ModelLoaded, ModelProgress, PendingReply, ReplyDelta,
+                            ReplyDone, ReplyFailed)
 
 
 class ChatApp(Conversations, App):
@@ -43,9 +47,10 @@ class ChatApp(Conversations, App):
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
         # Priority: the prompt (a TextArea) would otherwise take Ctrl+E as "end of line".
-        Binding("ctrl+e", "edit_last", "Edit last", priority=True),
-        Binding("ctrl+n", "new_conversation", "New chat"),
+        Binding("ctrl+e", "edit_last", "Edit", priority=True),
+        Binding("ctrl+n", "new_conversation", "New"),
         Binding("ctrl+s", "settings", "Settings"),
+        Binding("f3", "placement", "Placement"),
         Binding("f1", "help", "Help"),
         Binding("f2", "rename", "Rename", show=False),
         Binding("ctrl+o", "copy_reply", "Copy reply", show=False),
@@ -64,6 +69,8 @@ class ChatApp(Conversations, App):
         self.conversation: Conversation | None = None
         self.model_state = "loading"  # loading -> ready | failed
         self.model_error = ""
+        self.load_progress = 0.0  # fraction of loading done, as the engine last reported it
+        self.engine_stats: dict = {}  # EnginePort.stats() once loaded and after each reply
         self._reply: PendingReply | None = None  # the reply streaming or waiting for the model
         self._reply_view: MessageView | None = None  # where `_reply` streams to, once started
 
@@ -96,23 +103,34 @@ class ChatApp(Conversations, App):
 
     @work(thread=True, group="engine", exit_on_error=False)
     def load_model(self) -> None:
+        def progress(fraction: float, stage: str) -> None:
+            self.post_message(ModelProgress(fraction, stage))
+
         try:
-            self.port.load()
+            self.port.load(progress)
         except Exception as exc:  # any failure becomes a notification, never a crash
             self.post_message(ModelFailed(_describe(exc)))
         else:
-            self.post_message(ModelLoaded())
+            self.post_message(ModelLoaded(self._engine_stats()))
+
+    @on(ModelProgress)
+    def _model_progress(self, event: ModelProgress) -> None:
+        if self.model_state == "loading":
+            self.load_progress = event.fraction
+            self.query_one(StatusBar).progress(self.port.name, event.fraction, event.stage)
 
     @on(ModelLoaded)
-    async def _model_loaded(self) -> None:
+    async def _model_loaded(self, event: ModelLoaded) -> None:
         self.model_state = "ready"
-        self.query_one(StatusBar).ready(self.port.name, self.port.n_ctx)
+        self._new_engine_stats(event.stats)
+        self.query_one(StatusBar).ready(self.port.name, self.port.n_ctx, self.engine_stats)
         if self._reply is not None:  # a message was sent while loading: answer it now
             await self._start(self._reply)
 
     @on(ModelFailed)
     async def _model_failed(self, event: ModelFailed) -> None:
         self.model_state, self.model_error = "failed", event.error
+        self._new_engine_stats({})
         self.query_one(StatusBar).failed(self.port.name)
         self.notify(event.error, title="Could not load the model", severity="error", timeout=30)
         if self._reply is not None:
@@ -187,6 +205,7 @@ class ChatApp(Conversations, App):
             self.store.add_message(event.reply.conversation_id, "assistant", done.text,
                                    done.finish_reason)
             await view.finish(done.finish_reason)
+        self._new_engine_stats(event.stats)
         self.query_one(StatusBar).stats(self.port.name, done.timings, self.port.n_ctx, event.stats)
         self._reply, self._reply_view = None, None  # last: not busy once all of the above is done
         self.refresh_bindings()
@@ -197,7 +216,7 @@ class ChatApp(Conversations, App):
             return
         await self._reply_view.remove()
         self.notify(event.error, title="The reply failed", severity="error", timeout=15)
-        self.query_one(StatusBar).ready(self.port.name, self.port.n_ctx)
+        self.query_one(StatusBar).ready(self.port.name, self.port.n_ctx, self.engine_stats)
         await self._give_up(event.reply)
 
     async def _give_up(self, reply: PendingReply) -> None:
@@ -295,6 +314,17 @@ class ChatApp(Conversations, App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_placement(self) -> None:
+        self.push_screen(PlacementScreen(self.port.name, self.model_state, self.engine_stats))
+
+    def _new_engine_stats(self, stats: dict) -> None:
+        """Keep the engine's latest figures and redraw the placement screen if it is open."""
+        if stats or self.model_state != "ready":
+            self.engine_stats = stats
+        for screen in self.screen_stack:
+            if isinstance(screen, PlacementScreen):
+                screen.show(self.model_state, self.engine_stats)
 
     async def action_quit(self) -> None:
         # A reply still streaming is saved as cancelled, as if Esc had been pressed.

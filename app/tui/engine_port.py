@@ -1,9 +1,10 @@
 """The narrow interface between the chat App and an engine.
 
 The App only ever calls `load()` once and then `stream_reply()` and `stats()`, always from one
-worker thread at a time (the Engine is not thread-safe). `stream_reply` yields the engine's own
-events: a `TokenEvent` per text delta and one final `DoneEvent` with the finish reason and
-timings; `stats()` after each reply says where the KV cache stands.
+worker thread at a time (the Engine is not thread-safe). `load()` reports its progress through a
+callback; `stream_reply` yields the engine's own events: a `TokenEvent` per text delta and one
+final `DoneEvent` with the finish reason and timings; `stats()`, once loaded and after each
+reply, says where the KV cache stands, how the FFN is split and how speculation fares.
 `FakeEngine` (fake_engine.py) implements the same interface for tests.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from ember.models.chat_format import ChatMessage
 from ember.offload.events import DoneEvent, TokenEvent
@@ -26,8 +27,11 @@ class EnginePort(Protocol):
     def n_ctx(self) -> int:
         """Context window in tokens (valid after `load()`)."""
 
-    def load(self) -> None:
-        """Load the model (slow: seconds). Raises EmberError on a bad model or option."""
+    def load(self, progress: Callable[[float, str], None] | None = None) -> None:
+        """Load the model (slow: seconds). Raises EmberError on a bad model or option.
+
+        `progress(fraction, stage)` is called as it goes, ending with (1.0, ...).
+        """
 
     def stream_reply(self, messages: list[ChatMessage], settings: ChatSettings,
                      cancel: threading.Event,
@@ -38,9 +42,15 @@ class EnginePort(Protocol):
         """
 
     def stats(self) -> dict:
-        """The engine's state after a reply: `{"kv": Engine.kv_usage()'s dict, "lm_head": ...}`.
+        """The engine's state: {} before `load()`, else a dict with
 
-        Keys the engine does not have are left out; {} before `load()`.
+        - "kv": `Engine.kv_usage()` (blocks per tier, swaps), "lm_head": its kind;
+        - "hybrid": `Engine.hybrid_report()` (the GPU-tier plan, hot fraction per layer,
+          measured FFN sparsity), None for a dense engine;
+        - "speculate": the drafter asked for ("off", "self", ...), "speculation": the last
+          reply's `SpecStats.to_dict()` (acceptance), None before one or when off.
+
+        Keys the engine does not have are left out.
         """
 
 
@@ -49,7 +59,7 @@ class EngineBackend:
 
     def __init__(self, model_path: str | Path | None = None, device: str = "auto",
                  n_ctx: int = 4096, threads: int | None = None, engine=None, **options):
-        """`options`: further `EngineOptions` fields (kv_budget, kv_host_budget, lm_head)."""
+        """`options`: further `EngineOptions` fields (kv_budget, gpu_budget, speculate, ...)."""
         self.name = Path(model_path).name if model_path else "Gemma 3 270M (default)"
         self._model_path = model_path
         self._options = dict(device=device, n_ctx=n_ctx, threads=threads, **options)
@@ -66,17 +76,30 @@ class EngineBackend:
     def n_ctx(self) -> int:
         return self._engine.n_ctx if self._engine is not None else 0
 
-    def load(self) -> None:
+    def load(self, progress: Callable[[float, str], None] | None = None) -> None:
         if self._engine is not None:
+            if progress is not None:
+                progress(1.0, "ready")
             return
         from ember.offload.engine import Engine, EngineOptions
 
-        self._engine = Engine.load(self._model_path, EngineOptions(**self._options))
+        self._engine = Engine.load(self._model_path, EngineOptions(**self._options),
+                                   progress=progress)
 
     def stats(self) -> dict:
-        if self._engine is None:
+        engine = self._engine
+        if engine is None:
             return {}
-        return {"kv": self._engine.kv_usage(), "lm_head": self._engine.lm_head}
+        stats = {"kv": engine.kv_usage(), "lm_head": engine.lm_head}
+        # Tolerant of engines without the hybrid FFN or speculation.
+        if hasattr(engine, "hybrid_report"):
+            stats["hybrid"] = engine.hybrid_report()
+        options = getattr(engine, "options", None)
+        if hasattr(options, "speculate"):
+            stats["speculate"] = options.speculate
+        if hasattr(engine, "speculation"):
+            stats["speculation"] = engine.speculation
+        return stats
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         # Each turn re-encodes the whole conversation; the engine's session for it keeps the

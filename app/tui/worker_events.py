@@ -25,8 +25,14 @@ class PendingReply:
 
 
 @dataclass
+class ModelProgress(Message):
+    fraction: float  # of loading done, 0..1
+    stage: str  # what it is doing, e.g. "layer 3 of 18"
+
+
+@dataclass
 class ModelLoaded(Message):
-    pass
+    stats: dict = field(default_factory=dict)  # EnginePort.stats() once loaded: the placement
 
 
 @dataclass

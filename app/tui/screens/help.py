@@ -21,13 +21,16 @@ KEYS = [
     ("Ctrl+F", "search conversation titles"),
     ("Ctrl+B", "show or hide the sidebar"),
     ("Ctrl+S", "settings: system prompt and sampling for this conversation"),
+    ("F3", "placement: each FFN layer's hot (GPU tier) and cold (host) neurons"),
     ("Tab, Shift+Tab", "move between sidebar, messages and input"),
     ("F1", "this help"),
     ("Ctrl+Q", "quit"),
 ]
 
 FOOTNOTE = ("Conversations are saved as you go in $XDG_DATA_HOME/ember/chat.db. The status bar "
-            "shows decode speed, time to first token and context used / max.")
+            "shows decode speed, time to first token, context used / max and, when the engine "
+            "has them, speculation (tokens per verification), FFN neurons skipped, the share "
+            "of FFN neurons hot on the GPU tier and KV-cache blocks on device / host.")
 
 
 def _key_table() -> Table:
