@@ -14,6 +14,7 @@ attention and norms to their tier) leaves each side where the plan put it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -107,8 +108,6 @@ class HybridFFN(nn.Module):
     def _hot_side(self, x: torch.Tensor) -> torch.Tensor:
         if self.worker.trace is None:
             return hot_ffn(x.to(self.hot.device), self.hot).to(x.device)
-        import time
-
         t0 = time.perf_counter()
         out = hot_ffn(x.to(self.hot.device), self.hot).to(x.device)
         self.worker.record(f"hot{self.layer}", t0, time.perf_counter())

@@ -156,7 +156,7 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
     if choose is not None and split == "auto":
         placement = choose(left)
     else:
-        placement = _hot_neurons(cfg, ffn_sizes, sizes, left, split, preferred, neuron_order)
+        placement = _hot_neurons(ffn_sizes, sizes, left, split, preferred, neuron_order)
     plan = MemoryPlan(budget, split, space, attention, predictors, lm_head, placement, sizes)
     if split == "gpu-only" and placement.total_hot_fraction() < 1.0:
         need = space + all_ffn
@@ -167,7 +167,7 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
     return plan
 
 
-def _hot_neurons(cfg, ffn_sizes, sizes: ComponentBytes, room: int, split: str,
+def _hot_neurons(ffn_sizes, sizes: ComponentBytes, room: int, split: str,
                  preferred: Placement | None, order) -> Placement:
     if split == "cpu-only":
         return Placement.uniform(ffn_sizes, 0.0)
