@@ -75,3 +75,34 @@ def test_profile_cli_json_and_bad_flags(capsys, tmp_path, tiny_models, text_file
     code = main(["profile", "--model", str(tiny_models["llama-relu"][2]),
                  "--text", str(tmp_path / "missing.txt")])
     assert code == 2 and "missing.txt" in capsys.readouterr().err
+
+
+def test_retuned_predictors_reach_the_higher_recall(tiny_models, text_file):
+    """What the check stage does when predictors cost too much quality: same weights, lower
+    decision thresholds, recall at least the new target on the validation split."""
+    from ember.predictors.collect import collect
+    from ember.predictors.train import TrainOptions, retune_thresholds, train_predictors
+
+    loaded = load_model(tiny_models["llama-relu_glu"][2])
+    ids = loaded.tokenizer.encode(text_file.read_text(), add_bos=False)
+    collection = collect(loaded.model, ids, loaded.tokenizer.bos_id, length=128)
+    opts = TrainOptions(recall=0.9, epochs=2, max_cost_ratio=float("inf"))
+    predictors, _ = train_predictors(collection, loaded.config, opts)
+    assert any(p is not None for p in predictors.predictors)
+    before = [None if p is None else p.threshold for p in predictors.predictors]
+    qualities = retune_thresholds(predictors, collection, 0.99, opts.validation)
+    for p, q, old in zip(predictors.predictors, qualities, before):
+        if p is not None:
+            assert q.recall >= 0.99 and p.threshold <= old
+
+
+def test_profile_over_budget_escalates_recall(tmp_path, tiny_models, text_file):
+    loaded = load_model(tiny_models["llama-relu_glu"][2])
+    messages = []
+    report = run_profile(loaded, tmp_path / "p.safetensors",
+                         ProfileOptions(texts=(str(text_file),), epochs=1, quality_budget=1e-9),
+                         lambda stage, msg: messages.append(msg))
+    # The first check misses the (impossible) budget, so recall is raised and checked again.
+    assert report.quality["recall"] in (0.98, 0.995)
+    assert any("recall raised to 0.98" in m for m in messages)
+    assert report.quality["meets_quality_budget"] or report.quality["recall"] == 0.995
