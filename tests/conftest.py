@@ -50,6 +50,18 @@ def default_engine(default_model_path):
     return Engine.load(default_model_path, EngineOptions(device="cpu", n_ctx=2048, threads=2))
 
 
+@pytest.fixture(autouse=True)
+def _sigint_handler_restored():
+    """Every test starts with the SIGINT handler the previous one found: a handler left
+    changed (e.g. ignored) would be inherited by the subprocesses later tests start."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
+        signal.signal(signal.SIGINT, handler)
+
+
 def pytest_configure(config):
     # Tests must never fetch anything: the default model ships as a package.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -4,6 +4,7 @@ holds its budget, and the two sides overlap and stop cleanly."""
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 
@@ -235,10 +236,16 @@ def test_ctrl_c_while_waiting_on_the_cpu_side_leaves_the_worker_usable(monkeypat
         return torch.zeros(1, 64)
 
     monkeypatch.setattr(layer, "_cold_side", slow_cold)
-    threading.Thread(target=lambda: (slow.wait(2), _thread.interrupt_main()), daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        for _ in range(50):
-            layer(x)
+    # interrupt_main() does nothing unless Python's own SIGINT handler is installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=lambda: (slow.wait(2), _thread.interrupt_main()),
+                         daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(50):
+                layer(x)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     torch.testing.assert_close(layer(x), layer(x))  # the worker still serves jobs
     t0 = time.perf_counter()

@@ -29,7 +29,14 @@ def _start(model) -> subprocess.Popen:
            "--device", "cpu", "--threads", "1", "--ctx-size", str(CONTEXT), "--max-tokens",
            str(CONTEXT - 8), "--ignore-eos", "--temperature", "1", "--seed", "0"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # A child inherits an ignored SIGINT, and Python then keeps ignoring it: start the child
+    # with the default disposition whatever the test process did to its own.
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for(stream, predicate, timeout: float) -> bytes:
