@@ -52,7 +52,12 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
     _require("RAM", host_need, psutil.virtual_memory().available, detail)
     if on_gpu:
         free, _total = torch.cuda.mem_get_info(device)
-        _require(f"GPU memory on {device}", weights + device_kv, free, detail)
+        budget = getattr(options, "gpu_budget", None)
+        if budget is not None:  # hybrid: the memory plan keeps the GPU tier within the budget
+            _require(f"GPU memory on {device}", budget, free,
+                     f"--gpu-budget {budget / GIB:.2f} GiB; lower it to what the GPU has free")
+        else:
+            _require(f"GPU memory on {device}", weights + device_kv, free, detail)
 
 
 def _require(what: str, need: int, available: int, detail: str) -> None:

@@ -68,6 +68,20 @@ def test_gpu_memory_is_checked_on_cuda(monkeypatch, tiny_gemma_gguf):
         resources.check_memory(source, EngineOptions(n_ctx=256), torch.device("cuda"))
 
 
+def test_a_gpu_budget_is_checked_instead_of_the_whole_model(monkeypatch, tiny_gemma_gguf):
+    """With --gpu-budget only the budget must fit the GPU (the plan keeps within it): a
+    small GPU can hold the hot part of a model that does not fit it whole."""
+    import torch
+
+    source = open_model(tiny_gemma_gguf)
+    _available(monkeypatch, 64 * GIB)
+    monkeypatch.setattr(resources.torch.cuda, "mem_get_info", lambda device: (1 << 20, 8 * GIB))
+    resources.check_memory(source, EngineOptions(n_ctx=256, gpu_budget=1 << 19), torch.device("cuda"))
+    with pytest.raises(InsufficientMemoryError, match="lower it"):
+        resources.check_memory(source, EngineOptions(n_ctx=256, gpu_budget=2 << 20),
+                               torch.device("cuda"))
+
+
 def test_enough_memory_loads(tiny_gemma_gguf):
     engine = Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=64))
     assert engine.n_ctx == 64
