@@ -65,11 +65,6 @@ def dense_ffn_of(block) -> FeedForward:
     return ffn
 
 
-def component_bytes(model: Transformer, kv_pool: int, lm_head: int,
-                    predictors: int = 0) -> ComponentBytes:
-    return ComponentBytes.estimate(model.cfg, kv_pool, lm_head, predictors)
-
-
 def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_bytes: int,
                  split: str = "auto", cold_dtype: str = "fp32", preferred=None,
                  neuron_order=None, selectors: list[Selector | None] | None = None,
@@ -84,9 +79,8 @@ def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_byt
                           f"{', '.join(COLD_DTYPES)}")
     restore_dense(model)
     cfg = model.cfg
-    head = cfg.vocab_size * cfg.hidden_size * 4
-    plan = plan_memory(cfg, budget, component_bytes(model, kv_pool_bytes, head, predictor_bytes),
-                       split, preferred, neuron_order, choose)
+    sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes)
+    plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
     worker = CpuWorker()
     layers = []
     for i, block in enumerate(model.blocks):

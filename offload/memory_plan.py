@@ -38,8 +38,11 @@ class ComponentBytes:
     neuron: tuple[int, ...]  # per layer: one hot neuron's gate/up/down weights
 
     @classmethod
-    def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int,
+    def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int | None = None,
                  predictors: int = 0) -> "ComponentBytes":
+        """lm_head None: the float32 head a GPU tier would hold."""
+        if lm_head is None:
+            lm_head = cfg.vocab_size * cfg.hidden_size * FP32
         hd, h = cfg.head_dim, cfg.hidden_size
         proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
         norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)

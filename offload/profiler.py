@@ -221,8 +221,7 @@ def _place(loaded, frequency, dense_layers, costs, options: ProfileOptions):
     from .kv_plan import plan_kv
 
     kv = plan_kv(cfg, min(options.n_ctx, cfg.context_length))
-    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
-                                    cfg.vocab_size * cfg.hidden_size * 4)
+    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes)
     base = plan_memory(cfg, options.gpu_budget, sizes, "cpu-only")
     room = options.gpu_budget - base.gpu_bytes
     per = [neuron_bytes(cfg.hidden_size, cfg.gated)] * cfg.n_layers

@@ -51,6 +51,5 @@ def _gpu_plan(cfg, args):
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
     kv = plan_kv(cfg, min(args.ctx_size, cfg.context_length))
-    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
-                                    cfg.vocab_size * cfg.hidden_size * 4)
+    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes)
     return plan_memory(cfg, budget, sizes, args.split)
