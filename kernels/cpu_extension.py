@@ -42,7 +42,11 @@ def _cpu_flags() -> set[str]:
 
 def build_flags() -> tuple[str, list[str]]:
     """(extension name, C++ flags) for this machine."""
-    base = ["-O3", "-fopenmp-simd", "-ffp-contract=fast"]
+    # -fopenmp is what makes at::parallel_for parallel: ATen's OpenMP backend is inline header
+    # code, and without the flag its `#pragma omp parallel` compiles to a serial loop (the
+    # kernels ran on one thread until this was found). The extension then links libgomp.so.1,
+    # which resolves to the copy torch already loaded: one OpenMP runtime, one thread pool.
+    base = ["-O3", "-fopenmp", "-ffp-contract=fast"]
     if platform.machine().lower() in ("x86_64", "amd64") and _V3_FLAGS <= _cpu_flags():
         return "ember_cpu_kernels_v3", base + ["-march=x86-64-v3"]
     return "ember_cpu_kernels_generic", base
@@ -64,7 +68,8 @@ def _build():
     out = cache_dir() / name
     out.mkdir(parents=True, exist_ok=True)
     return cpp_extension.load(name=name, sources=[str(src / s) for s in _SOURCES],
-                              extra_cflags=flags, build_directory=str(out), verbose=False)
+                              extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                              build_directory=str(out), verbose=False)
 
 
 def load():

@@ -116,6 +116,18 @@ def test_thread_counts_agree(fast):
     close(two, one)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_parallel_regions_use_torch_threads(fast, threads):
+    # A build without OpenMP runs ATen's parallel_for serially, silently: the kernels were
+    # single-threaded for weeks before this test existed.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert cpu_extension.load().parallel_workers() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_concurrent_callers(fast):
     # The hybrid engine calls the kernel from a worker thread (GIL released) while other
     # torch work runs: concurrent calls must not share scratch state.

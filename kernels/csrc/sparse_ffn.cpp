@@ -350,6 +350,26 @@ at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at
   return out;
 }
 
+// How many threads one at::parallel_for region of this extension really runs on (tests check
+// it follows torch.set_num_threads: a build without OpenMP silently runs regions serially).
+int64_t parallel_workers() {
+  const int n = std::max(1, at::get_num_threads());
+  std::vector<std::atomic<int>> seen(n);
+  for (auto& s : seen) s.store(0);
+  std::atomic<int> arrived{0};
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const int tid = at::get_thread_num();
+    if (tid >= 0 && tid < n) seen[tid].store(1);
+    // Hold every worker until all have arrived (or a short timeout), so one fast thread
+    // cannot take every chunk and hide the others.
+    arrived.fetch_add(1);
+    for (int spin = 0; spin < 2000000 && arrived.load() < n; ++spin) {}
+  });
+  int64_t count = 0;
+  for (auto& s : seen) count += s.load();
+  return count;
+}
+
 bool has_avx2() {
 #ifdef EMBER_AVX2
   return true;
@@ -370,6 +390,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("hidden"), py::arg("idx"), py::arg("act"),
         py::call_guard<py::gil_scoped_release>());
   m.def("has_avx2", &has_avx2, "built with the AVX2/FMA path");
+  m.def("parallel_workers", &parallel_workers, "threads one parallel region runs on");
   m.def("q8_0_matmul", &q8_0_matmul, "x @ W^T with W in GGML Q8_0 blocks",
         py::arg("x"), py::arg("w"), py::call_guard<py::gil_scoped_release>());
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
