@@ -86,37 +86,43 @@ class Rotary:
         angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | int):
-        """Rotate q and k (T, heads, head_dim) by their positions: a (T,) tensor, or an int
-        `start` for positions start..start+T-1 (prefill and decode)."""
+    def tables(self, positions: torch.Tensor | int, n: int, device: torch.device):
+        """cos, sin (n, hd/2) for `positions`: a (n,) tensor, or an int `start` for positions
+        start..start+n-1 (prefill and decode)."""
         if isinstance(positions, int):
-            cos, sin = self._range(positions, q.shape[0], q.device)
-        else:
-            if int(positions.max()) >= self.cos.shape[0]:
-                self._grow(int(positions.max()) + 1)
-            cos = self.cos[positions][:, None, :].to(q.device)  # (T, 1, hd/2)
-            sin = self.sin[positions][:, None, :].to(q.device)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            return self._range(positions, n, device)
+        if int(positions.max()) >= self.cos.shape[0]:
+            self._grow(int(positions.max()) + 1)
+        return self.cos[positions].to(device), self.sin[positions].to(device)
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | int):
+        """Rotate q and k (T, heads, head_dim) by their positions (see `tables`)."""
+        cos, sin = self.tables(positions, q.shape[0], q.device)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, hd/2): every head alike
+        return rotate(q, cos, sin, self.interleaved), rotate(k, cos, sin, self.interleaved)
 
     def _range(self, start: int, n: int, device: torch.device):
-        """cos, sin (n, 1, hd/2) of positions start..start+n-1. Every layer sharing this table
-        asks for the same range in a step: the first lookup serves them all."""
+        """Every layer sharing this table asks for the same range in a step: the first lookup
+        serves them all."""
         key, cos, sin = self._last
         if key != (start, n, device):
             if start + n > self.cos.shape[0]:
                 self._grow(start + n)
-            cos = self.cos[start:start + n, None, :].to(device)
-            sin = self.sin[start:start + n, None, :].to(device)
+            cos = self.cos[start:start + n].to(device)
+            sin = self.sin[start:start + n].to(device)
             self._last = ((start, n, device), cos, sin)
         return cos, sin
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.interleaved:  # pairs (x0, x1), (x2, x3), ...
-            x1, x2 = x[..., 0::2], x[..., 1::2]
-            return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        half = self.head_dim // 2  # halves (x[:half], x[half:])
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of x (..., head_dim) with cos/sin broadcasting to (..., head_dim/2):
+    pairs (x0, x1), (x2, x3), ... when interleaved, else halves (x[:hd/2], x[hd/2:])."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 @dataclass
@@ -148,29 +154,48 @@ class Attention(nn.Module):
         self.wk = Projection(_matrix(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h))
         self.wv = Projection(_matrix(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h))
         self.wo = Projection(_matrix(w, p + "attn_output.weight", h, cfg.n_heads * hd))
+        # q, k and v from one projection, when the runtime sets one (offload/quant_body.py):
+        # one weight stream and one call instead of three.
+        self.wqkv: nn.Module | None = None
+        self.qkv_sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
         if cfg.qk_norm:
             _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
             _attach(self, "k_norm", w.load(p + "attn_k_norm.weight", (hd,)))
 
     def forward(self, x: torch.Tensor, start: int, cache: KVCache,
                 tree: TreeRows | None = None) -> torch.Tensor:
-        cfg, T = self.cfg, x.shape[0]
-        q = self.wq(x).view(T, cfg.n_heads, cfg.head_dim)
-        k = self.wk(x).view(T, cfg.n_kv_heads, cfg.head_dim)
-        v = self.wv(x).view(T, cfg.n_kv_heads, cfg.head_dim)
+        cfg = self.cfg
+        q, k, v = self.project(x)
         if cfg.qk_norm:
             q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
+        q, k = self.rotary.apply(q, k, start if tree is None else tree.positions)
+        return self.wo(self.attend_rotated(q, k, v, start, cache, tree))
+
+    def project(self, x: torch.Tensor):
+        """x (T, hidden) -> q (T, n_heads, hd), k and v (T, n_kv_heads, hd)."""
+        cfg, T = self.cfg, x.shape[0]
+        if self.wqkv is not None:
+            q, k, v = self.wqkv(x).split(self.qkv_sizes, dim=1)
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        return (q.view(T, cfg.n_heads, cfg.head_dim), k.view(T, cfg.n_kv_heads, cfg.head_dim),
+                v.view(T, cfg.n_kv_heads, cfg.head_dim))
+
+    def attend_rotated(self, q, k, v, start: int, cache: KVCache,
+                       tree: TreeRows | None = None) -> torch.Tensor:
+        """Store k/v in the cache and attend: q (T, n_heads, hd) and k already normed and
+        rotated. Returns (T, n_heads * hd), before the output projection."""
         if tree is not None:
-            q, k = self.rotary.apply(q, k, tree.positions)
-            return self.wo(self._attend_tree(q, k, v, cache, tree))
-        positions = torch.arange(start, start + T)
-        q, k = self.rotary.apply(q, k, start)
+            return self._attend_tree(q, k, v, cache, tree)
+        T = q.shape[0]
         cache.write(self.layer, start, k, v)
         # Keys a sliding-window layer can still see: the window before the first query.
         lo = 0 if self.window is None else max(0, start - self.window + 1)
         keys, values = cache.read(self.layer, lo, start + T)
-        out = attend(q, keys, values, positions, torch.arange(lo, start + T), self.window, cfg.scale)
-        return self.wo(out)
+        if T == 1:  # one query sees every key it is given: no positions, no mask
+            return attend(q, keys, values, None, None, self.window, self.cfg.scale)
+        return attend(q, keys, values, torch.arange(start, start + T), torch.arange(lo, start + T),
+                      self.window, self.cfg.scale)
 
     def _attend_tree(self, q, k, v, cache: KVCache, tree: TreeRows) -> torch.Tensor:
         """Tree rows see the context (within the window) and the tree keys their mask allows.
@@ -258,9 +283,14 @@ class Block(nn.Module):
         if cfg.sandwich_norms:
             _attach(self, "post_attn_norm", w.load(p + "post_attention_norm.weight", (h,)))
             _attach(self, "post_ffn_norm", w.load(p + "post_ffw_norm.weight", (h,)))
+        # The same forward with fused CPU kernels, when the runtime sets one
+        # (offload/fused_block.py); this one stays the reference.
+        self.fast: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, start: int, cache: KVCache,
                 tree: TreeRows | None = None) -> torch.Tensor:
+        if self.fast is not None:
+            return self.fast(x, start, cache, tree)
         eps = self.cfg.rms_eps
         a = self.attn(rms_norm(x, self.attn_norm, eps), start, cache, tree)
         if self.cfg.sandwich_norms:

@@ -5,9 +5,11 @@ dequantized GGUF values (Q4_K/Q5_0/Q6_K/Q8_0 blocks) to Q8_0 and run through the
 that also serves the LM head: about a quarter of the float32 bytes per token. 8 bits per
 weight on top of the file's 4-6 is near-lossless (perplexity and greedy tokens are tested).
 
-Attention projections are `Projection` objects replaced by `Q8Projection`; a dense
-`FeedForward` keeps its float32 tensors (the hybrid engine and the profiler read them) and
-gets a `Q8FeedForward` as its `fast` path. `use_body(model, "fp32")` puts everything back.
+Attention projections are `Projection` objects replaced by `Q8Projection` (q, k and v also as
+one fused matrix, `Attention.wqkv`); a dense `FeedForward` keeps its float32 tensors (the
+hybrid engine and the profiler read them) and gets a `Q8FeedForward` as its `fast` path; each
+block gets the fused-kernel forward of offload/fused_block.py. `use_body(model, "fp32")` puts
+everything back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from torch import nn
 
 from ember.kernels import q8_matmul
 from ember.models.transformer import FeedForward, Projection, Transformer, activate
+
+from . import fused_block
 
 BODY_CHOICES = ("auto", "fp32", "q8")
 PROJECTIONS = ("wq", "wk", "wv", "wo")
@@ -28,12 +32,14 @@ def _rows(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Q8Projection(nn.Module):
-    """x (T, in) -> (T, out) from Q8_0 rows. `source`: the float32 Projection it replaces."""
+    """x (T, in) -> (T, out) from Q8_0 rows. `source`: the float32 Projection it replaces;
+    `rows`: its rows when already quantized (a slice of a fused projection's)."""
 
-    def __init__(self, source: Projection):
+    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None):
         super().__init__()
         object.__setattr__(self, "source", source)  # not a submodule: `.to()` leaves it alone
-        self.register_buffer("rows", _rows(source.weight), persistent=False)
+        self.register_buffer("rows", _rows(source.weight) if rows is None else rows,
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return q8_matmul.q8_0_matmul(x, self.rows)
@@ -77,6 +83,7 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
         raise ConfigError(f"--weights q8 runs on the CPU; this model is on {model.device.type}")
     for block in model.blocks:
         attn = block.attn
+        _fuse_qkv(attn)
         for name in PROJECTIONS:
             proj = getattr(attn, name)
             if type(proj) is Projection and _fits(proj.weight):
@@ -84,11 +91,29 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
         ffn = block.ffn
         if type(ffn) is FeedForward and ffn.fast is None and _fits(ffn.gate, ffn.up, ffn.down):
             ffn.fast = Q8FeedForward(ffn)
+        if block.fast is None and fused_block.applies(block):
+            block.fast = fused_block.FusedBlock(block)
     return "q8"
+
+
+def _fuse_qkv(attn) -> None:
+    """One Q8_0 matrix for q, k and v (`attn.wqkv`); wq/wk/wv become views of its rows, so
+    the bytes are held once and the separate projections still work."""
+    parts = [getattr(attn, name) for name in ("wq", "wk", "wv")]
+    if attn.wqkv is not None or any(type(p) is not Projection or not _fits(p.weight) for p in parts):
+        return
+    rows = _rows(torch.cat([p.weight for p in parts], 1))
+    attn.wqkv = Q8Projection(None, rows)
+    first = 0
+    for name, proj, size in zip(("wq", "wk", "wv"), parts, attn.qkv_sizes):
+        setattr(attn, name, Q8Projection(proj, rows[first:first + size]))
+        first += size
 
 
 def _restore(model: Transformer) -> None:
     for block in model.blocks:
+        block.fast = None
+        block.attn.wqkv = None
         for name in PROJECTIONS:
             proj = getattr(block.attn, name)
             if isinstance(proj, Q8Projection):

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -383,6 +384,14 @@ bool has_avx2() {
 // Defined in q8_0_matmul.cpp, compiled into the same extension.
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
 at::Tensor q8_0_quantize(at::Tensor w);
+// Defined in fused_ops.cpp.
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
+std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
+                                                 c10::optional<at::Tensor> post,
+                                                 c10::optional<at::Tensor> next, double eps);
+void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
+                   c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
+                   at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
@@ -393,6 +402,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_workers", &parallel_workers, "threads one parallel region runs on");
   m.def("q8_0_matmul", &q8_0_matmul, "x @ W^T with W in GGML Q8_0 blocks",
         py::arg("x"), py::arg("w"), py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "x / rms(x) * w per row", py::arg("x"), py::arg("w"),
+        py::arg("eps"));
+  m.def("residual_norm", &residual_norm, "x + norm(a), and the next sub-layer's normed input",
+        py::arg("x"), py::arg("a"), py::arg("post"), py::arg("next"), py::arg("eps"));
+  m.def("qk_norm_rope_", &qk_norm_rope_, "q/k head norms and rotary, in place on fused qkv",
+        py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"),
+        py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
+        py::arg("interleaved"), py::arg("eps"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }

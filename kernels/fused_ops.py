@@ -1,0 +1,74 @@
+"""Fused row-wise ops for the CPU decode step (C++ in csrc/fused_ops.cpp), with references.
+
+At batch 1 a decode step's small ops cost their dispatch, not their arithmetic: an rms_norm is
+seven PyTorch ops, and the default model runs six norms per layer. These do each chain in one
+call. The references below are written with models/transformer.py's own functions, so the
+fused path is checked against exactly what the reference model computes.
+
+Every op is row by row: a row's result does not depend on the other rows (bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ember.models.transformer import rms_norm as rms_norm_reference
+from ember.models.transformer import rotate
+
+from . import cpu_extension
+
+
+def available() -> bool:
+    module = cpu_extension.load()
+    return module is not None and hasattr(module, "qk_norm_rope_")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (T, D) / rms(x) * weight, per row."""
+    module = cpu_extension.load()
+    if module is None:
+        return rms_norm_reference(x, weight, eps)
+    return module.rms_norm(x, weight, eps)
+
+
+def residual_norm_reference(x, a, post, nxt, eps):
+    x = x + (rms_norm_reference(a, post, eps) if post is not None else a)
+    return x, (rms_norm_reference(x, nxt, eps) if nxt is not None else x)
+
+
+def residual_norm(x: torch.Tensor, a: torch.Tensor, post: torch.Tensor | None,
+                  nxt: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's residual step: x' = x + (rms_norm(a, post) if post else a), and the next
+    sub-layer's input rms_norm(x', nxt) (x' itself when nxt is None). Returns (x', input)."""
+    module = cpu_extension.load()
+    if module is None:
+        return residual_norm_reference(x, a, post, nxt, eps)
+    return module.residual_norm(x, a, post, nxt, eps)
+
+
+def qk_norm_rope_reference(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
+                           interleaved, eps) -> None:
+    t = qkv.shape[0]
+    q_out = qkv[:, :n_heads * head_dim].view(t, n_heads, head_dim)
+    k_out = qkv[:, n_heads * head_dim:(n_heads + n_kv) * head_dim].view(t, n_kv, head_dim)
+    q, k = q_out, k_out
+    if q_norm is not None:
+        q, k = rms_norm_reference(q, q_norm, eps), rms_norm_reference(k, k_norm, eps)
+    c, s = cos[:, None, :], sin[:, None, :]
+    q_out.copy_(rotate(q, c, s, interleaved))
+    k_out.copy_(rotate(k, c, s, interleaved))
+
+
+def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
+                  q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                  cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, eps: float) -> None:
+    """In place on a fused projection's output qkv (T, (n_heads + 2 n_kv) * head_dim): the q
+    and k heads are rms-normed (when norms are given) and rotated by cos/sin (T, head_dim/2).
+    The v columns are left alone."""
+    module = cpu_extension.load()
+    if module is None:
+        qk_norm_rope_reference(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
+                               interleaved, eps)
+        return
+    module.qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos.contiguous(),
+                         sin.contiguous(), interleaved, eps)

@@ -1,0 +1,56 @@
+"""A transformer block's forward on the CPU with fused kernels: `Block.forward`, in fewer calls.
+
+Same math as models/transformer.py's `Block.forward` (its reference), reorganised for batch-1
+decode, where the number of PyTorch dispatches, not arithmetic, sets the cost of everything but
+the matmuls:
+- q, k and v come from one projection (`Attention.wqkv`), then one call norms and rotates the
+  q/k heads in place;
+- each residual step (post-norm, add, and the next sub-layer's norm) is one call.
+Attention over the cache and the FFN are the block's own modules, so a hybrid FFN, hooks on
+the FFN and tree verification all work unchanged. Every op is row by row, which keeps a body
+pass batch-invariant (speculative verification relies on it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ember.kernels import fused_ops
+from ember.models.transformer import Block, TreeRows
+
+
+class FusedBlock(nn.Module):
+    def __init__(self, block: Block):
+        super().__init__()
+        object.__setattr__(self, "block", block)  # not a submodule: no cycle, `.to()` skips it
+
+    def forward(self, x: torch.Tensor, start: int, cache, tree: TreeRows | None = None):
+        b = self.block
+        attn, cfg, eps = b.attn, b.cfg, b.cfg.rms_eps
+        h = fused_ops.rms_norm(x, b.attn_norm, eps)
+        qkv = attn.wqkv(h)
+        T = qkv.shape[0]
+        cos, sin = attn.rotary.tables(start if tree is None else tree.positions, T, qkv.device)
+        fused_ops.qk_norm_rope_(qkv, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                attn.q_norm if cfg.qk_norm else None,
+                                attn.k_norm if cfg.qk_norm else None,
+                                cos, sin, attn.rotary.interleaved, eps)
+        q, k, v = qkv.split(attn.qkv_sizes, dim=1)
+        q = q.view(T, cfg.n_heads, cfg.head_dim)
+        k = k.view(T, cfg.n_kv_heads, cfg.head_dim)
+        v = v.view(T, cfg.n_kv_heads, cfg.head_dim)
+        a = attn.wo(attn.attend_rotated(q, k, v, start, cache, tree))
+        sandwich = cfg.sandwich_norms
+        x, h = fused_ops.residual_norm(x, a, b.post_attn_norm if sandwich else None,
+                                       b.ffn_norm, eps)
+        f = b.ffn(h)
+        x, _ = fused_ops.residual_norm(x, f.contiguous(), b.post_ffn_norm if sandwich else None,
+                                       None, eps)
+        return x
+
+
+def applies(block: Block) -> bool:
+    """The fused forward needs a fused q/k/v projection, CPU tensors and the C++ kernels."""
+    return block.attn.wqkv is not None and block.attn_norm.device.type == "cpu" and \
+        fused_ops.available()

@@ -1,0 +1,115 @@
+"""Fused decode-step ops (kernels/fused_ops.py) against their references, and the fused block
+(offload/fused_block.py) against the reference `Block.forward`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.kernels import cpu_extension, fused_ops
+
+
+@pytest.fixture(scope="module")
+def fast():
+    if cpu_extension.forced_reference() or not fused_ops.available():
+        pytest.skip(f"C++ kernels not built here: {cpu_extension.unavailable_reason()}")
+    return cpu_extension.load()
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("t,d", [(1, 640), (3, 7), (5, 33)])
+def test_rms_norm_matches_reference(fast, t, d):
+    g = torch.Generator().manual_seed(d)
+    x, w = torch.randn(t, d, generator=g) * 3, torch.randn(d, generator=g)
+    close(fast.rms_norm(x, w, 1e-6), fused_ops.rms_norm_reference(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("post", [False, True])
+@pytest.mark.parametrize("nxt", [False, True])
+def test_residual_norm_matches_reference(fast, post, nxt):
+    g = torch.Generator().manual_seed(1)
+    x, a = torch.randn(4, 37, generator=g), torch.randn(4, 37, generator=g)
+    pw = torch.randn(37, generator=g) if post else None
+    nw = torch.randn(37, generator=g) if nxt else None
+    got = fast.residual_norm(x, a, pw, nw, 1e-6)
+    want = fused_ops.residual_norm_reference(x, a, pw, nw, 1e-6)
+    close(got[0], want[0])
+    close(got[1], want[1])
+    if not nxt:
+        assert got[1] is got[0] or torch.equal(got[1], got[0])
+
+
+@pytest.mark.parametrize("norms", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_qk_norm_rope_matches_reference(fast, norms, interleaved):
+    g = torch.Generator().manual_seed(2)
+    t, nh, nkv, hd = 3, 4, 2, 10
+    qkv = torch.randn(t, (nh + 2 * nkv) * hd, generator=g)
+    qn = torch.randn(hd, generator=g) if norms else None
+    kn = torch.randn(hd, generator=g) if norms else None
+    angles = torch.randn(t, hd // 2, generator=g)
+    cos, sin = angles.cos(), angles.sin()
+    got, want = qkv.clone(), qkv.clone()
+    fast.qk_norm_rope_(got, nh, nkv, hd, qn, kn, cos, sin, interleaved, 1e-6)
+    fused_ops.qk_norm_rope_reference(want, nh, nkv, hd, qn, kn, cos, sin, interleaved, 1e-6)
+    close(got, want)
+    assert torch.equal(got[:, (nh + nkv) * hd:], qkv[:, (nh + nkv) * hd:])  # v untouched
+
+
+def test_rows_are_batch_invariant(fast):
+    g = torch.Generator().manual_seed(3)
+    x, a, w = (torch.randn(6, 640, generator=g) for _ in range(3))
+    together = fast.residual_norm(x, a, w[0], w[1], 1e-6)
+    for i in range(6):
+        alone = fast.residual_norm(x[i:i + 1], a[i:i + 1], w[0], w[1], 1e-6)
+        assert torch.equal(alone[1][0], together[1][i])
+    assert torch.equal(fast.rms_norm(x, w[2], 1e-6)[4], fast.rms_norm(x[4:5], w[2], 1e-6)[0])
+
+
+def test_bad_shapes_are_clear_errors(fast):
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="weight"):
+        fast.rms_norm(x, torch.randn(7), 1e-6)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        fast.rms_norm(x.t(), torch.randn(2), 1e-6)
+    with pytest.raises(RuntimeError, match="columns"):
+        fast.qk_norm_rope_(torch.randn(1, 30), 2, 1, 8, None, None, torch.ones(1, 4),
+                           torch.zeros(1, 4), False, 1e-6)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama-silu_glu"])
+def test_fused_block_matches_reference_block(fast, tiny_models, name):
+    """Whole prefill + decode on a tiny model: fused blocks against the reference forward,
+    both on the same Q8_0 projections."""
+    from ember.models.loader import load_model
+    from ember.offload.fused_block import FusedBlock
+    from ember.offload.quant_body import use_body
+
+    model = load_model(tiny_models[name][2]).model
+    use_body(model, "q8")
+    assert all(isinstance(b.fast, FusedBlock) for b in model.blocks)
+    ids = torch.tensor([3, 17, 5, 9, 22, 4, 8])
+    fused = model.new_cache(32)
+    got = [model.hidden(ids[:5], fused)] + [model.hidden(ids[i:i + 1], fused) for i in (5, 6)]
+    saved = [b.fast for b in model.blocks]
+    for b in model.blocks:
+        b.fast = None
+    ref = model.new_cache(32)
+    want = [model.hidden(ids[:5], ref)] + [model.hidden(ids[i:i + 1], ref) for i in (5, 6)]
+    for b, f in zip(model.blocks, saved):
+        b.fast = f
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)  # float rounding, through Q8 x
+
+
+def test_fp32_body_has_no_fused_blocks(tiny_models):
+    from ember.models.loader import load_model
+    from ember.offload.quant_body import use_body
+
+    model = load_model(tiny_models["gemma3"][2]).model
+    use_body(model, "q8")
+    use_body(model, "fp32")
+    assert all(b.fast is None and b.attn.wqkv is None for b in model.blocks)
