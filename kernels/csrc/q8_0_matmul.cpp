@@ -88,6 +88,9 @@ inline float hsum(__m256 v) {
 // One weight row r against TT rows of x. Per block: the 32 quants widened to int16 once,
 // then per x row two vpmaddwd (exact int32 pair sums), one add, one convert, one fma.
 // (Tiling several weight rows at once measured slower here: register spills.)
+// A software prefetch 2 KiB ahead, once per 68 bytes (about one per cache line), took the
+// 262k-row LM head from ~19 to ~21 GB/s on the 2-core machine (sum() reads ~25 GB/s).
+constexpr int PREFETCH_AHEAD = 2048;
 template <int TT>
 inline void row_tile(const int16_t* xq, const float* xs, int64_t K, const uint8_t* row,
                      float* y, int64_t N) {
@@ -96,6 +99,7 @@ inline void row_tile(const int16_t* xq, const float* xs, int64_t K, const uint8_
     for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = row + b * BLOCK_BYTES;
+        if ((b & 1) == 0) _mm_prefetch((const char*)(blk + PREFETCH_AHEAD), _MM_HINT_T0);
         const __m256i qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 2)));
         const __m256i qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 18)));
         const __m256 d = _mm256_set1_ps(block_scale(blk));
