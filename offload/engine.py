@@ -130,6 +130,7 @@ class Engine:
         if path is not None:
             profile = load_profile(path, self.loaded.config, self.loaded.source.fingerprint)
         self.profile_path = path
+        self.profile_quality = None if profile is None else _profile_quality(profile)
         if options.gpu_budget is None and options.split == "auto" and profile is None:
             restore_dense(model)
             return None
@@ -154,8 +155,14 @@ class Engine:
         return hybrid
 
     def hybrid_report(self) -> dict | None:
-        """The GPU-tier plan and measured per-layer FFN work (None for a dense engine)."""
-        return None if self.hybrid is None else self.hybrid.report()
+        """The GPU-tier plan and measured per-layer FFN work (None for a dense engine), and
+        with a profile, its path and the quality its end-to-end check measured."""
+        if self.hybrid is None:
+            return None
+        report = self.hybrid.report()
+        if self.profile_path is not None:
+            report["profile"] = {"path": str(self.profile_path), **(self.profile_quality or {})}
+        return report
 
     def close(self) -> None:
         """Stop the CPU worker thread (the engine is unusable afterwards)."""
@@ -303,3 +310,11 @@ class Engine:
             if isinstance(event, DoneEvent):
                 done = event
         return done
+
+
+def _profile_quality(profile) -> dict:
+    """What `ember profile`'s end-to-end check measured against the dense model (held-out
+    perplexity ratio, top-1 and greedy agreement), with the budget it was held to."""
+    meta = profile.meta
+    return {"quality_budget": meta.get("quality_budget"), "recall": meta.get("recall_used"),
+            "check": (meta.get("report") or {}).get("quality")}

@@ -69,7 +69,22 @@ def test_profile_cli_json_and_bad_flags(capsys, tmp_path, tiny_models, text_file
                  "-o", str(out), "--json", "--epochs", "2"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert json.loads(captured.out)["path"] == str(out)
+    profiled = json.loads(captured.out)
+    assert profiled["path"] == str(out)
+    # generate --profile --json: per-layer work measured now, and what the profile's check found
+    code = main(["generate", "--model", str(tiny_models["llama-relu"][2]), "--profile", str(out),
+                 "--max-tokens", "4", "--json", "the cat"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    hybrid = json.loads(captured.out)["hybrid"]
+    assert len(hybrid["computed_fraction_per_layer"]) == len(hybrid["hot_fraction_per_layer"])
+    assert 0 <= hybrid["sparsity"] <= 1
+    assert hybrid["profile"]["path"] == str(out)
+    assert hybrid["profile"]["check"] == profiled["quality"]
+    assert hybrid["profile"]["check"]["meets_quality_budget"] is True
+    code = main(["generate", "--model", str(tiny_models["llama-relu"][2]), "--profile", str(out),
+                 "--max-tokens", "2", "the cat"])
+    assert code == 0 and "profile check on held-out text: perplexity x" in capsys.readouterr().err
     code = main(["profile", "--model", str(tiny_models["llama-relu"][2]), "--quality-budget", "-1"])
     assert code == 2 and "quality-budget" in capsys.readouterr().err
     code = main(["profile", "--model", str(tiny_models["llama-relu"][2]),

@@ -60,8 +60,23 @@ def run(args) -> int:
                   "time", file=sys.stderr)
         hybrid = engine.hybrid_report()
         if hybrid is not None:
-            print(f"ember: {hybrid['hot_fraction']:.1%} of FFN neurons hot on the GPU tier "
-                  f"({hybrid['gpu_tier_device']}, {hybrid['gpu_bytes'] / 2**20:.1f} MiB of "
-                  f"{hybrid['budget_bytes'] / 2**20:.1f} MiB)", file=sys.stderr)
+            _print_hybrid(hybrid)
     engine.close()
     return 0
+
+
+def _print_hybrid(hybrid: dict) -> None:
+    from ember.offload.hybrid_setup import UNLIMITED
+
+    budget = hybrid["budget_bytes"]
+    of = "" if budget >= UNLIMITED else f" of {budget / 2**20:.1f} MiB"
+    sparsity = hybrid["sparsity"]
+    measured = "" if sparsity is None else f"; FFN sparsity this run {sparsity:.1%}"
+    print(f"ember: {hybrid['hot_fraction']:.1%} of FFN neurons hot on the GPU tier "
+          f"({hybrid['gpu_tier_device']}, {hybrid['gpu_bytes'] / 2**20:.1f} MiB{of}){measured}",
+          file=sys.stderr)
+    check = (hybrid.get("profile") or {}).get("check")
+    if check:
+        print(f"ember: profile check on held-out text: perplexity x{check['ppl_ratio']:.3f} of "
+              f"dense, top-1 agreement {check['top1_agreement']:.0%} (budget "
+              f"+{hybrid['profile']['quality_budget']:.0%})", file=sys.stderr)
