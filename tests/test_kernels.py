@@ -116,6 +116,21 @@ def test_thread_counts_agree(fast):
     close(two, one)
 
 
+def test_repeated_calls_give_the_same_bits(fast):
+    # Threads take fixed shares and their sums are added in a fixed order: no run-to-run
+    # noise in the low bits (speculation and the hybrid engine compare runs exactly).
+    w, g = make("gelu_glu", 640, 2048, "int8", seed=11)
+    x = torch.randn(3, 640, generator=g)
+    idx = torch.randperm(2048, generator=g)[:1500].sort().values
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = sparse_ffn(x, w, idx, backend="cpp")
+        assert all(torch.equal(first, sparse_ffn(x, w, idx, backend="cpp")) for _ in range(30))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_parallel_regions_use_torch_threads(fast, threads):
     # A build without OpenMP runs ATen's parallel_for serially, silently: the kernels were

@@ -236,29 +236,31 @@ void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
   const int64_t R = L.row_elems;
   const int64_t ahead_n = std::max<int64_t>(1, std::min<int64_t>(
       8, EMBER_PF_BYTES / std::max<int64_t>(1, R * (int64_t)sizeof(W))));
-  // Work is handed out in chunks from a shared counter rather than split statically: on a
-  // busy 2-core desktop one thread is often preempted, and the other keeps going instead of
-  // waiting at the join. A chunk holds at least ~64 KiB of weights (cheap to hand out).
+  // Chunks are dealt round-robin to n_workers slots (chunk c to slot c % n_workers), each
+  // slot summing into its own buffer, and the buffers are added in slot order: the result is
+  // the same bits on every call, whichever OpenMP thread runs which slot. (An earlier shared
+  // counter balanced better under preemption but made the sums' order, and so the low bits
+  // of the output, differ from call to call.) A chunk holds at least ~64 KiB of weights.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(
       16384 / std::max<int64_t>(H, 1) + 1, n / (8 * (int64_t)nslots) + 1));
   const int64_t n_workers = std::min<int64_t>(nslots, (n + chunk - 1) / chunk);
-  std::atomic<int64_t> next{0};
-  auto work = [&](int tid) {
-    float* acc = tid == 0 ? out : scratch + (int64_t)(tid - 1) * T * H;
-    used[tid] = 1;
+  const int64_t stride = n_workers * chunk;
+  auto work = [&](int64_t slot) {
+    float* acc = slot == 0 ? out : scratch + (slot - 1) * T * H;
+    used[slot] = 1;
     float buf[3 * 16];  // g, u, c for T tokens (heap only past 16 tokens)
     std::vector<float> big(T > 16 ? 3 * T : 0);
     float* g = T > 16 ? big.data() : buf;
     float *u = g + T, *c = u + T;
-    // Each thread claims its next chunk before starting the current one, so the neurons it
-    // prefetches near a chunk's end are ones it will process itself.
-    for (int64_t begin = next.fetch_add(chunk), ahead; begin < n; begin = ahead) {
+    // The slot's next chunk is known in advance, so the neurons it prefetches near a chunk's
+    // end are ones it will process itself.
+    for (int64_t begin = slot * chunk, ahead; begin < n; begin = ahead) {
       const int64_t end = std::min(n, begin + chunk);
-      ahead = next.fetch_add(chunk);
+      ahead = begin + stride;
       for (int64_t k = begin; k < end; ++k) {
         const int64_t i = idx ? idx[k] : k;
         const W* rec = P + i * R;
-        // This thread's neuron ahead_n further on (or this one, at the very end: harmless).
+        // This slot's neuron ahead_n further on (or this one, at the very end: harmless).
         int64_t kn = k + ahead_n < end ? k + ahead_n : ahead + (k + ahead_n - end);
         if (kn >= n || kn >= ahead + chunk) kn = k;
         const W* nrec = P + (idx ? idx[kn] : kn) * R;
@@ -294,10 +296,8 @@ void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
   if (n_workers <= 1) {
     work(0);  // no parallel region: no wake-up of the pool for small active sets
   } else {
-    at::parallel_for(0, n_workers, 1, [&](int64_t, int64_t) {
-      const int tid = at::get_thread_num();
-      TORCH_CHECK(tid >= 0 && tid < nslots, "sparse_ffn: thread id ", tid, " out of range");
-      work(tid);
+    at::parallel_for(0, n_workers, 1, [&](int64_t b, int64_t e) {
+      for (int64_t slot = b; slot < e; ++slot) work(slot);
     });
   }
   for (int s = 1; s < nslots; ++s) {
