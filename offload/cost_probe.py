@@ -58,8 +58,12 @@ def _line(n_lo: int, t_lo: float, n_hi: int, t_hi: float) -> tuple[float, float]
     return slope, max(0.0, t_lo - slope * n_lo)
 
 
-def measure_costs(ffn: FeedForward, gpu: torch.device, reps: int = 15) -> SideCosts:
-    """Time one dense FFN layer's two sides (weights (in, out) on the host)."""
+def measure_costs(ffn: FeedForward, gpu: torch.device, reps: int = 15,
+                  cold_dtype: str = "auto") -> SideCosts:
+    """Time one dense FFN layer's two sides (weights (in, out) on the host); the host side
+    in the bundle type the runtime will use."""
+    from .hybrid_setup import resolve_cold_dtype
+
     size = ffn.up.shape[1]
     lo, hi = max(1, size // 8), max(2, size // 2)
     rows = {
@@ -68,7 +72,8 @@ def measure_costs(ffn: FeedForward, gpu: torch.device, reps: int = 15) -> SideCo
         "down": ffn.down.contiguous(),
     }
     x = torch.randn(1, rows["up"].shape[1])
-    cold = SparseFFNWeights.from_rows(rows["gate"], rows["up"], rows["down"], ffn.activation)
+    cold = SparseFFNWeights.from_rows(rows["gate"], rows["up"], rows["down"], ffn.activation,
+                                      resolve_cold_dtype(cold_dtype))
     t = {n: _median_ms(lambda n=n: sparse_ffn(x, cold, torch.arange(n)), reps) for n in (lo, hi)}
     cpu_slope, cpu_base = _line(lo, t[lo], hi, t[hi])
 

@@ -22,7 +22,8 @@ from ember.models.tokenizer import StreamDecoder
 from .device import resolve_device, set_threads
 from .events import DoneEvent, Timings, TokenEvent
 from .hybrid_setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
-                           profile_chooser, profile_predictors, restore_dense)
+                           profile_chooser, profile_predictors, resolve_cold_dtype,
+                           restore_dense)
 from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
 from .lm_head import choose_lm_head
 from .memory_plan import SPLITS
@@ -55,7 +56,7 @@ class EngineOptions:
     # (host) neurons; None with split "auto" runs the dense model on one device.
     gpu_budget: int | None = None
     split: str = "auto"  # "auto" | "cpu-only" | "gpu-only" (see memory_plan)
-    cold_dtype: str = "fp32"  # host-side FFN rows: "fp32" (exact) or "int8"
+    cold_dtype: str = "auto"  # host-side FFN rows: "fp32", "int8", "auto" (int8 with a q8 body)
     # A profile artifact (`ember profile`): its placement guides the split and its
     # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
     profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
@@ -144,7 +145,8 @@ class Engine:
         predictors = None if profile is None else profile_predictors(profile, self.loaded.config)
         sparse = predictors is not None and options.ffn_mode != "dense"
         hybrid = build_hybrid(
-            model, budget, self.device, kv_bytes, split, options.cold_dtype,
+            model, budget, self.device, kv_bytes, split,
+            resolve_cold_dtype(options.cold_dtype, options.weights),
             preferred=None if profile is None else profile.placement,
             neuron_order=None if profile is None else profile.neuron_order(),
             predictor_bytes=0 if predictors is None else predictors.nbytes,

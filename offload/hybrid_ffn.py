@@ -93,6 +93,11 @@ class HybridFFN(nn.Module):
         pending = None
         if x.shape[0] == 1:
             self.counters.tokens += 1
+        dense = self.dense_fallback()
+        if dense is not None:
+            if x.shape[0] == 1:
+                self.counters.cold_computed += len(self.cold_idx)
+            return dense(x.to("cpu")).to(x.device)
         if self.cold is not None:
             x_host = x if x.device.type == "cpu" else x.to("cpu")
             active = self.selector(x_host) if self.selector is not None and x.shape[0] == 1 else None
@@ -123,6 +128,14 @@ class HybridFFN(nn.Module):
 
     def _compensate(self, out: torch.Tensor) -> torch.Tensor:
         return out if self.bias is None else out + self.bias
+
+    def dense_fallback(self) -> FeedForward | None:
+        """The dense module to run instead, when this layer computes every neuron on the host
+        anyway (nothing hot, no selector): it may have a faster dense path (the Q8_0 body's)
+        than the neuron bundles."""
+        if self.hot is None and self.selector is None and isinstance(self.source, FeedForward):
+            return self.source
+        return None
 
     # -- reporting ----------------------------------------------------------------------
     def hot_fraction(self) -> float:

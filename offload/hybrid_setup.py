@@ -19,6 +19,18 @@ from .hybrid_ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 
 COLD_DTYPES = ("fp32", "int8")
+COLD_CHOICES = ("auto",) + COLD_DTYPES
+
+
+def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
+    """"auto": int8 bundles when the body runs on Q8_0 weights (the C++ kernels built and
+    --weights not fp32), so the host side reads about the bytes the dense Q8_0 FFN would;
+    fp32 bundles (4x the bytes) when the body is float32 anyway."""
+    if choice != "auto":
+        return choice
+    from ember.kernels import q8_matmul
+
+    return "int8" if weights != "fp32" and q8_matmul.available() else "fp32"
 UNLIMITED = 1 << 62  # "no GPU-tier budget": everything the plan wants fits
 
 
@@ -72,11 +84,12 @@ def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_byt
     """Plan `budget` bytes of GPU tier and split the model's FFN layers accordingly.
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
-    if cold_dtype not in COLD_DTYPES:
+    if cold_dtype not in COLD_CHOICES:
         from ember.models.errors import ConfigError
 
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "
-                          f"{', '.join(COLD_DTYPES)}")
+                          f"{', '.join(COLD_CHOICES)}")
+    cold_dtype = resolve_cold_dtype(cold_dtype)
     restore_dense(model)
     cfg = model.cfg
     sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes)

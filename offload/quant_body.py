@@ -89,7 +89,9 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
             if type(proj) is Projection and _fits(proj.weight):
                 setattr(attn, name, Q8Projection(proj))
         ffn = block.ffn
-        if type(ffn) is FeedForward and ffn.fast is None and _fits(ffn.gate, ffn.up, ffn.down):
+        if type(ffn) is not FeedForward:  # a split FFN: its dense twin, where it runs one
+            ffn = getattr(ffn, "dense_fallback", lambda: None)()
+        if ffn is not None and ffn.fast is None and _fits(ffn.gate, ffn.up, ffn.down):
             ffn.fast = Q8FeedForward(ffn)
         if block.fast is None and fused_block.applies(block):
             block.fast = fused_block.FusedBlock(block)
@@ -121,6 +123,9 @@ def _restore(model: Transformer) -> None:
         for module in block.modules():  # the block's FFN, or a dense one a hybrid FFN holds
             if isinstance(module, FeedForward):
                 module.fast = None
+        source = getattr(block.ffn, "source", None)  # a split FFN's dense twin (not a submodule)
+        if isinstance(source, FeedForward):
+            source.fast = None
 
 
 def weight_bytes_per_token(model: Transformer) -> int:

@@ -50,10 +50,6 @@ class Predictor:
         return self.predict(x)[0].nonzero().flatten()
 
     @property
-    def flops_per_token(self) -> int:
-        return 2 * self.rank * (self.hidden + self.ffn)
-
-    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w2, self.b2))
 

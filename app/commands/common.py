@@ -29,7 +29,7 @@ def load_engine(args):
                             lm_head=getattr(args, "lm_head", "auto"),
                             weights=getattr(args, "weights", "auto"),
                             gpu_budget=size("gpu-budget"), split=getattr(args, "split", "auto"),
-                            cold_dtype=getattr(args, "cold_dtype", "fp32"),
+                            cold_dtype=getattr(args, "cold_dtype", "auto"),
                             profile=_profile(getattr(args, "profile", "auto")),
                             ffn_mode=getattr(args, "ffn_mode", "auto"),
                             speculate=getattr(args, "speculate", "off"),
