@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ember.models.transformer import attend
 from ember.models.transformer import rms_norm as rms_norm_reference
 from ember.models.transformer import rotate
 
@@ -72,3 +73,18 @@ def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
         return
     module.qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos.contiguous(),
                          sin.contiguous(), interleaved, eps)
+
+
+def attend_slots_reference(q, k_pool, v_pool, slots, scale) -> torch.Tensor:
+    keys, values = k_pool.index_select(0, slots), v_pool.index_select(0, slots)
+    return attend(q[None], keys, values, None, None, None, scale)
+
+
+def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                 slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row q (n_heads, hd) against the pool rows `slots` of k_pool/v_pool
+    (rows, n_kv_heads, hd), read in place: (1, n_heads * hd)."""
+    module = cpu_extension.load()
+    if module is None:
+        return attend_slots_reference(q, k_pool, v_pool, slots, scale)
+    return module.attend_slots(q.contiguous(), k_pool, v_pool, slots, scale)

@@ -158,6 +158,10 @@ class Attention(nn.Module):
         # one weight stream and one call instead of three.
         self.wqkv: nn.Module | None = None
         self.qkv_sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
+        # One query row's attention over keys read in place from a paged cache's pool, when
+        # the runtime sets one: (q (n_heads, hd), k_pool, v_pool, slots, scale) -> (1, n_heads
+        # * hd). Plain decoding and every tree row then use it alike (offload/fused_block.py).
+        self.single_query = None
         if cfg.qk_norm:
             _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
             _attach(self, "k_norm", w.load(p + "attn_k_norm.weight", (hd,)))
@@ -191,6 +195,9 @@ class Attention(nn.Module):
         cache.write(self.layer, start, k, v)
         # Keys a sliding-window layer can still see: the window before the first query.
         lo = 0 if self.window is None else max(0, start - self.window + 1)
+        if T == 1 and self._in_place(cache):
+            slots = cache.slots_of(self.layer, lo, start + 1)
+            return self.single_query(q[0], *cache.pools(), slots, self.cfg.scale)
         keys, values = cache.read(self.layer, lo, start + T)
         if T == 1:  # one query sees every key it is given: no positions, no mask
             return attend(q, keys, values, None, None, self.window, self.cfg.scale)
@@ -209,8 +216,13 @@ class Attention(nn.Module):
         cache.write(self.layer, c + tree.first, k, v)
         lo = 0 if window is None else max(0, int(tree.positions.min()) - window + 1)
         lo = min(lo, c)
-        ctx_k, ctx_v = cache.read(self.layer, lo, c)
-        tree_k, tree_v = cache.read(self.layer, c, c + int(tree.keys.max()) + 1)
+        end = c + int(tree.keys.max()) + 1
+        in_place = self._in_place(cache)
+        if in_place:
+            ctx, nodes = cache.slots_of(self.layer, lo, c), cache.slots_of(self.layer, c, end)
+        else:
+            ctx_k, ctx_v = cache.read(self.layer, lo, c)
+            tree_k, tree_v = cache.read(self.layer, c, end)
         outs = []
         for r in range(q.shape[0]):
             pos = int(tree.positions[r])
@@ -222,11 +234,20 @@ class Attention(nn.Module):
                 first = min(max(lo, pos - window + 1), c)
                 inside = k_pos > pos - window
                 sel, k_pos = sel[inside], k_pos[inside]
+            if in_place:
+                slots = torch.cat((ctx[first - lo:], nodes[sel.to(nodes.device)]))
+                outs.append(self.single_query(q[r], *cache.pools(), slots, self.cfg.scale))
+                continue
             sel = sel.to(tree_k.device)
             keys = torch.cat((ctx_k[first - lo:], tree_k[sel]))
             values = torch.cat((ctx_v[first - lo:], tree_v[sel]))
             outs.append(attend(q[r: r + 1], keys, values, None, None, window, self.cfg.scale))
         return torch.cat(outs)
+
+    def _in_place(self, cache: KVCache) -> bool:
+        """Whether single query rows read their keys where the cache keeps them: the runtime
+        set `single_query` and the cache exposes its pool (the paged cache does)."""
+        return self.single_query is not None and hasattr(cache, "pools")
 
 
 def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float) -> torch.Tensor:

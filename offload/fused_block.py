@@ -5,7 +5,9 @@ decode, where the number of PyTorch dispatches, not arithmetic, sets the cost of
 the matmuls:
 - q, k and v come from one projection (`Attention.wqkv`), then one call norms and rotates the
   q/k heads in place;
-- each residual step (post-norm, add, and the next sub-layer's norm) is one call.
+- each residual step (post-norm, add, and the next sub-layer's norm) is one call;
+- a single query row (decoding, or one row of a speculative tree) attends over keys read in
+  place from the paged pool (`Attention.single_query`), without gathering them first.
 Attention over the cache and the FFN are the block's own modules, so a hybrid FFN, hooks on
 the FFN and tree verification all work unchanged. Every op is row by row, which keeps a body
 pass batch-invariant (speculative verification relies on it).
@@ -48,6 +50,10 @@ class FusedBlock(nn.Module):
         x, _ = fused_ops.residual_norm(x, f.contiguous(), b.post_ffn_norm if sandwich else None,
                                        None, eps)
         return x
+
+
+# Attention's `single_query` hook: one row's attention read in place from the paged pool.
+single_query = fused_ops.attend_slots
 
 
 def applies(block: Block) -> bool:

@@ -381,6 +381,15 @@ class SequenceKV:
         pool.k.view(-1, *pool.k.shape[2:]).index_copy_(0, slots, k)
         pool.v.view(-1, *pool.v.shape[2:]).index_copy_(0, slots, v)
 
+    def slots_of(self, layer: int, lo: int, hi: int) -> torch.Tensor:
+        """Pool rows (of `pools()`) holding positions lo..hi-1 of a layer."""
+        return self.cache.slots(self.seq, layer, lo, hi)
+
+    def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device pool's K and V as (rows, n_kv_heads, head_dim): read in place by slot."""
+        pool = self.cache.device_pool
+        return pool.k.view(-1, *pool.k.shape[2:]), pool.v.view(-1, *pool.v.shape[2:])
+
     def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         slots = self.cache.slots(self.seq, layer, lo, hi)
         pool = self.cache.device_pool

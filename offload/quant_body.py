@@ -95,6 +95,7 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
             ffn.fast = Q8FeedForward(ffn)
         if block.fast is None and fused_block.applies(block):
             block.fast = fused_block.FusedBlock(block)
+            attn.single_query = fused_block.single_query
     return "q8"
 
 
@@ -115,7 +116,7 @@ def _fuse_qkv(attn) -> None:
 def _restore(model: Transformer) -> None:
     for block in model.blocks:
         block.fast = None
-        block.attn.wqkv = None
+        block.attn.wqkv = block.attn.single_query = None
         for name in PROJECTIONS:
             proj = getattr(block.attn, name)
             if isinstance(proj, Q8Projection):

@@ -113,3 +113,43 @@ def test_fp32_body_has_no_fused_blocks(tiny_models):
     use_body(model, "q8")
     use_body(model, "fp32")
     assert all(b.fast is None and b.attn.wqkv is None for b in model.blocks)
+
+
+@pytest.mark.parametrize("nh,nkv,hd,s", [(4, 1, 256, 1), (4, 2, 10, 37), (3, 3, 7, 5)])
+def test_attend_slots_matches_gathered_attention(fast, nh, nkv, hd, s):
+    g = torch.Generator().manual_seed(nh * 100 + s)
+    k_pool, v_pool = torch.randn(64, nkv, hd, generator=g), torch.randn(64, nkv, hd, generator=g)
+    slots = torch.randperm(64, generator=g)[:s]  # scattered rows, as paged blocks are
+    q = torch.randn(nh, hd, generator=g) * 2
+    got = fast.attend_slots(q, k_pool, v_pool, slots, 0.3)
+    want = fused_ops.attend_slots_reference(q, k_pool, v_pool, slots, 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attend_slots_rejects_bad_slots(fast):
+    pool = torch.randn(8, 1, 4)
+    with pytest.raises(IndexError, match="slot"):
+        fast.attend_slots(torch.randn(2, 4), pool, pool, torch.tensor([3, 8]), 1.0)
+    with pytest.raises(RuntimeError, match="at least one key"):
+        fast.attend_slots(torch.randn(2, 4), pool, pool, torch.tensor([], dtype=torch.long), 1.0)
+
+
+def test_paged_decode_reads_keys_in_place(fast, tiny_models):
+    """The engine's decode steps go through the in-place attention, and match gathering."""
+    from ember.models.loader import load_model
+    from ember.offload.engine import Engine, EngineOptions
+
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    attn = engine.model.blocks[0].attn
+    calls = []
+    real = attn.single_query
+    attn.single_query = lambda *a: calls.append(1) or real(*a)
+    ids = engine.encode("the cat is in the hat")
+    engine.runner.prefill("s", ids)
+    fast_logits = engine.runner.decode("s", 5)
+    assert calls
+    for b in engine.model.blocks:
+        b.attn.single_query = None
+    engine.runner.reset("s")
+    engine.runner.prefill("s", ids)
+    torch.testing.assert_close(engine.runner.decode("s", 5), fast_logits, rtol=1e-3, atol=1e-3)

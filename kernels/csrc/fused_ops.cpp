@@ -6,12 +6,15 @@
 // bit-identical results alone or among T rows (speculative verification relies on that).
 // References: kernels/fused_ops.py, in terms of models/transformer.py's own functions.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -132,4 +135,64 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
             }
         }
     }
+}
+
+// One query row's attention over keys and values read in place from a paged KV pool:
+// q (n_heads, hd); k_pool, v_pool (P, n_kv, hd) (every block of every layer, flat);
+// slots (S,) the pool rows of the keys this row sees, in position order. Returns
+// (1, n_heads * hd): softmax(scale * q.k) @ v per head, heads grouped over the kv heads.
+// Replaces gathering the keys into a new tensor (two index_selects per layer) and a
+// scaled_dot_product_attention call with its transposes. Plain decoding and each row of a
+// speculative tree go through this same function, so their results agree bit for bit.
+at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                        double scale) {
+    TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
+                "q must be a contiguous float32 (n_heads, head_dim) tensor");
+    TORCH_CHECK(k_pool.dim() == 3 && k_pool.scalar_type() == at::kFloat &&
+                    k_pool.is_contiguous() && v_pool.sizes() == k_pool.sizes() &&
+                    v_pool.scalar_type() == at::kFloat && v_pool.is_contiguous() &&
+                    k_pool.device().is_cpu() && v_pool.device().is_cpu(),
+                "k_pool and v_pool must be contiguous float32 (P, n_kv, head_dim) CPU tensors");
+    TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+                "slots must be a contiguous int64 vector");
+    const int64_t nh = q.size(0), hd = q.size(1), nkv = k_pool.size(1), P = k_pool.size(0);
+    const int64_t S = slots.size(0);
+    TORCH_CHECK(k_pool.size(2) == hd && nkv > 0 && nh % nkv == 0,
+                "head sizes do not match: q ", q.sizes(), ", pool ", k_pool.sizes());
+    TORCH_CHECK(S > 0, "a query must see at least one key");
+    const int64_t* sp = slots.data_ptr<int64_t>();
+    for (int64_t s = 0; s < S; ++s) TORCH_CHECK_INDEX(sp[s] >= 0 && sp[s] < P, "slot out of range");
+    auto out = at::empty({1, nh * hd}, q.options());
+    const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(),
+                *vp = v_pool.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t group = nh / nkv;
+    std::vector<float> scores(S);
+    for (int64_t h = 0; h < nh; ++h) {
+        const int64_t g = h / group;
+        const float* qh = qp + h * hd;
+        float m = -INFINITY;
+        for (int64_t s = 0; s < S; ++s) {
+            const float* kr = kp + (sp[s] * nkv + g) * hd;
+            float d = 0.f;
+#pragma omp simd reduction(+ : d)
+            for (int64_t i = 0; i < hd; ++i) d += qh[i] * kr[i];
+            scores[s] = d * (float)scale;
+            m = std::max(m, scores[s]);
+        }
+        float total = 0.f;
+        for (int64_t s = 0; s < S; ++s) total += scores[s] = std::exp(scores[s] - m);
+        float* oh = op + h * hd;
+        for (int64_t i = 0; i < hd; ++i) oh[i] = 0.f;
+        for (int64_t s = 0; s < S; ++s) {
+            const float* vr = vp + (sp[s] * nkv + g) * hd;
+            const float p = scores[s];
+#pragma omp simd
+            for (int64_t i = 0; i < hd; ++i) oh[i] += p * vr[i];
+        }
+        const float inv = 1.f / total;
+#pragma omp simd
+        for (int64_t i = 0; i < hd; ++i) oh[i] *= inv;
+    }
+    return out;
 }

@@ -392,6 +392,8 @@ std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
 void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
                    c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
                    at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
+at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                        double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
@@ -410,6 +412,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"),
         py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
         py::arg("interleaved"), py::arg("eps"));
+  m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
+        py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }
