@@ -24,6 +24,7 @@ _SOURCES = ("sparse_ffn.cpp", "q8_0_matmul.cpp", "fused_ops.cpp")
 _V3_FLAGS = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}  # x86-64-v3 needs these
 _lock = threading.Lock()
 _state: dict = {}  # "module" once tried: the module or None; "error": why it is None
+_UNSET = object()
 
 
 def forced_reference() -> bool:
@@ -73,13 +74,17 @@ def _build():
 
 
 def load():
-    """The compiled module, or None (reference fallback). Builds on first call; thread-safe."""
-    if forced_reference():
-        return None
-    if "module" in _state:
-        return _state["module"]
+    """The compiled module, or None (reference fallback). Builds on first call; thread-safe.
+
+    EMBER_KERNELS is read on that first call too: this runs a few hundred times per decoded
+    token, where even an environment lookup shows up."""
+    module = _state.get("module", _UNSET)
+    if module is not _UNSET:
+        return module
     with _lock:
-        if "module" not in _state:
+        if "module" not in _state and forced_reference():
+            _state["module"] = None
+        elif "module" not in _state:
             try:
                 _state["module"] = _build()
             except Exception as exc:  # compiler missing, ninja missing, build error: never crash
