@@ -88,7 +88,9 @@ class ShortlistHead:
 
     def __init__(self, model: Transformer, size: int):
         self.model = model
-        self.stored = model.head.stored
+        # A head the runtime keeps in host RAM (hybrid_setup.HostLMHead) wraps the real one.
+        self.head = getattr(model.head, "inner", model.head)
+        self.stored = self.head.stored
         vocab = self.stored.shape[0]
         self.base_ids = torch.arange(min(size, vocab))
         self.base = self._rows(self.base_ids)
@@ -97,8 +99,8 @@ class ShortlistHead:
         self._known = set(range(len(self.base_ids)))
 
     def _rows(self, ids: torch.Tensor):
-        if isinstance(self.model.head, QuantizedLMHead):
-            return self.model.head.rows.index_select(0, ids)  # (S, row_bytes) Q8_0 blocks
+        if isinstance(self.head, QuantizedLMHead):
+            return self.head.rows.index_select(0, ids)  # (S, row_bytes) Q8_0 blocks, host RAM
         return self.stored.dequantize_rows(ids).t().contiguous().to(self.model.device)  # (H, S)
 
     def add(self, tokens: list[int]) -> None:
@@ -111,7 +113,7 @@ class ShortlistHead:
     def _logits(self, hidden: torch.Tensor, rows) -> torch.Tensor:
         if rows.numel() == 0:
             return hidden.new_empty(hidden.shape[0], 0)
-        if isinstance(self.model.head, QuantizedLMHead):
+        if isinstance(self.head, QuantizedLMHead):
             return q8_matmul.q8_0_matmul(hidden.float().cpu(), rows)
         return hidden @ rows
 

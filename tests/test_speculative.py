@@ -171,6 +171,23 @@ def test_trees_with_branches_are_lossless(tiny_models, plain):
         assert max(spec.speculation["accepted_per_step"]) >= 1
 
 
+@pytest.mark.parametrize("weights", ["q8", "fp32"])
+def test_self_drafter_reads_a_head_kept_in_host_ram(tiny_models, weights):
+    """On a GPU the runtime may wrap the LM head (HostLMHead); the shortlist reads the real one."""
+    from ember.offload.drafters import ShortlistHead
+    from ember.offload.hybrid_setup import HostLMHead
+
+    model = _engine(tiny_models["gemma3"][2], weights=weights, lm_head="auto").model
+    hidden = torch.randn(2, model.cfg.hidden_size)
+    plain_top = ShortlistHead(model, 50).top(hidden, 3)
+    inner = model.head
+    model.head = HostLMHead(inner)
+    try:
+        assert ShortlistHead(model, 50).top(hidden, 3) == plain_top
+    finally:
+        model.head = inner
+
+
 def test_drafting_with_the_target_accepts_every_draft(tiny_models, plain):
     path = tiny_models["gemma3"][2]
     spec = _engine(path, speculate="model", draft_model=str(path), tree="1,1,1,1,1")
