@@ -114,7 +114,9 @@ class Runner:
         todo = [i for i in range(upto) if tree.hidden[i] is None]
         if not todo:
             return
-        if body_batch_invariant(self.model) and todo == list(range(todo[0], upto)):
+        # One node (every self-drafter step) needs no batching decision: the check below walks
+        # every block, a millisecond per call.
+        if len(todo) > 1 and todo == list(range(todo[0], upto)) and body_batch_invariant(self.model):
             rows = tree.rows_for(context, todo[0], len(todo))
             hidden = self.model.hidden(self._tensor(tree.tokens[todo[0]:upto]), view, rows)
             for j, i in enumerate(todo):
