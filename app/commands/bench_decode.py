@@ -39,6 +39,12 @@ def _ember_run(engine, ids: list[int], gen: int) -> dict:
     return {"prefill": t.prefill_tokens_per_s, "decode": t.decode_tokens_per_s}
 
 
+def _settle(seconds: float = 0.5) -> None:
+    """Pause between runs: both engines' worker threads spin-wait for a while after their
+    last parallel region (OpenMP, ggml's pool), and would take cores from the next run."""
+    time.sleep(seconds)
+
+
 def _stats(values: list[float]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
@@ -88,8 +94,10 @@ def run(args) -> int:
     results = {"ember": [], "llama.cpp": []}
     copy_bps = copy_bandwidth()
     for _ in range(args.runs):
+        _settle()
         results["ember"].append(_ember_run(engine, ids, args.gen_tokens))
         if other:
+            _settle()
             results["llama.cpp"].append(other.decode_speed(ids, args.gen_tokens))
     report = {
         "model": str(model_path(args)),
