@@ -62,6 +62,16 @@ class ContiguousKVCache:
         """K/V of positions lo..hi-1 of `layer`, each (hi-lo, n_kv, hd) (views, no copy)."""
         return self.k[layer, lo:hi], self.v[layer, lo:hi]
 
+    def slots_of(self, layer: int, lo: int, hi: int) -> torch.Tensor:
+        """Rows of `pools()` holding positions lo..hi-1 of `layer` (as the paged cache offers,
+        so attention that reads keys in place works on both)."""
+        return torch.arange(layer * self.max_len + lo, layer * self.max_len + hi,
+                            device=self.k.device)
+
+    def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of every layer and position as (rows, n_kv_heads, head_dim) views."""
+        return self.k.view(-1, *self.k.shape[2:]), self.v.view(-1, *self.v.shape[2:])
+
     def truncate(self, length: int) -> None:
         """Forget every position at or after `length` (regenerate, rejected drafts)."""
         if not 0 <= length <= self.length:
