@@ -26,10 +26,16 @@ class FusedBlock(nn.Module):
     def __init__(self, block: Block):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: no cycle, `.to()` skips it
+        self.one_call = True  # a decoded token's attention in one C++ call (False: op by op)
 
     def forward(self, x: torch.Tensor, start: int, cache, tree: TreeRows | None = None):
         b = self.block
         attn, cfg, eps = b.attn, b.cfg, b.cfg.rms_eps
+        sandwich = cfg.sandwich_norms
+        if (self.one_call and tree is None and x.shape[0] == 1 and attn._in_place(cache)
+                and isinstance(getattr(attn.wo, "rows", None), torch.Tensor)):
+            x, h = self._attention_step(x, start, cache)
+            return self._ffn_step(x, h)
         h = fused_ops.rms_norm(x, b.attn_norm, eps)
         qkv = attn.wqkv(h)
         T = qkv.shape[0]
@@ -43,12 +49,31 @@ class FusedBlock(nn.Module):
         k = k.view(T, cfg.n_kv_heads, cfg.head_dim)
         v = v.view(T, cfg.n_kv_heads, cfg.head_dim)
         a = attn.wo(attn.attend_rotated(q, k, v, start, cache, tree))
-        sandwich = cfg.sandwich_norms
         x, h = fused_ops.residual_norm(x, a, b.post_attn_norm if sandwich else None,
                                        b.ffn_norm, eps)
+        return self._ffn_step(x, h)
+
+    def _attention_step(self, x: torch.Tensor, start: int, cache):
+        """A decoded token's attention sub-layer in one C++ call: the ops above, same order,
+        same bits (tree rows keep the op-by-op path)."""
+        b = self.block
+        attn, cfg = b.attn, b.cfg
+        lo = 0 if attn.window is None else max(0, start - attn.window + 1)
+        slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
+        cos, sin = attn.rotary.tables(start, 1, x.device)
+        return fused_ops.attention_step(
+            x, b.attn_norm, attn.wqkv.rows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+            attn.q_norm if cfg.qk_norm else None, attn.k_norm if cfg.qk_norm else None,
+            cos, sin, attn.rotary.interleaved, *cache.pools(), int(slots[-1]), slots,
+            attn.wo.rows, b.post_attn_norm if cfg.sandwich_norms else None, b.ffn_norm,
+            cfg.rms_eps, cfg.scale)
+
+    def _ffn_step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        b = self.block
         f = b.ffn(h)
-        x, _ = fused_ops.residual_norm(x, f.contiguous(), b.post_ffn_norm if sandwich else None,
-                                       None, eps)
+        x, _ = fused_ops.residual_norm(x, f.contiguous(),
+                                       b.post_ffn_norm if b.cfg.sandwich_norms else None,
+                                       None, b.cfg.rms_eps)
         return x
 
 

@@ -140,6 +140,8 @@ def test_paged_decode_reads_keys_in_place(fast, tiny_models):
     from ember.offload.engine import Engine, EngineOptions
 
     engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    for b in engine.model.blocks:
+        b.fast.one_call = False  # the op-by-op path (tree rows' path) is the one under test
     attn = engine.model.blocks[0].attn
     calls = []
     real = attn.single_query
@@ -153,3 +155,45 @@ def test_paged_decode_reads_keys_in_place(fast, tiny_models):
     engine.runner.reset("s")
     engine.runner.prefill("s", ids)
     torch.testing.assert_close(engine.runner.decode("s", 5), fast_logits, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("norms,post", [(True, True), (False, False)])
+def test_attention_step_equals_its_op_chain_bit_for_bit(fast, norms, post):
+    from ember.kernels import q8_matmul
+
+    g = torch.Generator().manual_seed(7)
+    nh, nkv, hd, hidden = 4, 2, 32, 64
+    w = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x = w(1, hidden)
+    qkv_rows = q8_matmul.q8_0_quantize(w((nh + 2 * nkv) * hd, hidden) * 0.1)
+    wo_rows = q8_matmul.q8_0_quantize(w(hidden, nh * hd) * 0.1)
+    angles = w(1, hd // 2)
+    pools = [w(40, nkv, hd), w(40, nkv, hd)]
+    copies = [p.clone() for p in pools]
+    slots = torch.tensor([3, 17, 9, 30])
+    common = (nh, nkv, hd, w(hd) if norms else None, w(hd) if norms else None,
+              angles.cos(), angles.sin(), False)
+    tail = (int(slots[-1]), slots, wo_rows, w(hidden) if post else None, w(hidden), 1e-6, 0.2)
+    attn_norm = w(hidden)
+    got = fast.attention_step(x, attn_norm, qkv_rows, *common, *pools, *tail)
+    want = fused_ops.attention_step_reference(x, attn_norm, qkv_rows, *common, *copies, *tail)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(pools[0], copies[0]) and torch.equal(pools[1], copies[1])
+
+
+def test_decode_in_one_call_equals_op_by_op_decode(fast, tiny_models):
+    """The engine's one-call attention step gives the bits of the op-by-op path tree rows
+    take (speculative decoding's equality rests on it)."""
+    from ember.models.loader import load_model
+    from ember.offload.engine import Engine, EngineOptions
+
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    ids = engine.encode("the cat is in the hat")
+    runs = []
+    for one_call in (True, False):
+        for b in engine.model.blocks:
+            b.fast.one_call = one_call
+        engine.runner.reset("s")
+        engine.runner.prefill("s", ids)
+        runs.append([engine.runner.decode("s", t) for t in (5, 9, 2)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

@@ -394,6 +394,12 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
                    at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                         double scale);
+std::tuple<at::Tensor, at::Tensor> attention_step(
+    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads, int64_t n_kv,
+    int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
+    at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
+    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows,
+    c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
@@ -414,6 +420,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("interleaved"), py::arg("eps"));
   m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
         py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"));
+  m.def("attention_step", &attention_step, "one decoded token's attention sub-layer",
+        py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
+        py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
+        py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
+        py::arg("v_pool"), py::arg("write_slot"), py::arg("read_slots"), py::arg("wo_rows"),
+        py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }
