@@ -24,6 +24,8 @@ from ember.models.quantize import quantize
 from . import cpu_extension
 
 Q8_0 = int(GGMLQuantizationType.Q8_0)
+Q5_0 = int(GGMLQuantizationType.Q5_0)
+KERNEL_TYPES = (Q8_0, Q5_0)  # block types the C++ kernel reads directly
 BLOCK = 32  # values per Q8_0 block (and per activation scale)
 X_LEVELS = 32767  # activations are rounded to int16: q = round(x / s), s = max|x| / 32767
 
@@ -57,10 +59,10 @@ def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     return q, s
 
 
-def q8_0_matmul_reference(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def q8_0_matmul_reference(x: torch.Tensor, rows: torch.Tensor, qtype: int = Q8_0) -> torch.Tensor:
     """x (T, K) float32, rows (N, row_bytes) -> (T, N): the kernel's arithmetic in PyTorch."""
     n, k = rows.shape[0], x.shape[1]
-    w = quants.dequantize(rows.reshape(-1), Q8_0, (n, k))
+    w = quants.dequantize(rows.reshape(-1), qtype, (n, k))
     q, s = quantize_activations_reference(x.float())
     x_hat = (q * s).reshape(x.shape)  # exact: q has at most 16 significant bits
     return (x_hat.double() @ w.double().t()).float()
@@ -72,6 +74,18 @@ def q8_0_matmul(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if module is None or not hasattr(module, "q8_0_matmul"):
         return q8_0_matmul_reference(x, rows)
     return module.q8_0_matmul(x.contiguous(), rows)
+
+
+def block_matmul(x: torch.Tensor, rows: torch.Tensor, qtype: int) -> torch.Tensor:
+    """x (T, K) @ W^T for W as (N, row_bytes) blocks of `qtype` (one of KERNEL_TYPES)."""
+    if qtype == Q8_0:
+        return q8_0_matmul(x, rows)
+    if qtype != Q5_0:
+        raise ValueError(f"no block kernel for GGML type {qtype}")
+    module = cpu_extension.load()
+    if module is None or not hasattr(module, "q5_0_matmul"):
+        return q8_0_matmul_reference(x, rows, Q5_0)
+    return module.q5_0_matmul(x.contiguous(), rows)
 
 
 def available() -> bool:

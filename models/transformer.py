@@ -38,15 +38,22 @@ def _matrix(w: WeightStore, name: str, out_features: int, in_features: int) -> t
 class Projection(nn.Module):
     """x (T, in) -> (T, out): the float32 reference, `x @ weight` with weight stored (in, out).
 
-    The runtime may swap in one that reads quantized blocks (offload/quant_body.py).
+    The runtime may swap in one that reads quantized blocks (offload/quant_body.py);
+    `stored` is the file's tensor (out, in) it was dequantized from, when there is one.
     """
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, stored: QTensor | None = None):
         super().__init__()
         _attach(self, "weight", weight)
+        self.stored = stored
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight
+
+
+def _projection(w: WeightStore, name: str, out_features: int, in_features: int) -> Projection:
+    return Projection(_matrix(w, name, out_features, in_features),
+                      w.get(name, (out_features, in_features)))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -150,10 +157,10 @@ class Attention(nn.Module):
         p, hd, h = f"blk.{layer}.", cfg.head_dim, cfg.hidden_size
         self.cfg, self.layer, self.rotary = cfg, layer, rotary
         self.window = cfg.window(layer)
-        self.wq = Projection(_matrix(w, p + "attn_q.weight", cfg.n_heads * hd, h))
-        self.wk = Projection(_matrix(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h))
-        self.wv = Projection(_matrix(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h))
-        self.wo = Projection(_matrix(w, p + "attn_output.weight", h, cfg.n_heads * hd))
+        self.wq = _projection(w, p + "attn_q.weight", cfg.n_heads * hd, h)
+        self.wk = _projection(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h)
+        self.wv = _projection(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h)
+        self.wo = _projection(w, p + "attn_output.weight", h, cfg.n_heads * hd)
         # q, k and v from one projection, when the runtime sets one (offload/quant_body.py):
         # one weight stream and one call instead of three.
         self.wqkv: nn.Module | None = None
@@ -281,6 +288,11 @@ class FeedForward(nn.Module):
         _attach(self, "gate", _matrix(w, p + "ffn_gate.weight", f, h) if cfg.gated else None)
         _attach(self, "up", _matrix(w, p + "ffn_up.weight", f, h))
         _attach(self, "down", _matrix(w, p + "ffn_down.weight", h, f))
+        # The file's tensors (out, in) these were dequantized from: a runtime may read their
+        # blocks directly.
+        self.stored = {"gate": w.get(p + "ffn_gate.weight", (f, h)) if cfg.gated else None,
+                       "up": w.get(p + "ffn_up.weight", (f, h)),
+                       "down": w.get(p + "ffn_down.weight", (h, f))}
         # The same FFN on quantized weights, when the runtime sets one (offload/quant_body.py);
         # the float32 tensors above stay the reference that other code reads.
         self.fast: nn.Module | None = None

@@ -1,13 +1,14 @@
 """Quantized weights for the dense body, swapped in at load (as gpt-fast swaps nn.Linear).
 
-Every projection of the body (attention q/k/v/o, FFN gate/up/down) is requantized from its
-dequantized GGUF values (Q4_K/Q5_0/Q6_K/Q8_0 blocks) to Q8_0 and run through the Q8_0 kernel
-that also serves the LM head: about a quarter of the float32 bytes per token. 8 bits per
-weight on top of the file's 4-6 is near-lossless (perplexity and greedy tokens are tested).
+Every projection of the body (attention q/k/v/o, FFN gate/up/down) runs through the block
+kernel that also serves the LM head: straight from the file's blocks where it reads their
+type (Q5_0, Q8_0), else requantized from the dequantized values (Q4_K, Q6_K, float files) to
+Q8_0: a fifth to a quarter of the float32 bytes per token. 8 bits per weight on top of the
+file's 4-6 is near-lossless (perplexity and greedy tokens are tested).
 
-Attention projections are `Projection` objects replaced by `Q8Projection` (q, k and v also as
+Attention projections are `Projection` objects replaced by `BlockProjection` (q, k and v also as
 one fused matrix, `Attention.wqkv`); a dense `FeedForward` keeps its float32 tensors (the
-hybrid engine and the profiler read them) and gets a `Q8FeedForward` as its `fast` path; each
+hybrid engine and the profiler read them) and gets a `BlockFeedForward` as its `fast` path; each
 block gets the fused-kernel forward of offload/fused_block.py. `use_body(model, "fp32")` puts
 everything back.
 """
@@ -31,35 +32,57 @@ def _rows(weight: torch.Tensor) -> torch.Tensor:
     return q8_matmul.q8_0_quantize(weight.t())
 
 
-class Q8Projection(nn.Module):
-    """x (T, in) -> (T, out) from Q8_0 rows. `source`: the float32 Projection it replaces;
-    `rows`: its rows when already quantized (a slice of a fused projection's)."""
+def _block_rows(parts: list[torch.Tensor], stored: list) -> tuple[torch.Tensor, int]:
+    """One matrix of rows for the float32 (in, out) `parts` side by side: the file's own
+    blocks when every part is stored in one type the kernel reads (Q5_0 on the default model:
+    fewer bytes than Q8_0 and no requantization), else Q8_0 requantized from the floats.
+    Returns (rows (sum of outs, row_bytes) uint8, GGML type)."""
+    kinds = {getattr(s, "qtype", None) for s in stored}
+    if len(kinds) == 1 and kinds <= set(q8_matmul.KERNEL_TYPES):
+        qtype = kinds.pop()
+        return torch.cat([s.raw.view(s.shape[0], -1) for s in stored]).contiguous(), qtype
+    weight = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    return _rows(weight), q8_matmul.Q8_0
 
-    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None):
+
+class BlockProjection(nn.Module):
+    """x (T, in) -> (T, out) from rows of quantized blocks (Q8_0, or the file's own Q5_0).
+    `source`: the float32 Projection it replaces; `rows`: its rows when already made (a
+    slice of a fused projection's)."""
+
+    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None,
+                 qtype: int = q8_matmul.Q8_0):
         super().__init__()
         object.__setattr__(self, "source", source)  # not a submodule: `.to()` leaves it alone
-        self.register_buffer("rows", _rows(source.weight) if rows is None else rows,
-                             persistent=False)
+        if rows is None:
+            rows, qtype = _block_rows([source.weight], [source.stored])
+        self.register_buffer("rows", rows, persistent=False)
+        self.qtype = qtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return q8_matmul.q8_0_matmul(x, self.rows)
+        return q8_matmul.block_matmul(x, self.rows, self.qtype)
 
 
-class Q8FeedForward(nn.Module):
-    """A FeedForward's forward from Q8_0 rows; gate and up share one matrix (one kernel call)."""
+class BlockFeedForward(nn.Module):
+    """A FeedForward's forward from quantized rows; gate and up share one matrix (one call)."""
 
     def __init__(self, ffn: FeedForward):
         super().__init__()
         self.activation, self.gated = ffn.activation, ffn.gate is not None
         self.ffn_size = ffn.up.shape[1]
-        gate_up = torch.cat((ffn.gate, ffn.up), 1) if self.gated else ffn.up  # (hidden, 2*ffn)
-        self.register_buffer("gate_up", _rows(gate_up), persistent=False)
-        self.register_buffer("down", _rows(ffn.down), persistent=False)
+        stored = getattr(ffn, "stored", {})
+        names = ("gate", "up") if self.gated else ("up",)
+        gate_up, self.gate_up_type = _block_rows([getattr(ffn, n) for n in names],
+                                                 [stored.get(n) for n in names])
+        down, self.down_type = _block_rows([ffn.down], [stored.get("down")])
+        self.register_buffer("gate_up", gate_up, persistent=False)  # (2*ffn or ffn, bytes)
+        self.register_buffer("down", down, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = q8_matmul.q8_0_matmul(x, self.gate_up)  # (T, 2*ffn) or (T, ffn)
+        gu = q8_matmul.block_matmul(x, self.gate_up, self.gate_up_type)  # (T, 2*ffn) or (T, ffn)
         gate, up = (gu[:, :self.ffn_size], gu[:, self.ffn_size:]) if self.gated else (None, gu)
-        return q8_matmul.q8_0_matmul(activate(self.activation, gate, up), self.down)
+        return q8_matmul.block_matmul(activate(self.activation, gate, up), self.down,
+                                      self.down_type)
 
 
 def _fits(*weights: torch.Tensor | None) -> bool:
@@ -87,12 +110,12 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
         for name in PROJECTIONS:
             proj = getattr(attn, name)
             if type(proj) is Projection and _fits(proj.weight):
-                setattr(attn, name, Q8Projection(proj))
+                setattr(attn, name, BlockProjection(proj))
         ffn = block.ffn
         if type(ffn) is not FeedForward:  # a split FFN: its dense twin, where it runs one
             ffn = getattr(ffn, "dense_fallback", lambda: None)()
         if ffn is not None and ffn.fast is None and _fits(ffn.gate, ffn.up, ffn.down):
-            ffn.fast = Q8FeedForward(ffn)
+            ffn.fast = BlockFeedForward(ffn)
         if block.fast is None and fused_block.applies(block):
             block.fast = fused_block.FusedBlock(block)
             attn.single_query = fused_block.single_query
@@ -105,11 +128,11 @@ def _fuse_qkv(attn) -> None:
     parts = [getattr(attn, name) for name in ("wq", "wk", "wv")]
     if attn.wqkv is not None or any(type(p) is not Projection or not _fits(p.weight) for p in parts):
         return
-    rows = _rows(torch.cat([p.weight for p in parts], 1))
-    attn.wqkv = Q8Projection(None, rows)
+    rows, qtype = _block_rows([p.weight for p in parts], [p.stored for p in parts])
+    attn.wqkv = BlockProjection(None, rows, qtype)
     first = 0
     for name, proj, size in zip(("wq", "wk", "wv"), parts, attn.qkv_sizes):
-        setattr(attn, name, Q8Projection(proj, rows[first:first + size]))
+        setattr(attn, name, BlockProjection(proj, rows[first:first + size], qtype))
         first += size
 
 
@@ -119,7 +142,7 @@ def _restore(model: Transformer) -> None:
         block.attn.wqkv = block.attn.single_query = None
         for name in PROJECTIONS:
             proj = getattr(block.attn, name)
-            if isinstance(proj, Q8Projection):
+            if isinstance(proj, BlockProjection):
                 setattr(block.attn, name, proj.source)
         for module in block.modules():  # the block's FFN, or a dense one a hybrid FFN holds
             if isinstance(module, FeedForward):

@@ -168,11 +168,11 @@ def body_batch_invariant(model: Transformer) -> bool:
     forced = getattr(model, "batch_invariant", None)
     if forced is not None:
         return bool(forced)
-    from .quant_body import Q8FeedForward, Q8Projection
+    from .quant_body import BlockFeedForward, BlockProjection
 
-    return all(isinstance(getattr(b.attn, n), Q8Projection) for b in model.blocks
+    return all(isinstance(getattr(b.attn, n), BlockProjection) for b in model.blocks
                for n in ("wq", "wk", "wv", "wo")) and all(
-        type(b.ffn).__name__ == "FeedForward" and isinstance(getattr(b.ffn, "fast", None), Q8FeedForward)
+        type(b.ffn).__name__ == "FeedForward" and isinstance(getattr(b.ffn, "fast", None), BlockFeedForward)
         for b in model.blocks)
 
 

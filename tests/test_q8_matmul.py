@@ -109,3 +109,34 @@ def test_quantized_head_in_a_q8_model_keeps_greedy_tokens(tiny_models, tmp_path)
     a = fast.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
     b = ref.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
     assert a == b
+
+
+def _q5_rows(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.1
+    return quantize(w, Q.Q5_0).view(n, quants.row_nbytes(q8_matmul.Q5_0, k)), w
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(1, 32), (7, 64), (1000, 640), (333, 96)])
+@pytest.mark.parametrize("t", [1, 3, 4, 5, 9])
+def test_q5_0_kernel_matches_reference(n, k, t):
+    rows, _ = _q5_rows(n, k, seed=n + t)
+    x = torch.randn(t, k)
+    ref = q8_matmul.q8_0_matmul_reference(x, rows, q8_matmul.Q5_0)
+    got = q8_matmul.block_matmul(x, rows, q8_matmul.Q5_0)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    if t > 1:  # batch-invariant like Q8_0
+        alone = torch.cat([q8_matmul.block_matmul(x[i:i + 1], rows, q8_matmul.Q5_0)
+                           for i in range(t)])
+        assert torch.equal(got, alone)
+
+
+def test_q5_0_reference_reads_every_bit_of_the_blocks():
+    """Fifth bits and both nibbles: the kernel's reference is the file's own dequantization,
+    within Q5_0's grid of the original weights."""
+    rows, w = _q5_rows(64, 96, seed=3)
+    x = torch.eye(96)
+    got = q8_matmul.q8_0_matmul_reference(x, rows, q8_matmul.Q5_0).t()
+    assert (got - w).abs().max() <= w.abs().max() / 16 + 1e-6
+    assert torch.equal(got, quants.dequantize(rows.reshape(-1), q8_matmul.Q5_0, (64, 96)))

@@ -7,7 +7,7 @@ import torch
 
 from ember.kernels import q8_matmul
 from ember.models.transformer import FeedForward, Projection
-from ember.offload.quant_body import Q8FeedForward, Q8Projection, use_body
+from ember.offload.quant_body import BlockFeedForward, BlockProjection, use_body
 
 needs_kernel = pytest.mark.skipif(not q8_matmul.available(),
                                   reason="C++ kernels not built on this machine")
@@ -27,7 +27,7 @@ def test_q8_body_keeps_first_tokens_and_logits_close(tiny_models, name):
     fast, ref = _engine(path, "q8"), _engine(path, "fp32")
     assert (fast.weights, ref.weights) == ("q8", "fp32")
     attn, ffn = fast.model.blocks[0].attn, fast.model.blocks[0].ffn
-    assert isinstance(attn.wq, Q8Projection) and isinstance(ffn.fast, Q8FeedForward)
+    assert isinstance(attn.wq, BlockProjection) and isinstance(ffn.fast, BlockFeedForward)
     assert isinstance(ref.model.blocks[0].attn.wq, Projection)
     ids = fast.encode("the cat is in the hat")
     a = fast.runner.prefill("s", ids)
@@ -47,7 +47,7 @@ def test_q8_body_keeps_first_tokens_and_logits_close(tiny_models, name):
 @needs_kernel
 def test_projection_rows_are_batch_invariant():
     torch.manual_seed(0)
-    proj = Q8Projection(Projection(torch.randn(640, 1024) * 0.05))
+    proj = BlockProjection(Projection(torch.randn(640, 1024) * 0.05))
     x = torch.randn(7, 640)
     together = proj(x)
     assert torch.equal(together, torch.cat([proj(x[i:i + 1]) for i in range(7)]))
@@ -75,7 +75,7 @@ def test_projections_without_whole_blocks_stay_float(tiny_models):
     model.blocks[0].attn.wq = odd
     use_body(model, "q8")
     assert model.blocks[0].attn.wq is odd
-    assert isinstance(model.blocks[0].attn.wk, Q8Projection)
+    assert isinstance(model.blocks[0].attn.wk, BlockProjection)
 
 
 def test_unknown_choice_is_a_config_error():
