@@ -202,7 +202,7 @@ class Attention(nn.Module):
         cache.write(self.layer, start, k, v)
         # Keys a sliding-window layer can still see: the window before the first query.
         lo = 0 if self.window is None else max(0, start - self.window + 1)
-        if T == 1 and self._in_place(cache):
+        if T == 1 and self.reads_in_place(cache):
             slots = cache.slots_of(self.layer, lo, start + 1)
             return self.single_query(q[0], *cache.pools(), slots, self.cfg.scale)
         keys, values = cache.read(self.layer, lo, start + T)
@@ -224,7 +224,7 @@ class Attention(nn.Module):
         lo = 0 if window is None else max(0, int(tree.positions.min()) - window + 1)
         lo = min(lo, c)
         end = c + int(tree.keys.max()) + 1
-        in_place = self._in_place(cache)
+        in_place = self.reads_in_place(cache)
         if in_place:
             ctx, nodes = cache.slots_of(self.layer, lo, c), cache.slots_of(self.layer, c, end)
         else:
@@ -251,7 +251,7 @@ class Attention(nn.Module):
             outs.append(attend(q[r: r + 1], keys, values, None, None, window, self.cfg.scale))
         return torch.cat(outs)
 
-    def _in_place(self, cache: KVCache) -> bool:
+    def reads_in_place(self, cache: KVCache) -> bool:
         """Whether single query rows read their keys where the cache keeps them: the runtime
         set `single_query` and the cache exposes its pool (the paged cache does)."""
         return self.single_query is not None and hasattr(cache, "pools")

@@ -32,7 +32,7 @@ class FusedBlock(nn.Module):
         b = self.block
         attn, cfg, eps = b.attn, b.cfg, b.cfg.rms_eps
         sandwich = cfg.sandwich_norms
-        if (self.one_call and tree is None and x.shape[0] == 1 and attn._in_place(cache)
+        if (self.one_call and tree is None and x.shape[0] == 1 and attn.reads_in_place(cache)
                 and isinstance(getattr(attn.wo, "rows", None), torch.Tensor)):
             x, h = self._attention_step(x, start, cache)
             return self._ffn_step(x, h)
