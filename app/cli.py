@@ -46,7 +46,7 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "neurons, needs a profile), auto (sparse when a profile is found)")
     p.add_argument("--cold-dtype", default="auto", choices=("auto", "fp32", "int8"),
                    help="host-side FFN rows of a split or sparse FFN: fp32 (exact), int8 (a "
-                        "quarter of the bytes) or auto (int8 when the body runs on Q8_0)")
+                        "quarter of the bytes) or auto (int8 unless --weights fp32)")
     p.add_argument("--lm-head", default="auto", choices=("auto", "fp32", "q8_0"),
                    help="output layer: the file's Q8_0 blocks through the C++ kernel (auto "
                         "when it applies) or the float32 reference")

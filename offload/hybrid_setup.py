@@ -23,14 +23,16 @@ COLD_CHOICES = ("auto",) + COLD_DTYPES
 
 
 def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
-    """"auto": int8 bundles when the body runs on Q8_0 weights (the C++ kernels built and
-    --weights not fp32), so the host side reads about the bytes the dense Q8_0 FFN would;
-    fp32 bundles (4x the bytes) when the body is float32 anyway."""
+    """"auto": int8 bundles (a quarter of the float32 bytes, about what the Q8_0 body reads)
+    when the C++ kernels are built and --weights is not fp32; fp32 bundles when the float32
+    reference is asked for or there are no kernels."""
     if choice != "auto":
         return choice
     from ember.kernels import q8_matmul
 
     return "int8" if weights != "fp32" and q8_matmul.available() else "fp32"
+
+
 UNLIMITED = 1 << 62  # "no GPU-tier budget": everything the plan wants fits
 
 

@@ -321,3 +321,12 @@ def test_batched_sparse_evaluation_equals_token_by_token_decoding(tiny_models):
     finally:
         hybrid.close()
         restore_dense(model)
+
+
+def test_cold_rows_default_to_int8_unless_the_body_is_float32():
+    from ember.kernels import q8_matmul
+    from ember.offload.hybrid_setup import resolve_cold_dtype
+
+    assert resolve_cold_dtype("auto", "auto") == ("int8" if q8_matmul.available() else "fp32")
+    assert resolve_cold_dtype("auto", "fp32") == "fp32"
+    assert resolve_cold_dtype("fp32", "q8") == "fp32" and resolve_cold_dtype("int8", "fp32") == "int8"
