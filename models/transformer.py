@@ -165,7 +165,7 @@ class Attention(nn.Module):
         # one weight stream and one call instead of three.
         self.wqkv: nn.Module | None = None
         self.qkv_sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
-        # One query row's attention over keys read in place from a paged cache's pool, when
+        # One query row's attention over keys read in place from the cache's pool, when
         # the runtime sets one: (q (n_heads, hd), k_pool, v_pool, slots, scale) -> (1, n_heads
         # * hd). Plain decoding and every tree row then use it alike (offload/fused_block.py).
         self.single_query = None
@@ -253,7 +253,8 @@ class Attention(nn.Module):
 
     def reads_in_place(self, cache: KVCache) -> bool:
         """Whether single query rows read their keys where the cache keeps them: the runtime
-        set `single_query` and the cache exposes its pool (the paged cache does)."""
+        set `single_query` and the cache exposes its pool (`slots_of`/`pools`, as the paged
+        and the contiguous caches do)."""
         return self.single_query is not None and hasattr(cache, "pools")
 
 
