@@ -14,7 +14,7 @@ import torch
 
 from ember.models.transformer import attend
 from ember.models.transformer import rms_norm as rms_norm_reference
-from ember.models.transformer import rotate
+from ember.models.rotary import rotate
 
 from . import cpu_extension
 

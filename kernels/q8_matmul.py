@@ -25,7 +25,8 @@ from . import cpu_extension
 
 Q8_0 = int(GGMLQuantizationType.Q8_0)
 Q5_0 = int(GGMLQuantizationType.Q5_0)
-KERNEL_TYPES = (Q8_0, Q5_0)  # block types the C++ kernel reads directly
+_KERNELS = {Q8_0: "q8_0_matmul", Q5_0: "q5_0_matmul"}  # GGML type -> the C++ function
+KERNEL_TYPES = tuple(_KERNELS)  # block types the C++ kernel reads directly
 BLOCK = 32  # values per Q8_0 block (and per activation scale)
 X_LEVELS = 32767  # activations are rounded to int16: q = round(x / s), s = max|x| / 32767
 
@@ -59,7 +60,7 @@ def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     return q, s
 
 
-def q8_0_matmul_reference(x: torch.Tensor, rows: torch.Tensor, qtype: int = Q8_0) -> torch.Tensor:
+def block_matmul_reference(x: torch.Tensor, rows: torch.Tensor, qtype: int = Q8_0) -> torch.Tensor:
     """x (T, K) float32, rows (N, row_bytes) -> (T, N): the kernel's arithmetic in PyTorch."""
     n, k = rows.shape[0], x.shape[1]
     w = quants.dequantize(rows.reshape(-1), qtype, (n, k))
@@ -68,24 +69,20 @@ def q8_0_matmul_reference(x: torch.Tensor, rows: torch.Tensor, qtype: int = Q8_0
     return (x_hat.double() @ w.double().t()).float()
 
 
-def q8_0_matmul(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x (T, K) float32 on the CPU, rows (N, row_bytes) uint8 -> (T, N) float32."""
-    module = cpu_extension.load()
-    if module is None or not hasattr(module, "q8_0_matmul"):
-        return q8_0_matmul_reference(x, rows)
-    return module.q8_0_matmul(x.contiguous(), rows)
-
-
 def block_matmul(x: torch.Tensor, rows: torch.Tensor, qtype: int) -> torch.Tensor:
-    """x (T, K) @ W^T for W as (N, row_bytes) blocks of `qtype` (one of KERNEL_TYPES)."""
-    if qtype == Q8_0:
-        return q8_0_matmul(x, rows)
-    if qtype != Q5_0:
+    """x (T, K) float32 on the CPU @ W^T for W as (N, row_bytes) uint8 blocks of `qtype` (one
+    of KERNEL_TYPES) -> (T, N) float32."""
+    if qtype not in _KERNELS:
         raise ValueError(f"no block kernel for GGML type {qtype}")
-    module = cpu_extension.load()
-    if module is None or not hasattr(module, "q5_0_matmul"):
-        return q8_0_matmul_reference(x, rows, Q5_0)
-    return module.q5_0_matmul(x.contiguous(), rows)
+    kernel = getattr(cpu_extension.load(), _KERNELS[qtype], None)
+    if kernel is None:
+        return block_matmul_reference(x, rows, qtype)
+    return kernel(x.contiguous(), rows)
+
+
+def q8_0_matmul(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x (T, K) float32 on the CPU, rows (N, row_bytes) Q8_0 blocks -> (T, N) float32."""
+    return block_matmul(x, rows, Q8_0)
 
 
 def available() -> bool:

@@ -21,6 +21,7 @@ from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
 from ember.models.transformer import FeedForward
 
 from .cpu_worker import CpuWorker
+from .hybrid_setup import resolve_cold_dtype
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,6 @@ def measure_costs(ffn: FeedForward, gpu: torch.device, reps: int = 15,
                   cold_dtype: str = "auto") -> SideCosts:
     """Time one dense FFN layer's two sides (weights (in, out) on the host); the host side
     in the bundle type the runtime will use."""
-    from .hybrid_setup import resolve_cold_dtype
-
     size = ffn.up.shape[1]
     lo, hi = max(1, size // 8), max(2, size // 2)
     rows = {

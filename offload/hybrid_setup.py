@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.kernels import q8_matmul
 from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
@@ -28,8 +29,6 @@ def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
     reference is asked for or there are no kernels."""
     if choice != "auto":
         return choice
-    from ember.kernels import q8_matmul
-
     return "int8" if weights != "fp32" and q8_matmul.available() else "fp32"
 
 

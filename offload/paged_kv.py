@@ -377,9 +377,9 @@ class SequenceKV:
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         slots = self.cache.slots(self.seq, layer, start, start + k.shape[0])
-        pool = self.cache.device_pool
-        pool.k.view(-1, *pool.k.shape[2:]).index_copy_(0, slots, k)
-        pool.v.view(-1, *pool.v.shape[2:]).index_copy_(0, slots, v)
+        k_pool, v_pool = self.pools()
+        k_pool.index_copy_(0, slots, k)
+        v_pool.index_copy_(0, slots, v)
 
     def slots_of(self, layer: int, lo: int, hi: int) -> torch.Tensor:
         """Pool rows (of `pools()`) holding positions lo..hi-1 of a layer."""
@@ -391,10 +391,9 @@ class SequenceKV:
         return pool.k.view(-1, *pool.k.shape[2:]), pool.v.view(-1, *pool.v.shape[2:])
 
     def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = self.cache.slots(self.seq, layer, lo, hi)
-        pool = self.cache.device_pool
-        return (pool.k.view(-1, *pool.k.shape[2:]).index_select(0, slots),
-                pool.v.view(-1, *pool.v.shape[2:]).index_select(0, slots))
+        k_pool, v_pool = self.pools()
+        slots = self.slots_of(layer, lo, hi)
+        return k_pool.index_select(0, slots), v_pool.index_select(0, slots)
 
     def commit(self, n: int) -> None:
         self.cache.commit(self.seq, n)

@@ -144,12 +144,10 @@ def _restore(model: Transformer) -> None:
             proj = getattr(block.attn, name)
             if isinstance(proj, BlockProjection):
                 setattr(block.attn, name, proj.source)
-        for module in block.modules():  # the block's FFN, or a dense one a hybrid FFN holds
-            if isinstance(module, FeedForward):
-                module.fast = None
-        source = getattr(block.ffn, "source", None)  # a split FFN's dense twin (not a submodule)
-        if isinstance(source, FeedForward):
-            source.fast = None
+        # The block's FFN, or the dense twin a split FFN keeps (not a submodule).
+        dense = block.ffn if isinstance(block.ffn, FeedForward) else getattr(block.ffn, "source", None)
+        if isinstance(dense, FeedForward):
+            dense.fast = None
 
 
 def weight_bytes_per_token(model: Transformer) -> int:

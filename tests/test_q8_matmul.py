@@ -26,7 +26,7 @@ def _rows(n, k, seed=0):
 def test_kernel_matches_reference(n, k, t):
     rows = _rows(n, k)
     x = torch.randn(t, k)
-    ref = q8_matmul.q8_0_matmul_reference(x, rows)
+    ref = q8_matmul.block_matmul_reference(x, rows)
     got = q8_matmul.q8_0_matmul(x, rows)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
@@ -65,7 +65,7 @@ def test_zero_and_tiny_blocks_of_x():
     x[1, 32:64] = 0  # an all-zero block
     x[2, :32] = 1e-30  # a block of tiny values
     got = q8_matmul.q8_0_matmul(x, rows)
-    torch.testing.assert_close(got, q8_matmul.q8_0_matmul_reference(x, rows), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, q8_matmul.block_matmul_reference(x, rows), rtol=1e-5, atol=1e-6)
     assert torch.equal(got[0], torch.zeros(40))
 
 
@@ -89,7 +89,7 @@ def test_reference_is_the_dequantized_matmul_of_rounded_activations():
     q, s = q8_matmul.quantize_activations_reference(x)
     assert q.abs().max() == 32767 and torch.equal(q, q.round())
     x_hat = (q * s).reshape(2, 64)
-    torch.testing.assert_close(q8_matmul.q8_0_matmul_reference(x, rows), x_hat @ w.t())
+    torch.testing.assert_close(q8_matmul.block_matmul_reference(x, rows), x_hat @ w.t())
     torch.testing.assert_close(x_hat, x, rtol=0, atol=float(x.abs().max()) / 32767)
 
 
@@ -123,7 +123,7 @@ def _q5_rows(n, k, seed=0):
 def test_q5_0_kernel_matches_reference(n, k, t):
     rows, _ = _q5_rows(n, k, seed=n + t)
     x = torch.randn(t, k)
-    ref = q8_matmul.q8_0_matmul_reference(x, rows, q8_matmul.Q5_0)
+    ref = q8_matmul.block_matmul_reference(x, rows, q8_matmul.Q5_0)
     got = q8_matmul.block_matmul(x, rows, q8_matmul.Q5_0)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     if t > 1:  # batch-invariant like Q8_0
@@ -137,6 +137,6 @@ def test_q5_0_reference_reads_every_bit_of_the_blocks():
     within Q5_0's grid of the original weights."""
     rows, w = _q5_rows(64, 96, seed=3)
     x = torch.eye(96)
-    got = q8_matmul.q8_0_matmul_reference(x, rows, q8_matmul.Q5_0).t()
+    got = q8_matmul.block_matmul_reference(x, rows, q8_matmul.Q5_0).t()
     assert (got - w).abs().max() <= w.abs().max() / 16 + 1e-6
     assert torch.equal(got, quants.dequantize(rows.reshape(-1), q8_matmul.Q5_0, (64, 96)))

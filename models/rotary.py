@@ -1,0 +1,63 @@
+"""Rotary position embeddings: cos/sin tables per RoPE base, and the rotation itself.
+
+Shared by the reference attention (models/transformer.py) and the fused decode ops' reference
+(kernels/fused_ops.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Rotary:
+    """cos/sin tables for rotary position embeddings, grown on demand, one per RoPE base."""
+
+    def __init__(self, head_dim: int, base: float, scale: float, interleaved: bool):
+        self.head_dim, self.base, self.scale, self.interleaved = head_dim, base, scale, interleaved
+        self.cos = self.sin = torch.empty(0, head_dim // 2)
+        self._last: tuple = (None, None, None)  # (start, n, device), cos, sin of the last range
+
+    def _grow(self, n: int) -> None:
+        n = max(n, 2 * self.cos.shape[0], 256)
+        # float64 for the angles: positions up to 32k times frequencies lose digits in fp32.
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+
+    def tables(self, positions: torch.Tensor | int, n: int, device: torch.device):
+        """cos, sin (n, hd/2) for `positions`: a (n,) tensor, or an int `start` for positions
+        start..start+n-1 (prefill and decode)."""
+        if isinstance(positions, int):
+            return self._range(positions, n, device)
+        if int(positions.max()) >= self.cos.shape[0]:
+            self._grow(int(positions.max()) + 1)
+        return self.cos[positions].to(device), self.sin[positions].to(device)
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor | int):
+        """Rotate q and k (T, heads, head_dim) by their positions (see `tables`)."""
+        cos, sin = self.tables(positions, q.shape[0], q.device)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, hd/2): every head alike
+        return rotate(q, cos, sin, self.interleaved), rotate(k, cos, sin, self.interleaved)
+
+    def _range(self, start: int, n: int, device: torch.device):
+        """Every layer sharing this table asks for the same range in a step: the first lookup
+        serves them all."""
+        key, cos, sin = self._last
+        if key != (start, n, device):
+            if start + n > self.cos.shape[0]:
+                self._grow(start + n)
+            cos = self.cos[start:start + n].to(device)
+            sin = self.sin[start:start + n].to(device)
+            self._last = ((start, n, device), cos, sin)
+        return cos, sin
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of x (..., head_dim) with cos/sin broadcasting to (..., head_dim/2):
+    pairs (x0, x1), (x2, x3), ... when interleaved, else halves (x[:hd/2], x[hd/2:])."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
