@@ -4,7 +4,7 @@
 //
 // Every op works row by row, with the same loop whatever the number of rows, so a row gives
 // bit-identical results alone or among T rows (speculative verification relies on that).
-// References: kernels/fused_ops.py, in terms of models/transformer.py's own functions.
+// References: kernels/fused_ops.py, written with the reference model's own functions.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
