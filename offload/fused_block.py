@@ -62,10 +62,10 @@ class FusedBlock(nn.Module):
         slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
         cos, sin = attn.rotary.tables(start, 1, x.device)
         return fused_ops.attention_step(
-            x, b.attn_norm, attn.wqkv.rows, attn.wqkv.qtype, cfg.n_heads, cfg.n_kv_heads,
+            x, b.attn_norm, attn.wqkv.rows, cfg.n_heads, cfg.n_kv_heads,
             cfg.head_dim, attn.q_norm if cfg.qk_norm else None,
             attn.k_norm if cfg.qk_norm else None, cos, sin, attn.rotary.interleaved,
-            *cache.pools(), int(slots[-1]), slots, attn.wo.rows, attn.wo.qtype,
+            *cache.pools(), int(slots[-1]), slots, attn.wo.rows,
             b.post_attn_norm if cfg.sandwich_norms else None, b.ffn_norm, cfg.rms_eps,
             cfg.scale)
 

@@ -1,10 +1,10 @@
 """Quantized weights for the dense body, swapped in at load (as gpt-fast swaps nn.Linear).
 
-Every projection of the body (attention q/k/v/o, FFN gate/up/down) runs through the block
-kernel that also serves the LM head: straight from the file's blocks where it reads their
-type (Q5_0, Q8_0), else requantized from the dequantized values (Q4_K, Q6_K, float files) to
-Q8_0: a fifth to a quarter of the float32 bytes per token. 8 bits per weight on top of the
-file's 4-6 is near-lossless (perplexity and greedy tokens are tested).
+Every projection of the body (attention q/k/v/o, FFN gate/up/down) runs through the Q8_0
+kernel that also serves the LM head, on Q8_0 rows made at load: the file's own Q8_0 blocks,
+Q4_0/Q5_0 blocks widened exactly (the same values), anything else (Q4_K, Q6_K, float files)
+requantized from the dequantized values. A quarter of the float32 bytes per token; 8 bits
+per weight on top of the file's 4-6 is near-lossless (perplexity and greedy tokens are tested).
 
 Attention projections are `Projection` objects replaced by `BlockProjection` (q, k and v also as
 one fused matrix, `Attention.wqkv`); a dense `FeedForward` keeps its float32 tensors (the
@@ -27,44 +27,37 @@ BODY_CHOICES = ("auto", "fp32", "q8")
 PROJECTIONS = ("wq", "wk", "wv", "wo")
 
 
-def _rows(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 (in, out) projection weight -> (out, row_bytes) Q8_0 rows."""
+def _block_rows(parts: list[torch.Tensor], stored: list) -> torch.Tensor:
+    """Q8_0 rows (sum of outs, row_bytes) for the float32 (in, out) `parts` side by side: from
+    the file's blocks when every part is stored as Q8_0 or a type that widens to it exactly
+    (no rounding beyond the file's own), else requantized from the floats."""
+    kinds = {getattr(s, "qtype", None) for s in stored}
+    exact = (q8_matmul.Q8_0, *q8_matmul.WIDENS_EXACTLY)
+    if len(kinds) == 1 and kinds <= set(exact):
+        qtype = kinds.pop()
+        rows = torch.cat([s.raw.view(s.shape[0], -1) for s in stored])
+        return rows.contiguous() if qtype == q8_matmul.Q8_0 else q8_matmul.widen_to_q8_0(rows, qtype)
+    weight = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
     return q8_matmul.q8_0_quantize(weight.t())
 
 
-def _block_rows(parts: list[torch.Tensor], stored: list) -> tuple[torch.Tensor, int]:
-    """One matrix of rows for the float32 (in, out) `parts` side by side: the file's own
-    blocks when every part is stored in one type the kernel reads (Q5_0 on the default model:
-    fewer bytes than Q8_0 and no requantization), else Q8_0 requantized from the floats.
-    Returns (rows (sum of outs, row_bytes) uint8, GGML type)."""
-    kinds = {getattr(s, "qtype", None) for s in stored}
-    if len(kinds) == 1 and kinds <= set(q8_matmul.KERNEL_TYPES):
-        qtype = kinds.pop()
-        return torch.cat([s.raw.view(s.shape[0], -1) for s in stored]).contiguous(), qtype
-    weight = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-    return _rows(weight), q8_matmul.Q8_0
-
-
 class BlockProjection(nn.Module):
-    """x (T, in) -> (T, out) from rows of quantized blocks (Q8_0, or the file's own Q5_0).
-    `source`: the float32 Projection it replaces; `rows`: its rows when already made (a
-    slice of a fused projection's)."""
+    """x (T, in) -> (T, out) from Q8_0 rows. `source`: the float32 Projection it replaces;
+    `rows`: its rows when already made (a slice of a fused projection's)."""
 
-    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None,
-                 qtype: int = q8_matmul.Q8_0):
+    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None):
         super().__init__()
         object.__setattr__(self, "source", source)  # not a submodule: `.to()` leaves it alone
         if rows is None:
-            rows, qtype = _block_rows([source.weight], [source.stored])
+            rows = _block_rows([source.weight], [source.stored])
         self.register_buffer("rows", rows, persistent=False)
-        self.qtype = qtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return q8_matmul.block_matmul(x, self.rows, self.qtype)
+        return q8_matmul.q8_0_matmul(x, self.rows)
 
 
 class BlockFeedForward(nn.Module):
-    """A FeedForward's forward from quantized rows; gate and up share one matrix (one call)."""
+    """A FeedForward's forward from Q8_0 rows; gate and up share one matrix (one call)."""
 
     def __init__(self, ffn: FeedForward):
         super().__init__()
@@ -72,17 +65,15 @@ class BlockFeedForward(nn.Module):
         self.ffn_size = ffn.up.shape[1]
         stored = getattr(ffn, "stored", {})
         names = ("gate", "up") if self.gated else ("up",)
-        gate_up, self.gate_up_type = _block_rows([getattr(ffn, n) for n in names],
-                                                 [stored.get(n) for n in names])
-        down, self.down_type = _block_rows([ffn.down], [stored.get("down")])
+        gate_up = _block_rows([getattr(ffn, n) for n in names], [stored.get(n) for n in names])
+        down = _block_rows([ffn.down], [stored.get("down")])
         self.register_buffer("gate_up", gate_up, persistent=False)  # (2*ffn or ffn, bytes)
         self.register_buffer("down", down, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = q8_matmul.block_matmul(x, self.gate_up, self.gate_up_type)  # (T, 2*ffn) or (T, ffn)
+        gu = q8_matmul.q8_0_matmul(x, self.gate_up)  # (T, 2*ffn) or (T, ffn)
         gate, up = (gu[:, :self.ffn_size], gu[:, self.ffn_size:]) if self.gated else (None, gu)
-        return q8_matmul.block_matmul(activate(self.activation, gate, up), self.down,
-                                      self.down_type)
+        return q8_matmul.q8_0_matmul(activate(self.activation, gate, up), self.down)
 
 
 def _fits(*weights: torch.Tensor | None) -> bool:
@@ -128,11 +119,11 @@ def _fuse_qkv(attn) -> None:
     parts = [getattr(attn, name) for name in ("wq", "wk", "wv")]
     if attn.wqkv is not None or any(type(p) is not Projection or not _fits(p.weight) for p in parts):
         return
-    rows, qtype = _block_rows([p.weight for p in parts], [p.stored for p in parts])
-    attn.wqkv = BlockProjection(None, rows, qtype)
+    rows = _block_rows([p.weight for p in parts], [p.stored for p in parts])
+    attn.wqkv = BlockProjection(None, rows)
     first = 0
     for name, proj, size in zip(("wq", "wk", "wv"), parts, attn.qkv_sizes):
-        setattr(attn, name, BlockProjection(proj, rows[first:first + size], qtype))
+        setattr(attn, name, BlockProjection(proj, rows[first:first + size]))
         first += size
 
 

@@ -26,7 +26,7 @@ def _rows(n, k, seed=0):
 def test_kernel_matches_reference(n, k, t):
     rows = _rows(n, k)
     x = torch.randn(t, k)
-    ref = q8_matmul.block_matmul_reference(x, rows)
+    ref = q8_matmul.q8_0_matmul_reference(x, rows)
     got = q8_matmul.q8_0_matmul(x, rows)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
@@ -65,7 +65,7 @@ def test_zero_and_tiny_blocks_of_x():
     x[1, 32:64] = 0  # an all-zero block
     x[2, :32] = 1e-30  # a block of tiny values
     got = q8_matmul.q8_0_matmul(x, rows)
-    torch.testing.assert_close(got, q8_matmul.block_matmul_reference(x, rows), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, q8_matmul.q8_0_matmul_reference(x, rows), rtol=1e-5, atol=1e-6)
     assert torch.equal(got[0], torch.zeros(40))
 
 
@@ -89,7 +89,7 @@ def test_reference_is_the_dequantized_matmul_of_rounded_activations():
     q, s = q8_matmul.quantize_activations_reference(x)
     assert q.abs().max() == 32767 and torch.equal(q, q.round())
     x_hat = (q * s).reshape(2, 64)
-    torch.testing.assert_close(q8_matmul.block_matmul_reference(x, rows), x_hat @ w.t())
+    torch.testing.assert_close(q8_matmul.q8_0_matmul_reference(x, rows), x_hat @ w.t())
     torch.testing.assert_close(x_hat, x, rtol=0, atol=float(x.abs().max()) / 32767)
 
 
@@ -111,32 +111,26 @@ def test_quantized_head_in_a_q8_model_keeps_greedy_tokens(tiny_models, tmp_path)
     assert a == b
 
 
-def _q5_rows(n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.1
-    return quantize(w, Q.Q5_0).view(n, quants.row_nbytes(q8_matmul.Q5_0, k)), w
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0])
+def test_widening_to_q8_0_keeps_every_value(qtype):
+    """Q4_0/Q5_0 blocks widened to Q8_0 hold exactly the file's values (all 5th bits and
+    both nibbles, an all-zero block included)."""
+    g = torch.Generator().manual_seed(int(qtype))
+    n, k = 64, 96
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+    w[3, 32:64] = 0
+    rows = quantize(w, qtype).view(n, quants.row_nbytes(int(qtype), k))
+    wide = q8_matmul.widen_to_q8_0(rows, int(qtype))
+    assert wide.shape == (n, quants.row_nbytes(Q.Q8_0, k)) and wide.dtype == torch.uint8
+    original = quants.dequantize(rows.reshape(-1), int(qtype), (n, k))
+    assert torch.equal(quants.dequantize(wide.reshape(-1), Q.Q8_0, (n, k)), original)
+    assert (original - w).abs().max() <= w.abs().max() / 7  # the file's own grid, read right
+    x = torch.randn(5, k)
+    torch.testing.assert_close(q8_matmul.q8_0_matmul(x, wide),
+                               q8_matmul.q8_0_matmul_reference(x, wide), rtol=1e-5, atol=1e-5)
 
 
-@needs_kernel
-@pytest.mark.parametrize("n,k", [(1, 32), (7, 64), (1000, 640), (333, 96)])
-@pytest.mark.parametrize("t", [1, 3, 4, 5, 9])
-def test_q5_0_kernel_matches_reference(n, k, t):
-    rows, _ = _q5_rows(n, k, seed=n + t)
-    x = torch.randn(t, k)
-    ref = q8_matmul.block_matmul_reference(x, rows, q8_matmul.Q5_0)
-    got = q8_matmul.block_matmul(x, rows, q8_matmul.Q5_0)
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    if t > 1:  # batch-invariant like Q8_0
-        alone = torch.cat([q8_matmul.block_matmul(x[i:i + 1], rows, q8_matmul.Q5_0)
-                           for i in range(t)])
-        assert torch.equal(got, alone)
-
-
-def test_q5_0_reference_reads_every_bit_of_the_blocks():
-    """Fifth bits and both nibbles: the kernel's reference is the file's own dequantization,
-    within Q5_0's grid of the original weights."""
-    rows, w = _q5_rows(64, 96, seed=3)
-    x = torch.eye(96)
-    got = q8_matmul.block_matmul_reference(x, rows, q8_matmul.Q5_0).t()
-    assert (got - w).abs().max() <= w.abs().max() / 16 + 1e-6
-    assert torch.equal(got, quants.dequantize(rows.reshape(-1), q8_matmul.Q5_0, (64, 96)))
+def test_widening_refuses_types_q8_0_cannot_hold_exactly():
+    rows = quantize(torch.randn(2, 256), Q.Q4_K).view(2, -1)
+    with pytest.raises(ValueError, match="Q4_K"):
+        q8_matmul.widen_to_q8_0(rows, int(Q.Q4_K))

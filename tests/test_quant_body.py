@@ -101,3 +101,29 @@ def test_q8_body_perplexity_within_1_percent_of_fp32(default_model_path):
         ids = engine.tokenizer.encode(text, add_bos=False)
         ppl[weights] = perplexity(engine.model, ids, engine.tokenizer.bos_id, window=512).ppl
     assert abs(ppl["q8"] / ppl["fp32"] - 1) < 0.01, ppl
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_0"])
+def test_q4_0_and_q5_0_weights_are_widened_exactly(tiny_models, tmp_path, qtype):
+    """A file's Q4_0/Q5_0 body weights become Q8_0 rows holding exactly the file's values (no
+    requantization), fused q/k/v and gate/up included."""
+    from gguf import GGMLQuantizationType as Q
+
+    from ember.models import quants, synthetic
+    from ember.models.loader import load_model
+
+    cfg, weights, _, _ = tiny_models["gemma3"]
+    path = synthetic.write_gguf(tmp_path / "m.gguf", cfg, weights, qtype=Q[qtype])
+    model = load_model(path).model
+    assert use_body(model, "q8") == "q8"
+    block = model.blocks[0]
+    attn, ffn = block.attn, block.ffn
+
+    def values(rows, n_in):
+        return quants.dequantize(rows.reshape(-1), Q.Q8_0, (rows.shape[0], n_in))
+
+    assert attn.wq.source.stored.qtype == Q[qtype]
+    qkv = torch.cat([attn.wq.source.weight, attn.wk.source.weight, attn.wv.source.weight], 1)
+    assert torch.equal(values(attn.wqkv.rows, qkv.shape[0]), qkv.t())
+    gate_up = torch.cat([ffn.gate, ffn.up], 1)
+    assert torch.equal(values(ffn.fast.gate_up, gate_up.shape[0]), gate_up.t())

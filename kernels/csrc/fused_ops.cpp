@@ -199,30 +199,20 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
 }
 
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);  // q8_0_matmul.cpp
-at::Tensor q5_0_matmul(at::Tensor x, at::Tensor w);
-
-namespace {
-constexpr int64_t GGML_Q5_0 = 6, GGML_Q8_0 = 8;
-
-at::Tensor block_matmul(at::Tensor x, at::Tensor w, int64_t type) {
-    TORCH_CHECK(type == GGML_Q5_0 || type == GGML_Q8_0, "no block kernel for GGML type ", type);
-    return type == GGML_Q5_0 ? q5_0_matmul(x, w) : q8_0_matmul(x, w);
-}
-}  // namespace
 
 // A whole attention sub-layer for one decoded token, in one call from Python: the chain
 // offload/fused_block.py runs op by op for tree rows, here without the ~15 Python-level
 // dispatches per layer between the ops (a few ms per token on the default model). The same
 // functions in the same order, so the result is bit-identical to that chain.
-// Projections are rows of GGML blocks of the given types (Q8_0 or Q5_0).
+// Projections are rows of GGML Q8_0 blocks.
 //   h = rms_norm(x, attn_norm); qkv = h @ Wqkv; q/k norm + rotary; K/V stored at write_slot;
 //   o = attention over read_slots (which include write_slot); a = o @ Wo;
 //   returns residual_norm(x, a, post_norm, next_norm): (x + post-normed a, next-normed input)
 std::tuple<at::Tensor, at::Tensor> attention_step(
-    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t qkv_type, int64_t n_heads,
+    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
     at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows, int64_t wo_type,
+    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale) {
     check_rows(x, "x");
     TORCH_CHECK(x.size(0) == 1, "attention_step decodes one token at a time");
@@ -232,7 +222,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
                 "k_pool/v_pool must be contiguous (rows, n_kv, head_dim)");
     TORCH_CHECK(write_slot >= 0 && write_slot < k_pool.size(0), "write slot out of range");
     auto h = rms_norm(x, attn_norm, eps);
-    auto qkv = block_matmul(h, qkv_rows, qkv_type);
+    auto qkv = q8_0_matmul(h, qkv_rows);
     qk_norm_rope_(qkv, n_heads, n_kv, hd, q_norm, k_norm, cos, sin, interleaved, eps);
     const float* base = qkv.data_ptr<float>();
     const int64_t kv = n_kv * hd;
@@ -241,6 +231,6 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
                 kv * sizeof(float));
     auto q = qkv.narrow(1, 0, n_heads * hd).view({n_heads, hd});
     auto o = attend_slots(q, k_pool, v_pool, read_slots, scale);
-    auto a = block_matmul(o, wo_rows, wo_type);
+    auto a = q8_0_matmul(o, wo_rows);
     return residual_norm(x, a, post_norm, next_norm, eps);
 }

@@ -383,7 +383,6 @@ bool has_avx2() {
 
 // Defined in q8_0_matmul.cpp, compiled into the same extension.
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
-at::Tensor q5_0_matmul(at::Tensor x, at::Tensor w);
 at::Tensor q8_0_quantize(at::Tensor w);
 // Defined in fused_ops.cpp.
 at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
@@ -396,10 +395,10 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                         double scale);
 std::tuple<at::Tensor, at::Tensor> attention_step(
-    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t qkv_type, int64_t n_heads,
+    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
     at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows, int64_t wo_type,
+    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -422,14 +421,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
         py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"));
   m.def("attention_step", &attention_step, "one decoded token's attention sub-layer",
-        py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("qkv_type"),
-        py::arg("n_heads"),
+        py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
         py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
         py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
         py::arg("v_pool"), py::arg("write_slot"), py::arg("read_slots"), py::arg("wo_rows"),
-        py::arg("wo_type"), py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
-  m.def("q5_0_matmul", &q5_0_matmul, "x @ W^T with W in GGML Q5_0 blocks",
-        py::arg("x"), py::arg("w"), py::call_guard<py::gil_scoped_release>());
+        py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }
