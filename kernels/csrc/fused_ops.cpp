@@ -16,6 +16,10 @@
 #include <cstring>
 #include <tuple>
 #include <vector>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define EMBER_FUSED_AVX2 1
+#endif
 
 namespace {
 
@@ -25,6 +29,31 @@ inline float inv_rms(const float* v, int64_t n, float eps) {
 #pragma omp simd reduction(+ : ss)
     for (int64_t i = 0; i < n; ++i) ss += v[i] * v[i];
     return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+}
+
+// a . b in a fixed order of operations (the same bits for a row whatever is computed beside
+// it): four independent 8-wide partial sums, then one fixed reduction. One running sum makes
+// every step wait on the previous add.
+inline float dot(const float* a, const float* b, int64_t n) {
+#ifdef EMBER_FUSED_AVX2
+    if (n % 32 == 0) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t i = 0; i < n; i += 32) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+            s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+            s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+        }
+        const __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+#endif
+    float d = 0.f;
+#pragma omp simd reduction(+ : d)
+    for (int64_t i = 0; i < n; ++i) d += a[i] * b[i];
+    return d;
 }
 
 // out = v * inv_rms(v) * w (out may alias v).
@@ -168,32 +197,34 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
                 *vp = v_pool.data_ptr<float>();
     float* op = out.data_ptr<float>();
     const int64_t group = nh / nkv;
-    std::vector<float> scores(S);
-    for (int64_t h = 0; h < nh; ++h) {
-        const int64_t g = h / group;
-        const float* qh = qp + h * hd;
-        float m = -INFINITY;
-        for (int64_t s = 0; s < S; ++s) {
-            const float* kr = kp + (sp[s] * nkv + g) * hd;
-            float d = 0.f;
-#pragma omp simd reduction(+ : d)
-            for (int64_t i = 0; i < hd; ++i) d += qh[i] * kr[i];
-            scores[s] = d * (float)scale;
-            m = std::max(m, scores[s]);
+    // Per kv head, every query head of its group together: each key and value row is read
+    // once per group, and the group's outputs (a few KiB) stay in L1 while the values stream.
+    std::vector<float> scores(group * S);
+    for (int64_t g = 0; g < nkv; ++g) {
+        for (int64_t j = 0; j < group; ++j) {
+            const float* qh = qp + (g * group + j) * hd;
+            float* sc = scores.data() + j * S;
+            float m = -INFINITY;
+            for (int64_t s = 0; s < S; ++s) {
+                sc[s] = dot(qh, kp + (sp[s] * nkv + g) * hd, hd) * (float)scale;
+                m = std::max(m, sc[s]);
+            }
+            float total = 0.f;
+            for (int64_t s = 0; s < S; ++s) total += sc[s] = std::exp(sc[s] - m);
+            const float inv = 1.f / total;
+            for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
         }
-        float total = 0.f;
-        for (int64_t s = 0; s < S; ++s) total += scores[s] = std::exp(scores[s] - m);
-        float* oh = op + h * hd;
-        for (int64_t i = 0; i < hd; ++i) oh[i] = 0.f;
+        float* og = op + g * group * hd;
+        std::fill(og, og + group * hd, 0.f);
         for (int64_t s = 0; s < S; ++s) {
             const float* vr = vp + (sp[s] * nkv + g) * hd;
-            const float p = scores[s];
+            for (int64_t j = 0; j < group; ++j) {
+                const float p = scores[j * S + s];
+                float* oh = og + j * hd;
 #pragma omp simd
-            for (int64_t i = 0; i < hd; ++i) oh[i] += p * vr[i];
+                for (int64_t i = 0; i < hd; ++i) oh[i] += p * vr[i];
+            }
         }
-        const float inv = 1.f / total;
-#pragma omp simd
-        for (int64_t i = 0; i < hd; ++i) oh[i] *= inv;
     }
     return out;
 }
