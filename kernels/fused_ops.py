@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from ember.models.transformer import attend
-from ember.models.transformer import rms_norm as rms_norm_reference
 from ember.models.rotary import rotate
+from ember.models.transformer import activate, attend
+from ember.models.transformer import rms_norm as rms_norm_reference
 
 from . import cpu_extension
+from .q8_matmul import q8_0_matmul
 
 
 def available() -> bool:
@@ -94,8 +95,6 @@ def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_
                              cos, sin, interleaved, k_pool, v_pool, write_slot, read_slots,
                              wo_rows, post_norm, next_norm, eps, scale):
     """The C++ attention_step as the chain of this module's ops (what a tree row runs)."""
-    from .q8_matmul import q8_0_matmul
-
     qkv = q8_0_matmul(rms_norm(x, attn_norm, eps), qkv_rows)
     qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin, interleaved, eps)
     q, k, v = qkv.split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=1)
@@ -119,3 +118,24 @@ def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_no
     if module is None:
         return attention_step_reference(*args)
     return module.attention_step(*args)
+
+
+def ffn_step_reference(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
+    """The C++ ffn_step as a chain of PyTorch-level calls (offload/quant_body.py's
+    BlockFeedForward, then the residual step)."""
+    gu = q8_0_matmul(h, gate_up_rows)
+    gated = activation not in ("relu", "relu2")
+    n = gate_up_rows.shape[0] // (2 if gated else 1)
+    gate, up = (gu[:, :n], gu[:, n:]) if gated else (None, gu)
+    f = q8_0_matmul(activate(activation, gate, up), down_rows)
+    return residual_norm(x, f.contiguous(), post_norm, None, eps)[0]
+
+
+def ffn_step(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
+    """A dense FFN sub-layer on Q8_0 rows (gate rows then up rows, or up rows alone) and its
+    residual step, for T rows in one call: x + post-normed FFN(h). Bit-identical to
+    `ffn_step_reference`."""
+    module = cpu_extension.load()
+    if module is None:
+        return ffn_step_reference(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
+    return module.ffn_step(x, h, gate_up_rows, down_rows, activation, post_norm, eps)

@@ -7,10 +7,12 @@ the matmuls:
   q/k heads in place;
 - each residual step (post-norm, add, and the next sub-layer's norm) is one call;
 - a single query row (decoding, or one row of a speculative tree) attends over keys read in
-  place from the paged pool (`Attention.single_query`), without gathering them first.
-Attention over the cache and the FFN are the block's own modules, so a hybrid FFN, hooks on
-the FFN and tree verification all work unchanged. Every op is row by row, which keeps a body
-pass batch-invariant (speculative verification relies on it).
+  place from the paged pool (`Attention.single_query`), without gathering them first; a
+  decoded token's whole attention sub-layer is one call;
+- a dense FFN on quantized rows is one call with its residual step, for any number of rows.
+Any other FFN (a hybrid one, a wrapper, one with hooks) runs as the block's own module, so
+those and tree verification work unchanged. Every op is row by row, which keeps a body pass
+batch-invariant (speculative verification relies on it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from torch import nn
 
 from ember.kernels import fused_ops
-from ember.models.transformer import Block, TreeRows
+from ember.models.transformer import Block, FeedForward, TreeRows
 
 
 class FusedBlock(nn.Module):
@@ -71,10 +73,15 @@ class FusedBlock(nn.Module):
 
     def _ffn_step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         b = self.block
-        f = b.ffn(h)
-        x, _ = fused_ops.residual_norm(x, f.contiguous(),
-                                       b.post_ffn_norm if b.cfg.sandwich_norms else None,
-                                       None, b.cfg.rms_eps)
+        post = b.post_ffn_norm if b.cfg.sandwich_norms else None
+        ffn = b.ffn
+        # A plain dense FFN on quantized rows goes through one call with the residual step
+        # (BlockFeedForward.residual_step), for every row count, so decode and tree rows agree.
+        # Anything else (a hybrid FFN, a wrapper, hooks to fire) runs as a module.
+        step = getattr(ffn.fast, "residual_step", None) if type(ffn) is FeedForward else None
+        if step is not None and not (ffn._forward_hooks or ffn._forward_pre_hooks):
+            return step(x, h, post, b.cfg.rms_eps)
+        x, _ = fused_ops.residual_norm(x, ffn(h).contiguous(), post, None, b.cfg.rms_eps)
         return x
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ember.kernels import q8_matmul
+from ember.kernels import fused_ops, q8_matmul
 from ember.models.transformer import FeedForward, Projection, Transformer, activate
 
 from . import fused_block
@@ -74,6 +74,12 @@ class BlockFeedForward(nn.Module):
         gu = q8_matmul.q8_0_matmul(x, self.gate_up)  # (T, 2*ffn) or (T, ffn)
         gate, up = (gu[:, :self.ffn_size], gu[:, self.ffn_size:]) if self.gated else (None, gu)
         return q8_matmul.q8_0_matmul(activate(self.activation, gate, up), self.down)
+
+    def residual_step(self, x: torch.Tensor, h: torch.Tensor, post_norm: torch.Tensor | None,
+                      eps: float) -> torch.Tensor:
+        """x + (post-normed) forward(h) in one C++ call: the same bits as forward() followed
+        by fused_ops.residual_norm."""
+        return fused_ops.ffn_step(x, h, self.gate_up, self.down, self.activation, post_norm, eps)
 
 
 def _fits(*weights: torch.Tensor | None) -> bool:

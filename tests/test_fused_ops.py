@@ -198,3 +198,53 @@ def test_decode_in_one_call_equals_op_by_op_decode(fast, tiny_models):
         engine.runner.prefill("s", ids)
         runs.append([engine.runner.decode("s", t) for t in (5, 9, 2)])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("activation", ["gelu_glu", "silu_glu", "relu_glu", "drelu", "relu",
+                                        "relu2"])
+@pytest.mark.parametrize("t,post", [(1, True), (5, False)])
+def test_ffn_step_equals_its_op_chain_bit_for_bit(fast, activation, t, post):
+    from ember.kernels import q8_matmul
+
+    g = torch.Generator().manual_seed(t)
+    hidden, n = 64, 96
+    gated = activation not in ("relu", "relu2")
+    w = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    x, h = w(t, hidden), w(t, hidden)
+    gate_up = q8_matmul.q8_0_quantize(w((2 if gated else 1) * n, hidden) * 0.2)
+    down = q8_matmul.q8_0_quantize(w(hidden, n) * 0.2)
+    post_norm = w(hidden) if post else None
+    got = fast.ffn_step(x, h, gate_up, down, activation, post_norm, 1e-6)
+    want = fused_ops.ffn_step_reference(x, h, gate_up, down, activation, post_norm, 1e-6)
+    assert torch.equal(got, want)
+    alone = torch.cat([fast.ffn_step(x[i:i + 1], h[i:i + 1], gate_up, down, activation,
+                                     post_norm, 1e-6) for i in range(t)])
+    assert torch.equal(got, alone)
+
+
+def test_ffn_step_rejects_an_unknown_activation(fast):
+    from ember.kernels import q8_matmul
+
+    rows = q8_matmul.q8_0_quantize(torch.randn(64, 32))
+    with pytest.raises(RuntimeError, match="unknown activation"):
+        fast.ffn_step(torch.randn(1, 32), torch.randn(1, 32), rows, rows, "swish", None, 1e-6)
+
+
+def test_a_hooked_ffn_runs_as_its_module(fast, tiny_models):
+    """The one-call FFN step is skipped where hooks must fire (activation collection), with
+    the same result."""
+    from ember.models.loader import load_model
+    from ember.offload.engine import Engine, EngineOptions
+
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    ids = engine.encode("the cat is in the hat")
+    one_call = engine.runner.prefill("s", ids)
+    seen = []
+    handles = [b.ffn.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+               for b in engine.model.blocks]
+    engine.runner.reset("s")
+    hooked = engine.runner.prefill("s", ids)
+    for handle in handles:
+        handle.remove()
+    assert len(seen) == len(engine.model.blocks)
+    assert torch.equal(one_call, hooked)

@@ -8,12 +8,18 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/square.h>
 #include <c10/util/Optional.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -264,4 +270,36 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     auto o = attend_slots(q, k_pool, v_pool, read_slots, scale);
     auto a = q8_0_matmul(o, wo_rows);
     return residual_norm(x, a, post_norm, next_norm, eps);
+}
+
+// The FFN's activation with the ATen ops models/transformer.py's `activate` uses, so the
+// values are the same bits as the Python chain's.
+namespace {
+at::Tensor activate(const std::string& kind, const at::Tensor& gate, const at::Tensor& up) {
+    if (kind == "gelu_glu") return at::mul(at::gelu(gate, "tanh"), up);
+    if (kind == "silu_glu") return at::mul(at::silu(gate), up);
+    if (kind == "relu_glu") return at::mul(at::relu(gate), up);
+    if (kind == "drelu") return at::mul(at::relu(gate), at::relu(up));
+    if (kind == "relu") return at::relu(up);
+    if (kind == "relu2") return at::square(at::relu(up));
+    TORCH_CHECK(false, "unknown activation ", kind);
+}
+}  // namespace
+
+// A dense FFN sub-layer for T rows in one call, from Q8_0 rows, its residual step included:
+//   f = activate(h @ Wgate, h @ Wup) @ Wdown;  returns x + (post_norm ? rms_norm(f, post) : f)
+// gate_up_rows holds the gate rows then the up rows (gated activations) or the up rows alone.
+// The same ops as the Python chain (offload/quant_body.py's BlockFeedForward, then
+// residual_norm), so the same bits, without their Python-level dispatches.
+at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
+                    const std::string& kind, c10::optional<at::Tensor> post_norm, double eps) {
+    check_rows(x, "x");
+    check_rows(h, "h");
+    const bool gated = kind != "relu" && kind != "relu2";
+    const int64_t n = gate_up_rows.size(0) / (gated ? 2 : 1);
+    auto gu = q8_0_matmul(h, gate_up_rows);  // (T, 2n) or (T, n)
+    auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
+    auto up = gated ? gu.narrow(1, n, n) : gu;
+    auto f = q8_0_matmul(activate(kind, gate, up).contiguous(), down_rows);
+    return std::get<0>(residual_norm(x, f, post_norm, c10::nullopt, eps));
 }

@@ -400,6 +400,8 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
     int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
+at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
+                    const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
@@ -426,6 +428,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
         py::arg("v_pool"), py::arg("write_slot"), py::arg("read_slots"), py::arg("wo_rows"),
         py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
+  m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step",
+        py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
+        py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }
