@@ -139,3 +139,11 @@ def ffn_step(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: flo
     if module is None:
         return ffn_step_reference(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
     return module.ffn_step(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
+
+
+def argmax(v: torch.Tensor) -> int:
+    """torch.argmax of a float32 vector (first index on ties, NaN counts as largest), faster."""
+    module = cpu_extension.load()
+    if module is None or v.dtype != torch.float32 or v.device.type != "cpu" or v.dim() != 1:
+        return int(torch.argmax(v))
+    return module.argmax(v.contiguous())

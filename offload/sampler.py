@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from ember.kernels import fused_ops
 from ember.models.errors import ConfigError
 
 
@@ -62,7 +63,7 @@ class Sampler:
         logits = apply_repeat_penalty(logits.float(), history[-p.repeat_last_n:] if p.repeat_last_n else (),
                                       p.repeat_penalty)
         if p.greedy:
-            return int(torch.argmax(logits))
+            return fused_ops.argmax(logits)
         ids, probs = filter_candidates(logits, p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(torch.log(probs) / p.temperature, dim=-1)
         return int(ids[torch.multinomial(probs, 1, generator=self.generator)])

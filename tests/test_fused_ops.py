@@ -248,3 +248,24 @@ def test_a_hooked_ffn_runs_as_its_module(fast, tiny_models):
         handle.remove()
     assert len(seen) == len(engine.model.blocks)
     assert torch.equal(one_call, hooked)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 100, 262144])
+def test_argmax_follows_torch(fast, n):
+    g = torch.Generator().manual_seed(n)
+    v = torch.randn(n, generator=g)
+    assert fast.argmax(v) == int(torch.argmax(v))
+    v[n // 3] = v[n - 1] = v.max() + 1  # a tie: the first one wins
+    assert fast.argmax(v) == int(torch.argmax(v)) == n // 3
+    assert fast.argmax(torch.zeros(n)) == 0
+    assert fast.argmax(torch.full((n,), -float("inf"))) == 0
+    v[n // 2] = float("inf")
+    assert fast.argmax(v) == n // 2
+    v[n - 1] = float("nan")  # NaN counts as the largest, as in torch
+    assert fast.argmax(v) == int(torch.argmax(v)) == n - 1
+
+
+def test_argmax_wrapper_takes_any_vector():
+    v = torch.randn(50, dtype=torch.float64)
+    assert fused_ops.argmax(v) == int(torch.argmax(v))
+    assert fused_ops.argmax(v.float()[::2]) == int(torch.argmax(v.float()[::2]))

@@ -303,3 +303,56 @@ at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Ten
     auto f = q8_0_matmul(activate(kind, gate, up).contiguous(), down_rows);
     return std::get<0>(residual_norm(x, f, post_norm, c10::nullopt, eps));
 }
+
+// Index of the largest value of a float32 vector, the first one on ties, a NaN counting as
+// the largest (torch.argmax's rules). Greedy decoding takes this over the 262k logits of the
+// default model every token: torch.argmax took ~0.5 ms there, this ~0.05.
+int64_t argmax(at::Tensor v) {
+    TORCH_CHECK(v.dim() == 1 && v.scalar_type() == at::kFloat && v.is_contiguous() &&
+                    v.numel() > 0 && v.device().is_cpu(),
+                "argmax takes a non-empty contiguous float32 CPU vector");
+    const float* p = v.data_ptr<float>();
+    const int64_t n = v.numel();
+    int64_t i = 0, best_i = 0;
+    float best = p[0];
+#ifdef EMBER_FUSED_AVX2
+    if (n >= 16) {
+        // Eight lanes, each keeping the first maximum it sees (strictly greater replaces).
+        __m256 lane_best = _mm256_loadu_ps(p);
+        __m256i lane_idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), idx = lane_idx;
+        __m256 unordered = _mm256_cmp_ps(lane_best, lane_best, _CMP_UNORD_Q);
+        const __m256i step = _mm256_set1_epi32(8);
+        for (i = 8; i + 8 <= n && i + 8 <= INT32_MAX; i += 8) {
+            idx = _mm256_add_epi32(idx, step);
+            const __m256 x = _mm256_loadu_ps(p + i);
+            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+            const __m256 gt = _mm256_cmp_ps(x, lane_best, _CMP_GT_OQ);
+            lane_best = _mm256_blendv_ps(lane_best, x, gt);
+            lane_idx = _mm256_blendv_epi8(lane_idx, idx, _mm256_castps_si256(gt));
+        }
+        if (_mm256_movemask_ps(unordered)) {
+            i = 0;  // a NaN somewhere: the scalar loop below finds the first one
+        } else {
+            alignas(32) float vals[8];
+            alignas(32) int32_t ids[8];
+            _mm256_store_ps(vals, lane_best);
+            _mm256_store_si256((__m256i*)ids, lane_idx);
+            best = vals[0];
+            best_i = ids[0];
+            for (int l = 1; l < 8; ++l)
+                if (vals[l] > best || (vals[l] == best && ids[l] < best_i)) {
+                    best = vals[l];
+                    best_i = ids[l];
+                }
+        }
+    }
+#endif
+    for (; i < n; ++i) {
+        if (std::isnan(p[i])) return i;
+        if (p[i] > best) {
+            best = p[i];
+            best_i = i;
+        }
+    }
+    return best_i;
+}

@@ -402,6 +402,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
                     const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
+int64_t argmax(at::Tensor v);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
@@ -431,6 +432,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step",
         py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
         py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
+  m.def("argmax", &argmax, "index of the largest value (torch.argmax's rules)", py::arg("v"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }
