@@ -29,6 +29,9 @@ class FusedBlock(nn.Module):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: no cycle, `.to()` skips it
         self.one_call = True  # a decoded token's attention in one C++ call (False: op by op)
+        # attention_step's fixed arguments, from the first decoded token on. The weights do
+        # not change under a FusedBlock: quant_body.use_body makes a new one when they do.
+        self._weights: tuple | None = None
 
     def forward(self, x: torch.Tensor, start: int, cache, tree: TreeRows | None = None):
         b = self.block
@@ -58,18 +61,27 @@ class FusedBlock(nn.Module):
     def _attention_step(self, x: torch.Tensor, start: int, cache):
         """A decoded token's attention sub-layer in one C++ call: the ops above, same order,
         same bits (tree rows keep the op-by-op path)."""
-        b = self.block
-        attn, cfg = b.attn, b.cfg
+        attn = self.block.attn
+        if self._weights is None:
+            self._weights = self._attention_weights()
+        before, after = self._weights
         lo = 0 if attn.window is None else max(0, start - attn.window + 1)
         slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
         cos, sin = attn.rotary.tables(start, 1, x.device)
-        return fused_ops.attention_step(
-            x, b.attn_norm, attn.wqkv.rows, cfg.n_heads, cfg.n_kv_heads,
-            cfg.head_dim, attn.q_norm if cfg.qk_norm else None,
-            attn.k_norm if cfg.qk_norm else None, cos, sin, attn.rotary.interleaved,
-            *cache.pools(), int(slots[-1]), slots, attn.wo.rows,
-            b.post_attn_norm if cfg.sandwich_norms else None, b.ffn_norm, cfg.rms_eps,
-            cfg.scale)
+        return fused_ops.attention_step(x, *before, cos, sin, attn.rotary.interleaved,
+                                        *cache.pools(), int(slots[-1]), slots, *after)
+
+    def _attention_weights(self) -> tuple[tuple, tuple]:
+        """attention_step's fixed arguments, gathered once (each module attribute lookup
+        costs a microsecond, and a decoded token makes hundreds): those before the rotary
+        tables, and those after the slots."""
+        b = self.block
+        attn, cfg = b.attn, b.cfg
+        before = (b.attn_norm, attn.wqkv.rows, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                  attn.q_norm if cfg.qk_norm else None, attn.k_norm if cfg.qk_norm else None)
+        after = (attn.wo.rows, b.post_attn_norm if cfg.sandwich_norms else None, b.ffn_norm,
+                 cfg.rms_eps, cfg.scale)
+        return before, after
 
     def _ffn_step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         b = self.block
