@@ -5,6 +5,7 @@
 // Every op works row by row, with the same loop whatever the number of rows, so a row gives
 // bit-identical results alone or among T rows (speculative verification relies on that).
 // References: kernels/fused_ops.py, written with the reference model's own functions.
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -203,35 +204,31 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
                 *vp = v_pool.data_ptr<float>();
     float* op = out.data_ptr<float>();
     const int64_t group = nh / nkv;
-    // Per kv head, every query head of its group together: each key and value row is read
-    // once per group, and the group's outputs (a few KiB) stay in L1 while the values stream.
-    std::vector<float> scores(group * S);
-    for (int64_t g = 0; g < nkv; ++g) {
-        for (int64_t j = 0; j < group; ++j) {
-            const float* qh = qp + (g * group + j) * hd;
-            float* sc = scores.data() + j * S;
+    // Query heads in parallel (they share nothing but the key/value rows they read); within a
+    // head the same loops whatever the thread, so the bits do not depend on the split.
+    at::parallel_for(0, nh, 1, [&](int64_t h0, int64_t h1) {
+        std::vector<float> scores(S);
+        for (int64_t h = h0; h < h1; ++h) {
+            const int64_t g = h / group;
+            const float* qh = qp + h * hd;
             float m = -INFINITY;
             for (int64_t s = 0; s < S; ++s) {
-                sc[s] = dot(qh, kp + (sp[s] * nkv + g) * hd, hd) * (float)scale;
-                m = std::max(m, sc[s]);
+                scores[s] = dot(qh, kp + (sp[s] * nkv + g) * hd, hd) * (float)scale;
+                m = std::max(m, scores[s]);
             }
             float total = 0.f;
-            for (int64_t s = 0; s < S; ++s) total += sc[s] = std::exp(sc[s] - m);
+            for (int64_t s = 0; s < S; ++s) total += scores[s] = std::exp(scores[s] - m);
             const float inv = 1.f / total;
-            for (int64_t s = 0; s < S; ++s) sc[s] *= inv;
-        }
-        float* og = op + g * group * hd;
-        std::fill(og, og + group * hd, 0.f);
-        for (int64_t s = 0; s < S; ++s) {
-            const float* vr = vp + (sp[s] * nkv + g) * hd;
-            for (int64_t j = 0; j < group; ++j) {
-                const float p = scores[j * S + s];
-                float* oh = og + j * hd;
+            float* oh = op + h * hd;
+            std::fill(oh, oh + hd, 0.f);
+            for (int64_t s = 0; s < S; ++s) {
+                const float* vr = vp + (sp[s] * nkv + g) * hd;
+                const float p = scores[s] * inv;
 #pragma omp simd
                 for (int64_t i = 0; i < hd; ++i) oh[i] += p * vr[i];
             }
         }
-    }
+    });
     return out;
 }
 
