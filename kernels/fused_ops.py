@@ -92,12 +92,13 @@ def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 
 
 def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
-                             cos, sin, interleaved, k_pool, v_pool, write_slot, read_slots,
-                             wo_rows, post_norm, next_norm, eps, scale):
+                             cos, sin, interleaved, k_pool, v_pool, read_slots, wo_rows,
+                             post_norm, next_norm, eps, scale):
     """The C++ attention_step as the chain of this module's ops (what a tree row runs)."""
     qkv = q8_0_matmul(rms_norm(x, attn_norm, eps), qkv_rows)
     qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin, interleaved, eps)
     q, k, v = qkv.split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=1)
+    write_slot = int(read_slots[-1])  # this token's own
     k_pool[write_slot] = k.view(n_kv, head_dim)
     v_pool[write_slot] = v.view(n_kv, head_dim)
     o = attend_slots(q.view(n_heads, head_dim), k_pool, v_pool, read_slots, scale)
@@ -105,16 +106,16 @@ def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_
 
 
 def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
-                   interleaved, k_pool, v_pool, write_slot: int, read_slots, wo_rows,
-                   post_norm, next_norm, eps: float, scale: float):
+                   interleaved, k_pool, v_pool, read_slots, wo_rows, post_norm, next_norm,
+                   eps: float, scale: float):
     """One decoded token's attention sub-layer in one call (q/k/v and output rows of Q8_0
-    blocks, K/V read and written in place in the pools): returns (x +
-    post-normed attention output, that sum normed by `next_norm`). Bit-identical to
-    `attention_step_reference`."""
+    blocks; K/V read in place from the pools at `read_slots`, this token's written at the
+    last of them): returns (x + post-normed attention output, that sum normed by
+    `next_norm`). Bit-identical to `attention_step_reference`."""
     module = cpu_extension.load()
     args = (x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
-            cos.contiguous(), sin.contiguous(), interleaved, k_pool, v_pool, write_slot,
-            read_slots, wo_rows, post_norm, next_norm, eps, scale)
+            cos.contiguous(), sin.contiguous(), interleaved, k_pool, v_pool, read_slots,
+            wo_rows, post_norm, next_norm, eps, scale)
     if module is None:
         return attention_step_reference(*args)
     return module.attention_step(*args)

@@ -69,7 +69,7 @@ class FusedBlock(nn.Module):
         slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
         cos, sin = attn.rotary.tables(start, 1, x.device)
         return fused_ops.attention_step(x, *before, cos, sin, attn.rotary.interleaved,
-                                        *cache.pools(), int(slots[-1]), slots, *after)
+                                        *cache.pools(), slots, *after)
 
     def _attention_weights(self) -> tuple[tuple, tuple]:
         """attention_step's fixed arguments, gathered once (each module attribute lookup

@@ -62,6 +62,9 @@ class KVPool:
         # host pool then cost no RAM until a swap uses them.
         self.k = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
         self.v = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
+        # The same storage as (slots, n_kv_heads, head_dim), slot = block * block_size +
+        # offset: what attention reads in place. Made once (a view per layer per token adds up).
+        self.rows = (self.k.view(-1, n_kv_heads, head_dim), self.v.view(-1, n_kv_heads, head_dim))
         self.block_size = block_size
         self.allocator = BlockAllocator(n_blocks)
 

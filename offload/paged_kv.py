@@ -387,8 +387,7 @@ class SequenceKV:
 
     def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The device pool's K and V as (rows, n_kv_heads, head_dim): read in place by slot."""
-        pool = self.cache.device_pool
-        return pool.k.view(-1, *pool.k.shape[2:]), pool.v.view(-1, *pool.v.shape[2:])
+        return self.cache.device_pool.rows
 
     def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         k_pool, v_pool = self.pools()

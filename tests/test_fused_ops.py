@@ -173,7 +173,7 @@ def test_attention_step_equals_its_op_chain_bit_for_bit(fast, norms, post):
     slots = torch.tensor([3, 17, 9, 30])
     common = (nh, nkv, hd, w(hd) if norms else None, w(hd) if norms else None,
               angles.cos(), angles.sin(), False)
-    tail = (int(slots[-1]), slots, wo_rows, w(hidden) if post else None,
+    tail = (slots, wo_rows, w(hidden) if post else None,
             w(hidden), 1e-6, 0.2)
     attn_norm = w(hidden)
     got = fast.attention_step(x, attn_norm, qkv_rows, *common, *pools, *tail)

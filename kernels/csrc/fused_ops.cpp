@@ -239,14 +239,14 @@ at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);  // q8_0_matmul.cpp
 // dispatches per layer between the ops (a few ms per token on the default model). The same
 // functions in the same order, so the result is bit-identical to that chain.
 // Projections are rows of GGML Q8_0 blocks.
-//   h = rms_norm(x, attn_norm); qkv = h @ Wqkv; q/k norm + rotary; K/V stored at write_slot;
-//   o = attention over read_slots (which include write_slot); a = o @ Wo;
+//   h = rms_norm(x, attn_norm); qkv = h @ Wqkv; q/k norm + rotary; K/V stored at the last of
+//   read_slots (this token's); o = attention over read_slots; a = o @ Wo;
 //   returns residual_norm(x, a, post_norm, next_norm): (x + post-normed a, next-normed input)
 std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
     at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows,
+    at::Tensor read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale) {
     check_rows(x, "x");
     TORCH_CHECK(x.size(0) == 1, "attention_step decodes one token at a time");
@@ -254,6 +254,10 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
                     k_pool.is_contiguous() && v_pool.sizes() == k_pool.sizes() &&
                     v_pool.is_contiguous(),
                 "k_pool/v_pool must be contiguous (rows, n_kv, head_dim)");
+    TORCH_CHECK(read_slots.dim() == 1 && read_slots.scalar_type() == at::kLong &&
+                    read_slots.is_contiguous() && read_slots.numel() > 0,
+                "read_slots must be a non-empty contiguous int64 vector");
+    const int64_t write_slot = read_slots.data_ptr<int64_t>()[read_slots.numel() - 1];
     TORCH_CHECK(write_slot >= 0 && write_slot < k_pool.size(0), "write slot out of range");
     auto h = rms_norm(x, attn_norm, eps);
     auto qkv = q8_0_matmul(h, qkv_rows);

@@ -398,7 +398,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
     at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    int64_t write_slot, at::Tensor read_slots, at::Tensor wo_rows,
+    at::Tensor read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
                     const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
@@ -427,7 +427,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
         py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
         py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
-        py::arg("v_pool"), py::arg("write_slot"), py::arg("read_slots"), py::arg("wo_rows"),
+        py::arg("v_pool"), py::arg("read_slots"), py::arg("wo_rows"),
         py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
   m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step",
         py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
