@@ -28,16 +28,19 @@ PROJECTIONS = ("wq", "wk", "wv", "wo")
 
 
 def _block_rows(parts: list[torch.Tensor], stored: list) -> torch.Tensor:
-    """Q8_0 rows (sum of outs, row_bytes) for the float32 (in, out) `parts` side by side: from
-    the file's blocks when every part is stored as Q8_0 or a type that widens to it exactly
-    (no rounding beyond the file's own), else requantized from the floats."""
-    kinds = {getattr(s, "qtype", None) for s in stored}
-    exact = (q8_matmul.Q8_0, *q8_matmul.WIDENS_EXACTLY)
-    if len(kinds) == 1 and kinds <= set(exact):
-        qtype = kinds.pop()
-        rows = torch.cat([s.raw.view(s.shape[0], -1) for s in stored])
-        return rows.contiguous() if qtype == q8_matmul.Q8_0 else q8_matmul.widen_to_q8_0(rows, qtype)
-    weight = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    """Q8_0 rows (sum of outs, row_bytes) for the float32 (in, out) `parts` side by side (q, k
+    and v, or gate and up, fuse this way). Each part comes from the file's blocks when they
+    are Q8_0 or widen to it exactly (no rounding beyond the file's own), else is requantized
+    from the floats (rows are quantized independently, so parts can be done one by one)."""
+    return torch.cat([_part_rows(part, s) for part, s in zip(parts, stored)])
+
+
+def _part_rows(weight: torch.Tensor, stored) -> torch.Tensor:
+    qtype = getattr(stored, "qtype", None)
+    if qtype == q8_matmul.Q8_0:
+        return stored.raw.view(stored.shape[0], -1)
+    if qtype in q8_matmul.WIDENS_EXACTLY:
+        return q8_matmul.widen_to_q8_0(stored.raw.view(stored.shape[0], -1), qtype)
     return q8_matmul.q8_0_quantize(weight.t())
 
 
