@@ -166,37 +166,51 @@ class Attention(nn.Module):
         same bit for bit however many rows are verified together (attention is a small part
         of a step; the projections are where rows are batched).
         """
-        c, window = tree.context, self.window
-        cache.write(self.layer, c + tree.first, k, v)
-        lo = 0 if window is None else max(0, int(tree.positions.min()) - window + 1)
-        lo = min(lo, c)
-        end = c + int(tree.keys.max()) + 1
-        in_place = self.reads_in_place(cache)
-        if in_place:
-            ctx, nodes = cache.slots_of(self.layer, lo, c), cache.slots_of(self.layer, c, end)
-        else:
-            ctx_k, ctx_v = cache.read(self.layer, lo, c)
-            tree_k, tree_v = cache.read(self.layer, c, end)
+        cache.write(self.layer, tree.context + tree.first, k, v)
+        if self.reads_in_place(cache):
+            return torch.cat([self.single_query(q[r], *cache.pools(), slots, self.cfg.scale)
+                              for r, slots in enumerate(self.tree_slots(cache, tree))])
+        lo, end = self._tree_span(tree)
+        ctx_k, ctx_v = cache.read(self.layer, lo, tree.context)
+        tree_k, tree_v = cache.read(self.layer, tree.context, end)
         outs = []
-        for r in range(q.shape[0]):
+        for r, (first, sel) in enumerate(self._tree_keys(tree, lo)):
+            sel = sel.to(tree_k.device)
+            keys = torch.cat((ctx_k[first - lo:], tree_k[sel]))
+            values = torch.cat((ctx_v[first - lo:], tree_v[sel]))
+            outs.append(attend(q[r: r + 1], keys, values, None, None, self.window,
+                               self.cfg.scale))
+        return torch.cat(outs)
+
+    def tree_slots(self, cache: KVCache, tree: TreeRows) -> list[torch.Tensor]:
+        """The pool slots (of `cache.pools()`) each tree row reads, in position order; a row's
+        own slot is its last. For caches read in place."""
+        lo, end = self._tree_span(tree)
+        ctx = cache.slots_of(self.layer, lo, tree.context)
+        nodes = cache.slots_of(self.layer, tree.context, end)
+        return [torch.cat((ctx[first - lo:], nodes[sel.to(nodes.device)]))
+                for first, sel in self._tree_keys(tree, lo)]
+
+    def _tree_span(self, tree: TreeRows) -> tuple[int, int]:
+        """Positions [lo, end) any row of `tree` may read: context and tree slots."""
+        c, window = tree.context, self.window
+        lo = 0 if window is None else max(0, int(tree.positions.min()) - window + 1)
+        return min(lo, c), c + int(tree.keys.max()) + 1
+
+    def _tree_keys(self, tree: TreeRows, lo: int):
+        """Per row: (first context position it sees, indices of the tree keys it sees)."""
+        window = self.window
+        for r in range(tree.positions.shape[0]):
             pos = int(tree.positions[r])
             sel, k_pos = tree.keys, tree.key_positions
             if tree.mask is not None:
                 sel, k_pos = sel[tree.mask[r]], k_pos[tree.mask[r]]
             first = lo
             if window is not None:
-                first = min(max(lo, pos - window + 1), c)
+                first = min(max(lo, pos - window + 1), tree.context)
                 inside = k_pos > pos - window
-                sel, k_pos = sel[inside], k_pos[inside]
-            if in_place:
-                slots = torch.cat((ctx[first - lo:], nodes[sel.to(nodes.device)]))
-                outs.append(self.single_query(q[r], *cache.pools(), slots, self.cfg.scale))
-                continue
-            sel = sel.to(tree_k.device)
-            keys = torch.cat((ctx_k[first - lo:], tree_k[sel]))
-            values = torch.cat((ctx_v[first - lo:], tree_v[sel]))
-            outs.append(attend(q[r: r + 1], keys, values, None, None, window, self.cfg.scale))
-        return torch.cat(outs)
+                sel = sel[inside]
+            yield first, sel
 
     def reads_in_place(self, cache: KVCache) -> bool:
         """Whether single query rows read their keys where the cache keeps them: the runtime

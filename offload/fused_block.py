@@ -37,9 +37,9 @@ class FusedBlock(nn.Module):
         b = self.block
         attn, cfg, eps = b.attn, b.cfg, b.cfg.rms_eps
         sandwich = cfg.sandwich_norms
-        if (self.one_call and tree is None and x.shape[0] == 1 and attn.reads_in_place(cache)
+        if (self.one_call and x.shape[0] == 1 and attn.reads_in_place(cache)
                 and isinstance(getattr(attn.wo, "rows", None), torch.Tensor)):
-            x, h = self._attention_step(x, start, cache)
+            x, h = self._attention_step(x, start, cache, tree)
             return self._ffn_step(x, h)
         h = fused_ops.rms_norm(x, b.attn_norm, eps)
         qkv = attn.wqkv(h)
@@ -58,16 +58,21 @@ class FusedBlock(nn.Module):
                                        b.ffn_norm, eps)
         return self._ffn_step(x, h)
 
-    def _attention_step(self, x: torch.Tensor, start: int, cache):
-        """A decoded token's attention sub-layer in one C++ call: the ops above, same order,
-        same bits (tree rows keep the op-by-op path)."""
+    def _attention_step(self, x: torch.Tensor, start: int, cache, tree: TreeRows | None):
+        """One row's attention sub-layer in one C++ call: the ops above, same order, same
+        bits. A decoded token, or a single tree row (each self-drafting step): the keys it
+        sees and its rotary position come from the tree, and its own slot is the last."""
         attn = self.block.attn
         if self._weights is None:
             self._weights = self._attention_weights()
         before, after = self._weights
-        lo = 0 if attn.window is None else max(0, start - attn.window + 1)
-        slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
-        cos, sin = attn.rotary.tables(start, 1, x.device)
+        if tree is None:
+            lo = 0 if attn.window is None else max(0, start - attn.window + 1)
+            slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
+            cos, sin = attn.rotary.tables(start, 1, x.device)
+        else:
+            (slots,) = attn.tree_slots(cache, tree)
+            cos, sin = attn.rotary.tables(tree.positions, 1, x.device)
         return fused_ops.attention_step(x, *before, cos, sin, attn.rotary.interleaved,
                                         *cache.pools(), slots, *after)
 

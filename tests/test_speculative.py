@@ -95,6 +95,30 @@ def test_tree_verification_logits_equal_decode_bit_for_bit(tiny_models, weights)
     runner.reset("v")
 
 
+def test_single_tree_rows_in_one_call_equal_op_by_op(tiny_models):
+    """A lone tree row (each self-drafting step) runs its attention in one C++ call; its
+    hidden state is the op-by-op path's, bit for bit, on a tree with branches."""
+    engine = _engine(tiny_models["gemma3"][2], weights="q8")
+    runner = engine.runner
+    ids = engine.encode(PROMPTS[0])
+    hidden = []
+    for one_call in (True, False):
+        for block in engine.model.blocks:
+            block.fast.one_call = one_call
+        runner.reset("v")
+        runner.prefill("v", ids)
+        tree = TokenTree.root(5)
+        a = tree.add(0, 7)
+        tree.add(0, 9)
+        tree.add(tree.add(a, 11), 3)
+        assert runner.begin_tree("v", len(tree)) == len(tree)
+        for i in range(len(tree)):  # one node per call, as the self-drafter goes
+            runner.tree_hidden("v", tree, upto=i + 1)
+        hidden.append(torch.cat(tree.hidden))
+        runner.reset("v")
+    assert torch.equal(hidden[0], hidden[1])
+
+
 def test_batched_tree_pass_matches_rows_closely(tiny_models):
     """The one-pass tree-mask forward (for batch-invariant bodies) agrees with row-by-row
     passes to rounding; fp32 torch matmul is not batch-invariant, hence the row default."""
