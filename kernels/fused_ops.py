@@ -108,7 +108,7 @@ def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_
 def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
                    interleaved, k_pool, v_pool, read_slots, wo_rows, post_norm, next_norm,
                    eps: float, scale: float):
-    """One decoded token's attention sub-layer in one call (q/k/v and output rows of Q8_0
+    """One row's attention sub-layer in one call (q/k/v and output rows of Q8_0
     blocks; K/V read in place from the pools at `read_slots`, this token's written at the
     last of them): returns (x + post-normed attention output, that sum normed by
     `next_norm`). Bit-identical to `attention_step_reference`."""

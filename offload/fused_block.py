@@ -8,7 +8,8 @@ the matmuls:
 - each residual step (post-norm, add, and the next sub-layer's norm) is one call;
 - a single query row (decoding, or one row of a speculative tree) attends over keys read in
   place from the paged pool (`Attention.single_query`), without gathering them first; a
-  decoded token's whole attention sub-layer is one call;
+  single row's whole attention sub-layer (a decoded token's, or a self-drafting step's) is
+  one call;
 - a dense FFN on quantized rows is one call with its residual step, for any number of rows.
 Any other FFN (a hybrid one, a wrapper, one with hooks) runs as the block's own module, so
 those and tree verification work unchanged. Every op is row by row, which keeps a body pass
@@ -28,7 +29,7 @@ class FusedBlock(nn.Module):
     def __init__(self, block: Block):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: no cycle, `.to()` skips it
-        self.one_call = True  # a decoded token's attention in one C++ call (False: op by op)
+        self.one_call = True  # a single row's attention in one C++ call (False: op by op)
         # attention_step's fixed arguments, from the first decoded token on. The weights do
         # not change under a FusedBlock: quant_body.use_body makes a new one when they do.
         self._weights: tuple | None = None

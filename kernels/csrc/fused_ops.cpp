@@ -234,13 +234,14 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
 
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);  // q8_0_matmul.cpp
 
-// A whole attention sub-layer for one decoded token, in one call from Python: the chain
-// offload/fused_block.py runs op by op for tree rows, here without the ~15 Python-level
-// dispatches per layer between the ops (a few ms per token on the default model). The same
-// functions in the same order, so the result is bit-identical to that chain.
+// A whole attention sub-layer for one row (a decoded token, or a lone speculative tree row),
+// in one call from Python: the chain offload/fused_block.py runs op by op for several tree
+// rows at once, here without the ~15 Python-level dispatches per layer between the ops (a
+// few ms per token on the default model). The same functions in the same order, so the
+// result is bit-identical to that chain.
 // Projections are rows of GGML Q8_0 blocks.
 //   h = rms_norm(x, attn_norm); qkv = h @ Wqkv; q/k norm + rotary; K/V stored at the last of
-//   read_slots (this token's); o = attention over read_slots; a = o @ Wo;
+//   read_slots (this row's own); o = attention over read_slots; a = o @ Wo;
 //   returns residual_norm(x, a, post_norm, next_norm): (x + post-normed a, next-normed input)
 std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
@@ -249,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale) {
     check_rows(x, "x");
-    TORCH_CHECK(x.size(0) == 1, "attention_step decodes one token at a time");
+    TORCH_CHECK(x.size(0) == 1, "attention_step takes one row at a time");
     TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(1) == n_kv && k_pool.size(2) == hd &&
                     k_pool.is_contiguous() && v_pool.sizes() == k_pool.sizes() &&
                     v_pool.is_contiguous(),
@@ -298,6 +299,7 @@ at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Ten
     check_rows(h, "h");
     const bool gated = kind != "relu" && kind != "relu2";
     const int64_t n = gate_up_rows.size(0) / (gated ? 2 : 1);
+    TORCH_CHECK(!gated || gate_up_rows.size(0) == 2 * n, "gate_up_rows must hold 2 x ffn rows");
     auto gu = q8_0_matmul(h, gate_up_rows);  // (T, 2n) or (T, n)
     auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
     auto up = gated ? gu.narrow(1, n, n) : gu;
