@@ -117,6 +117,9 @@ class Engine:
         self.runner = Runner(self.model, self.kv, n_ctx)
         self.options = options
         self.drafter, self.tree_widths = make_drafter(self, options)
+        # One sizer for the engine's life: what a step and a drafted level cost are properties
+        # of the machine and model, not of one reply, so later replies start well estimated.
+        self.sizer = TreeSizer(self.tree_widths)
         self.speculation: dict | None = None  # the last stream's SpecStats.to_dict()
 
     def _split_ffn(self, model, options: EngineOptions) -> HybridModel | None:
@@ -275,7 +278,7 @@ class Engine:
             self.speculation = stats.to_dict()
             try:
                 yield from speculative_steps(self.runner, session, self.drafter,
-                                             TreeSizer(self.tree_widths), sampler, prompt_ids,
+                                             self.sizer, sampler, prompt_ids,
                                              max_tokens, stop_ids, timings, cancel, stats)
             finally:
                 self.speculation = stats.to_dict()

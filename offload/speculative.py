@@ -38,6 +38,7 @@ class SpecStats:
             "accepted_per_step": self.accepted,
             # Tokens per verification: accepted drafts plus the target's own next token.
             "mean_accepted_length": (sum(self.accepted) + steps) / steps if steps else 0.0,
+            "tree_nodes_per_step": self.tree_nodes,  # 1: a plain step (nothing drafted)
             "mean_tree_nodes": sum(self.tree_nodes) / steps if steps else 0.0,
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
@@ -46,27 +47,75 @@ class SpecStats:
 
 
 class TreeSizer:
-    """Depth of the next tree from measured acceptance (drafting and verifying are not free
-    on a CPU): grows toward the configured expansion while drafts are accepted, shrinks to
-    about the recent accepted length when they are not, and drafts nothing while almost
-    nothing is accepted, probing with one level every few steps."""
+    """How many levels the next draft gets, from what drafting has measurably bought.
 
-    PROBE_EVERY = 4
+    On a CPU neither drafting nor verifying is free: a verified row past the first turns the
+    matmuls compute-bound (~0.3 of a plain step each for the default model here), and the
+    self-drafter pays a body pass per level. So each step the sizer weighs, per level, the
+    chance the level is accepted (p**k, with p the measured per-level acceptance) against its
+    cost (the measured extra seconds per drafted level, in plain steps), and drafts the levels
+    that pay. When none does it decodes plainly, probing with one level every few steps so
+    both estimates stay current. The first step is plain: it measures what a step costs.
+    The engine keeps one sizer across replies.
+    """
+
+    PROBE_EVERY, MAX_PROBE_EVERY = 4, 32
+    DECAY = 0.7  # weight of the past in the running estimates
+    # Until measured: half the levels accepted, a level costing 0.3 of a step (a verified row
+    # on the default model here). The first draft is then one level, and depth grows as
+    # drafts are accepted, rather than paying for a deep tree of guesses up front.
+    PRIOR_P, PRIOR_COST = 0.5, 0.3
 
     def __init__(self, widths: tuple[int, ...]):
         self.widths = widths
-        self.mean = float(len(widths))  # running mean of accepted drafts per step
-        self.idle = 0  # steps since the last draft
+        self.hits, self.trials = self.PRIOR_P, 1.0  # accepted levels / levels tried
+        self.step_s: float | None = None  # a plain step's seconds
+        self.level_s: float | None = None  # extra seconds per drafted level
+        self.idle = 0  # plain steps since the last draft or probe
+        self.probe_every = self.PROBE_EVERY
+
+    @property
+    def p(self) -> float:
+        return self.hits / self.trials
+
+    def level_cost(self) -> float:
+        """A drafted level's cost in plain steps."""
+        if self.level_s is None or not self.step_s:
+            return self.PRIOR_COST
+        return self.level_s / self.step_s
 
     def next_widths(self) -> tuple[int, ...]:
-        if self.mean < 0.3:
-            self.idle += 1
-            return self.widths[:1] if self.idle % self.PROBE_EVERY == 0 else ()
-        return self.widths[: min(len(self.widths), math.ceil(self.mean) + 1)]
+        if self.step_s is None:
+            return ()
+        p, cost, depth, nodes = self.p, self.level_cost(), 0, 1
+        for width in self.widths:
+            nodes *= width
+            if p ** (depth + 1) <= cost * nodes:
+                break
+            depth += 1
+        if depth:
+            self.idle, self.probe_every = 0, self.PROBE_EVERY
+            return self.widths[:depth]
+        self.idle += 1
+        if self.idle % self.probe_every:
+            return ()
+        # A probe; the next comes later each time (up to MAX_PROBE_EVERY steps) while they
+        # keep showing drafting does not pay: each costs a verified row.
+        self.probe_every = min(2 * self.probe_every, self.MAX_PROBE_EVERY)
+        self.idle = 0
+        return self.widths[:1]
 
-    def update(self, accepted: int, drafted: bool = True) -> None:
-        if drafted:
-            self.mean = 0.5 * self.mean + 0.5 * accepted
+    def update(self, levels: int, accepted: int, seconds: float) -> None:
+        """After a step that drafted `levels` levels (0: a plain step) and took `seconds`."""
+        d = self.DECAY
+        if levels == 0:
+            self.step_s = seconds if self.step_s is None else d * self.step_s + (1 - d) * seconds
+            return
+        # Accepted levels succeeded; the level after them, if drafted, failed.
+        self.hits = d * self.hits + accepted
+        self.trials = d * self.trials + accepted + (accepted < levels)
+        extra = max(0.0, seconds - (self.step_s or 0.0)) / levels
+        self.level_s = extra if self.level_s is None else d * self.level_s + (1 - d) * extra
 
 
 def accept(tree: TokenTree, logits: torch.Tensor, sample, history: list[int]):
@@ -122,18 +171,29 @@ def speculative_steps(runner: Runner, session: str, drafter, sizer: TreeSizer, s
 
 def _step(runner, session, drafter, sizer, sampler, history, remaining, stats) -> list[int]:
     """One draft -> verify -> accept -> commit round rooted at history[-1]; returns the
-    target's tokens for the positions after it (accepted drafts, then its own next token)."""
-    widths = sizer.next_widths()[: max(remaining - 1, 0)]  # () -> a plain decode step
+    target's tokens for the positions after it (accepted drafts, then its own next token).
+    With nothing to draft it is a plain decode step (the same logits as a one-node tree)."""
+    widths = sizer.next_widths()[: max(remaining - 1, 0)]
     t0 = time.perf_counter()
+    if not widths:
+        drawn = [sampler(runner.decode(session, history[-1]), history)]
+        seconds = time.perf_counter() - t0
+        stats.verify_s += seconds
+        stats.accepted.append(0)
+        stats.tree_nodes.append(1)
+        sizer.update(0, 0, seconds)
+        return drawn
     room = runner.begin_tree(session, tree_size(widths))
-    tree = drafter.draft(runner, session, history, widths, room) if widths else TokenTree.root(history[-1])
+    tree = drafter.draft(runner, session, history, widths, room)
     t1 = time.perf_counter()
     logits = runner.verify(session, tree)
     path, drawn = accept(tree, logits, sampler, history)
     runner.commit_path(session, tree, path)
+    t2 = time.perf_counter()
     stats.draft_s += t1 - t0
-    stats.verify_s += time.perf_counter() - t1
+    stats.verify_s += t2 - t1
     stats.accepted.append(len(path) - 1)
     stats.tree_nodes.append(len(tree))
-    sizer.update(len(path) - 1, len(tree) > 1)
+    if len(tree) > 1:  # (a drafter with nothing to offer tells the sizer nothing)
+        sizer.update(max(tree.depths), len(path) - 1, t2 - t0)
     return drawn
