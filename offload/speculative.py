@@ -54,8 +54,9 @@ class TreeSizer:
     self-drafter pays a body pass per level. So each step the sizer weighs, per level, the
     chance the level is accepted (p**k, with p the measured per-level acceptance) against its
     cost (the measured extra seconds per drafted level, in plain steps), and drafts the levels
-    that pay. When none does it decodes plainly, probing with one level every few steps so
-    both estimates stay current. The first step is plain: it measures what a step costs.
+    that pay. When none does it decodes plainly, probing with one level now and then (ever
+    more rarely while probes fail) so both estimates stay current. The first step is plain:
+    it measures what a step costs.
     The engine keeps one sizer across replies.
     """
 
