@@ -18,6 +18,7 @@ from ember.models.transformer import rms_norm as rms_norm_reference
 
 from . import cpu_extension
 from .q8_matmul import q8_0_matmul
+from .sparse_ffn_reference import is_gated
 
 
 def available() -> bool:
@@ -121,14 +122,21 @@ def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_no
     return module.attention_step(*args)
 
 
-def ffn_step_reference(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
-    """The C++ ffn_step as a chain of PyTorch-level calls (offload/quant_body.py's
-    BlockFeedForward, then the residual step)."""
+def dense_ffn(h, gate_up_rows, down_rows, activation: str) -> torch.Tensor:
+    """A dense FFN on Q8_0 rows (the gate rows then the up rows, or the up rows alone) as
+    PyTorch-level calls: h (T, hidden) -> (T, hidden)."""
     gu = q8_0_matmul(h, gate_up_rows)
-    gated = activation not in ("relu", "relu2")
-    n = gate_up_rows.shape[0] // (2 if gated else 1)
-    gate, up = (gu[:, :n], gu[:, n:]) if gated else (None, gu)
-    f = q8_0_matmul(activate(activation, gate, up), down_rows)
+    if is_gated(activation):
+        n = gate_up_rows.shape[0] // 2
+        gate, up = gu[:, :n], gu[:, n:]
+    else:
+        gate, up = None, gu
+    return q8_0_matmul(activate(activation, gate, up), down_rows)
+
+
+def ffn_step_reference(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
+    """The C++ ffn_step as `dense_ffn` followed by the residual step."""
+    f = dense_ffn(h, gate_up_rows, down_rows, activation)
     return residual_norm(x, f.contiguous(), post_norm, None, eps)[0]
 
 

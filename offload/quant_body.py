@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ember.kernels import fused_ops, q8_matmul
-from ember.models.transformer import FeedForward, Projection, Transformer, activate
+from ember.models.transformer import FeedForward, Projection, Transformer
 
 from . import fused_block
 
@@ -64,19 +64,16 @@ class BlockFeedForward(nn.Module):
 
     def __init__(self, ffn: FeedForward):
         super().__init__()
-        self.activation, self.gated = ffn.activation, ffn.gate is not None
-        self.ffn_size = ffn.up.shape[1]
+        self.activation = ffn.activation
         stored = getattr(ffn, "stored", {})
-        names = ("gate", "up") if self.gated else ("up",)
+        names = ("gate", "up") if ffn.gate is not None else ("up",)
         gate_up = _block_rows([getattr(ffn, n) for n in names], [stored.get(n) for n in names])
         down = _block_rows([ffn.down], [stored.get("down")])
         self.register_buffer("gate_up", gate_up, persistent=False)  # (2*ffn or ffn, bytes)
         self.register_buffer("down", down, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = q8_matmul.q8_0_matmul(x, self.gate_up)  # (T, 2*ffn) or (T, ffn)
-        gate, up = (gu[:, :self.ffn_size], gu[:, self.ffn_size:]) if self.gated else (None, gu)
-        return q8_matmul.q8_0_matmul(activate(self.activation, gate, up), self.down)
+        return fused_ops.dense_ffn(x, self.gate_up, self.down, self.activation)
 
     def residual_step(self, x: torch.Tensor, h: torch.Tensor, post_norm: torch.Tensor | None,
                       eps: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ember.models.errors import ConfigError
-from ember.models.transformer import Transformer
+from ember.models.transformer import FeedForward, Transformer
 
 from .kv_plan import DEFAULT_PREFILL_CHUNK
 from .lm_head import QuantizedLMHead
@@ -172,7 +172,7 @@ def body_batch_invariant(model: Transformer) -> bool:
 
     return all(isinstance(getattr(b.attn, n), BlockProjection) for b in model.blocks
                for n in ("wq", "wk", "wv", "wo")) and all(
-        type(b.ffn).__name__ == "FeedForward" and isinstance(getattr(b.ffn, "fast", None), BlockFeedForward)
+        type(b.ffn) is FeedForward and isinstance(b.ffn.fast, BlockFeedForward)
         for b in model.blocks)
 
 

@@ -291,7 +291,7 @@ at::Tensor activate(const std::string& kind, const at::Tensor& gate, const at::T
 // A dense FFN sub-layer for T rows in one call, from Q8_0 rows, its residual step included:
 //   f = activate(h @ Wgate, h @ Wup) @ Wdown;  returns x + (post_norm ? rms_norm(f, post) : f)
 // gate_up_rows holds the gate rows then the up rows (gated activations) or the up rows alone.
-// The same ops as the Python chain (offload/quant_body.py's BlockFeedForward, then
+// The same ops as the Python chain (kernels/fused_ops.py's dense_ffn, then
 // residual_norm), so the same bits, without their Python-level dispatches.
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
                     const std::string& kind, c10::optional<at::Tensor> post_norm, double eps) {

@@ -423,7 +423,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("interleaved"), py::arg("eps"));
   m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
         py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"));
-  m.def("attention_step", &attention_step, "one decoded token's attention sub-layer",
+  m.def("attention_step", &attention_step, "one row's attention sub-layer",
         py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
         py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
         py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
