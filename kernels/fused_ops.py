@@ -10,6 +10,9 @@ Every op is row by row: a row's result does not depend on the other rows (bit fo
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 
 from ember.models.rotary import rotate
@@ -148,6 +151,53 @@ def ffn_step(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: flo
     if module is None:
         return ffn_step_reference(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
     return module.ffn_step(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
+
+
+class BodyLayer(NamedTuple):
+    """One block's fixed arguments for `body_step`: attention_step's, then ffn_step's."""
+
+    attn_norm: torch.Tensor
+    qkv_rows: torch.Tensor
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    interleaved: bool
+    wo_rows: torch.Tensor
+    post_attn_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor
+    gate_up_rows: torch.Tensor
+    down_rows: torch.Tensor
+    activation: str
+    post_ffn_norm: torch.Tensor | None
+    eps: float
+    scale: float
+
+
+def body_step_reference(layers: list[BodyLayer], x, k_pool, v_pool, slots, cos, sin):
+    """Every block's forward for one row: per layer, attention_step then ffn_step."""
+    for l, read_slots, c, s in zip(layers, slots, cos, sin, strict=True):
+        mid, h = attention_step_reference(
+            x, l.attn_norm, l.qkv_rows, l.n_heads, l.n_kv, l.head_dim, l.q_norm, l.k_norm, c, s,
+            l.interleaved, k_pool, v_pool, read_slots, l.wo_rows, l.post_attn_norm, l.ffn_norm,
+            l.eps, l.scale)
+        x = ffn_step_reference(mid, h, l.gate_up_rows, l.down_rows, l.activation,
+                               l.post_ffn_norm, l.eps)
+    return x
+
+
+def body_step(layers: list[BodyLayer]):
+    """A function (x, k_pool, v_pool, slots, cos, sin) -> x running `layers` over one row
+    (x (1, hidden); per layer the pool slots its query reads, its own last, and its rotary
+    cos/sin) in one C++ call. Bit-identical to `body_step_reference`."""
+    module = cpu_extension.load()
+    if module is None:
+        return functools.partial(body_step_reference, list(layers))
+    native = module.BodyStep()
+    for layer in layers:
+        native.add_layer(*layer)
+    return native.run
 
 
 def argmax(v: torch.Tensor) -> int:

@@ -61,21 +61,26 @@ class FusedBlock(nn.Module):
 
     def _attention_step(self, x: torch.Tensor, start: int, cache, tree: TreeRows | None):
         """One row's attention sub-layer in one C++ call: the ops above, same order, same
-        bits. A decoded token, or a single tree row (each self-drafting step): the keys it
-        sees and its rotary position come from the tree, and its own slot is the last."""
-        attn = self.block.attn
+        bits."""
         if self._weights is None:
             self._weights = self._attention_weights()
         before, after = self._weights
+        slots, cos, sin = self.row_inputs(start, cache, tree, x.device)
+        return fused_ops.attention_step(x, *before, cos, sin, self.block.attn.rotary.interleaved,
+                                        *cache.pools(), slots, *after)
+
+    def row_inputs(self, start: int, cache, tree: TreeRows | None, device: torch.device):
+        """(pool slots, cos, sin) of one row: a decoded token at `start`, or a single tree
+        row (each self-drafting step), whose keys and rotary position come from the tree.
+        The row's own slot is the last."""
+        attn = self.block.attn
         if tree is None:
             lo = 0 if attn.window is None else max(0, start - attn.window + 1)
-            slots = cache.slots_of(attn.layer, lo, start + 1)  # the last one is this token's
-            cos, sin = attn.rotary.tables(start, 1, x.device)
-        else:
-            (slots,) = attn.tree_slots(cache, tree)
-            cos, sin = attn.rotary.tables(tree.positions, 1, x.device)
-        return fused_ops.attention_step(x, *before, cos, sin, attn.rotary.interleaved,
-                                        *cache.pools(), slots, *after)
+            cos, sin = attn.rotary.tables(start, 1, device)
+            return cache.slots_of(attn.layer, lo, start + 1), cos, sin
+        (slots,) = attn.tree_slots(cache, tree)
+        cos, sin = attn.rotary.tables(tree.positions, 1, device)
+        return slots, cos, sin
 
     def _attention_weights(self) -> tuple[tuple, tuple]:
         """attention_step's fixed arguments, gathered once (each module attribute lookup
@@ -89,6 +94,16 @@ class FusedBlock(nn.Module):
                  cfg.rms_eps, cfg.scale)
         return before, after
 
+    def body_layer(self) -> fused_ops.BodyLayer:
+        """This block's arguments for fused_ops.body_step (offload/fused_body.py); its FFN
+        must be a plain one on Q8_0 rows (see plain_ffn)."""
+        b = self.block
+        ffn, cfg = b.ffn.fast, b.cfg
+        before, (wo_rows, post_attn, ffn_norm, eps, scale) = self._attention_weights()
+        return fused_ops.BodyLayer(*before, b.attn.rotary.interleaved, wo_rows, post_attn,
+                                   ffn_norm, ffn.gate_up, ffn.down, ffn.activation,
+                                   b.post_ffn_norm if cfg.sandwich_norms else None, eps, scale)
+
     def _ffn_step(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         b = self.block
         post = b.post_ffn_norm if b.cfg.sandwich_norms else None
@@ -96,11 +111,17 @@ class FusedBlock(nn.Module):
         # A plain dense FFN on quantized rows goes through one call with the residual step
         # (BlockFeedForward.residual_step), for every row count, so decode and tree rows agree.
         # Anything else (a hybrid FFN, a wrapper, hooks to fire) runs as a module.
-        step = getattr(ffn.fast, "residual_step", None) if type(ffn) is FeedForward else None
-        if step is not None and not (ffn._forward_hooks or ffn._forward_pre_hooks):
-            return step(x, h, post, b.cfg.rms_eps)
+        if plain_ffn(ffn):
+            return ffn.fast.residual_step(x, h, post, b.cfg.rms_eps)
         x, _ = fused_ops.residual_norm(x, ffn(h).contiguous(), post, None, b.cfg.rms_eps)
         return x
+
+
+def plain_ffn(ffn: nn.Module) -> bool:
+    """A dense FeedForward on Q8_0 rows (quant_body.BlockFeedForward) with no hooks to fire:
+    one that runs as a single C++ call."""
+    return (type(ffn) is FeedForward and hasattr(ffn.fast, "residual_step")
+            and not (ffn._forward_hooks or ffn._forward_pre_hooks))
 
 
 # Attention's `single_query` hook: one row's attention read in place from the paged pool.

@@ -21,7 +21,7 @@ from torch import nn
 from ember.kernels import fused_ops, q8_matmul
 from ember.models.transformer import FeedForward, Projection, Transformer
 
-from . import fused_block
+from . import fused_block, fused_body
 
 BODY_CHOICES = ("auto", "fp32", "q8")
 PROJECTIONS = ("wq", "wk", "wv", "wo")
@@ -116,6 +116,7 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
         if block.fast is None and fused_block.applies(block):
             block.fast = fused_block.FusedBlock(block)
             attn.single_query = fused_block.single_query
+    model.fast_blocks = fused_body.FusedBody(model) if fused_body.applies(model) else None
     return "q8"
 
 
@@ -134,6 +135,7 @@ def _fuse_qkv(attn) -> None:
 
 
 def _restore(model: Transformer) -> None:
+    model.fast_blocks = None
     for block in model.blocks:
         block.fast = None
         block.attn.wqkv = block.attn.single_query = None

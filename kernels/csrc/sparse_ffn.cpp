@@ -26,6 +26,8 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "body_step.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -433,6 +435,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
         py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
   m.def("argmax", &argmax, "index of the largest value (torch.argmax's rules)", py::arg("v"));
+  py::class_<BodyStep>(m, "BodyStep", "every block's forward for one row, in one call")
+      .def(py::init<>())
+      .def("add_layer", &BodyStep::add_layer, py::arg("attn_norm"), py::arg("qkv_rows"),
+           py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"),
+           py::arg("k_norm"), py::arg("interleaved"), py::arg("wo_rows"),
+           py::arg("post_attn_norm"), py::arg("ffn_norm"), py::arg("gate_up_rows"),
+           py::arg("down_rows"), py::arg("activation"), py::arg("post_ffn_norm"),
+           py::arg("eps"), py::arg("scale"))
+      .def_property_readonly("n_layers", &BodyStep::n_layers)
+      .def("run", &BodyStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
+           py::arg("slots"), py::arg("cos"), py::arg("sin"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }

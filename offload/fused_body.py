@@ -1,0 +1,62 @@
+"""Every block's forward for one row in one C++ call: a decoded token, or a self-drafting step.
+
+The per-block fused path (offload/fused_block.py) still returns to Python twice per layer. At
+batch 1 those returns cost more than their own instructions: measured on the default model,
+the Python between the C++ calls took ~0.6 ms per token with warm caches but ~2 ms inside a
+real decode step, where each layer's weights stream through the caches first. Here Python
+only gathers each layer's slots and rotary tables, then `fused_ops.body_step` runs the same
+attention_step and ffn_step calls in a C++ loop: the same bits as block by block.
+
+It applies to models whose every block runs the fused path with a plain FFN on Q8_0 rows, as
+long as nothing needs the blocks run as modules: forward hooks (on a block, its FFN, or
+global ones), a block switched to op by op, or an FFN another runtime replaced since. Then
+`__call__` returns None and the blocks run one by one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules import module as nn_module
+
+from ember.kernels import fused_ops
+from ember.models.transformer import Transformer, TreeRows
+
+from .fused_block import FusedBlock, plain_ffn
+
+
+def applies(model: Transformer) -> bool:
+    return all(isinstance(b.fast, FusedBlock) and plain_ffn(b.ffn)
+               and isinstance(getattr(b.attn.wo, "rows", None), torch.Tensor) for b in model.blocks)
+
+
+class FusedBody:
+    def __init__(self, model: Transformer):
+        blocks = list(model.blocks)
+        # What the blocks were when the body was built: any later change falls back.
+        self._parts = [(b, b.fast, b.ffn) for b in blocks]
+        self._fused = [b.fast for b in blocks]
+        self._first_attn = blocks[0].attn
+        self._run = fused_ops.body_step([b.fast.body_layer() for b in blocks])
+
+    def __call__(self, x: torch.Tensor, start: int, cache,
+                 tree: TreeRows | None = None) -> torch.Tensor | None:
+        """x (1, hidden) through every block, or None when the blocks must run one by one."""
+        if x.shape[0] != 1 or not self._unchanged() or not self._first_attn.reads_in_place(cache):
+            return None
+        slots, cos, sin = [], [], []
+        for fused in self._fused:
+            s, c, n = fused.row_inputs(start, cache, tree, x.device)
+            slots.append(s)
+            cos.append(c)
+            sin.append(n)
+        return self._run(x, *cache.pools(), slots, cos, sin)
+
+    def _unchanged(self) -> bool:
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return False
+        for block, fused, ffn in self._parts:
+            # _modules: the dict nn.Module's attribute lookup would search (a faster read).
+            if (block.fast is not fused or not fused.one_call or block._modules["ffn"] is not ffn
+                    or block._forward_hooks or block._forward_pre_hooks or not plain_ffn(ffn)):
+                return False
+        return True
