@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
     b.add_argument("--runs", type=int, default=3, metavar="N")
     b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine, interleaved")
+    b.add_argument("--speculate", dest="drafters", nargs="+", default=[], choices=("self", "lookup"),
+                   metavar="DRAFTER", help="also measure Ember with these drafters (self, lookup)")
+    b.add_argument("--text", default="repeated", choices=("repeated", "prose"),
+                   help="prompt: a sentence repeated (default) or a paragraph of prose")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_decode")
     b = bench.add_parser("speculate", help="plain decode vs each drafter on prose, code and "

@@ -120,3 +120,24 @@ def test_bad_arguments_exit_2(capsys, tiny_gemma_gguf, argv, needle):
 def test_prompt_longer_than_context_exit_2(capsys, tiny_gemma_gguf):
     code, _, err = _run(capsys, "generate", "the cat sat " * 200, "--model", str(tiny_gemma_gguf))
     assert code == 2 and "context" in err, err
+
+
+@pytest.mark.parametrize("text", ["repeated", "prose"])
+def test_bench_decode_reports_drafters_beside_plain(capsys, tiny_gemma_gguf, text):
+    code, out, err = _run(capsys, "bench", "decode", "--model", str(tiny_gemma_gguf), "--runs", "2",
+                          "--prompt-tokens", "12", "--gen-tokens", "6", "--speculate", "lookup",
+                          "self", "--text", text, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["text"] == text and report["ember"]["decode"]["median"] > 0
+    for name in ("ember+lookup", "ember+self"):
+        assert report[name]["identical_to_plain"] is True
+        assert report[name]["mean_accepted_length"] >= 1.0
+        assert report[name]["speedup_over_plain"] > 0
+    assert "llama.cpp" not in report and "ratio_ember_over_llama_cpp" not in report
+
+
+def test_bench_decode_refuses_a_prompt_longer_than_its_text(capsys, tiny_gemma_gguf):
+    code, _, err = _run(capsys, "bench", "decode", "--model", str(tiny_gemma_gguf),
+                        "--text", "prose", "--prompt-tokens", "100000")
+    assert code == 2 and "--prompt-tokens" in err, err

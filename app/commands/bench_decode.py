@@ -23,10 +23,28 @@ SEED_TEXT = (
 )
 
 
-def _prompt_ids(engine, n: int) -> list[int]:
-    ids = engine.encode(SEED_TEXT * (n // 8 + 2))
+# A paragraph that never repeats itself, for `--text prose`: prompt lookup finds little to
+# copy in it, and the model's continuation is new text.
+PROSE_TEXT = (
+    "Maps were once drawn by people who had never seen the places they described. A "
+    "cartographer in a northern port would copy the coastline from a sailor's sketch, add a "
+    "river from a merchant's letter, and guess at the mountains from a traveller's tale. "
+    "Errors travelled with the copies. An island that one captain mistook for two appeared as "
+    "a pair for a century, and a lake that dried out in a hot summer stayed blue on every "
+    "chart. Surveying changed this slowly. Teams with chains and brass instruments walked the "
+    "land, measured the angles between hilltops, and built triangles across whole provinces. "
+    "Their work was tedious and often dangerous; a single season might fix the position of a "
+    "dozen villages. Yet the results were checked against each other, and the maps that "
+    "followed could be trusted by engineers planning roads, canals and, later, railways. "
+    "Today satellites have replaced the chains, but the habit of checking remains the heart "
+    "of the craft, and"
+)
+
+def _prompt_ids(engine, n: int, text: str = "repeated") -> list[int]:
+    ids = engine.encode(SEED_TEXT * (n // 8 + 2) if text == "repeated" else PROSE_TEXT)
     if len(ids) < n:
-        raise EmberError(f"could not build a {n}-token prompt")
+        raise EmberError(f"the {text} prompt has only {len(ids)} tokens; use --prompt-tokens "
+                         f"{len(ids)} or less")
     return ids[:n]
 
 
@@ -36,7 +54,11 @@ def _ember_run(engine, ids: list[int], gen: int) -> dict:
     engine.runner.reset("default")  # no prefix reuse between runs: time the full prefill
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
     t = done.timings
-    return {"prefill": t.prefill_tokens_per_s, "decode": t.decode_tokens_per_s}
+    run = {"prefill": t.prefill_tokens_per_s, "decode": t.decode_tokens_per_s,
+           "token_ids": done.token_ids}
+    if engine.drafter is not None:
+        run["accepted_length"] = engine.speculation["mean_accepted_length"]
+    return run
 
 
 def _settle(seconds: float = 0.5) -> None:
@@ -79,43 +101,68 @@ def run(args) -> int:
     if args.runs < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1:
         raise EmberError("--runs must be >= 1, --gen-tokens >= 2, --prompt-tokens >= 1")
     engine = load_engine(args)
-    ids = _prompt_ids(engine, args.prompt_tokens)
+    ids = _prompt_ids(engine, args.prompt_tokens, args.text)
+    import dataclasses
+
     import torch
 
+    from ember.offload.engine import Engine
+
     threads = torch.get_num_threads()
+    # Ember with each drafter asked for, on the same loaded model (speculation is lossless:
+    # their tokens must equal plain decoding's, which is checked below).
+    engines = {"ember": engine}
+    for name in args.drafters:
+        engines[f"ember+{name}"] = Engine(engine.loaded,
+                                          dataclasses.replace(engine.options, speculate=name))
     other = None
     if args.against:
         from ember.app.baseline import LlamaCpp
 
         other = LlamaCpp(model_path(args), threads, args.prompt_tokens + args.gen_tokens + 16)
-    _ember_run(engine, ids[:8], 4)  # warm-up: first-call allocations, page faults
+    for e in engines.values():
+        _ember_run(e, ids[:8], 4)  # warm-up: first-call allocations, page faults
     if other:
         other.decode_speed(ids[:8], 4)
-    results = {"ember": [], "llama.cpp": []}
+    results = {name: [] for name in engines} | {"llama.cpp": []}
     copy_bps = copy_bandwidth()
     for _ in range(args.runs):
-        _settle()
-        results["ember"].append(_ember_run(engine, ids, args.gen_tokens))
+        for name, e in engines.items():
+            _settle()
+            results[name].append(_ember_run(e, ids, args.gen_tokens))
         if other:
             _settle()
             results["llama.cpp"].append(other.decode_speed(ids, args.gen_tokens))
     report = {
         "model": str(model_path(args)),
         "threads": threads,
+        "text": args.text,
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
         "runs": args.runs,
-        "ember": {k: _stats([r[k] for r in results["ember"]]) for k in ("prefill", "decode")},
     }
+    for name, runs in results.items():
+        if runs:
+            report[name] = {k: _stats([r[k] for r in runs]) for k in ("prefill", "decode")}
+    plain_ids = results["ember"][0]["token_ids"]
+    for name in engines:
+        if name != "ember":
+            report[name]["mean_accepted_length"] = statistics.mean(
+                r["accepted_length"] for r in results[name])
+            report[name]["identical_to_plain"] = all(
+                r["token_ids"] == plain_ids for r in results[name])
+            report[name]["speedup_over_plain"] = (report[name]["decode"]["median"]
+                                                  / report["ember"]["decode"]["median"])
     copy_bps = max(copy_bps, copy_bandwidth())  # before and after the runs: the better one
     report["ember"]["bandwidth"] = _bandwidth_report(
         engine, report["ember"]["decode"]["median"], copy_bps)
     if other:
-        report["llama.cpp"] = {k: _stats([r[k] for r in results["llama.cpp"]])
-                               for k in ("prefill", "decode")}
-        report["ratio_ember_over_llama_cpp"] = {
-            k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]
-            for k in ("prefill", "decode")
-        }
+        ratio = {k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]
+                 for k in ("prefill", "decode")}
+        for name in engines:
+            if name != "ember":
+                ratio[f"decode_{name}"] = (report[name]["decode"]["median"]
+                                           / report["llama.cpp"]["decode"]["median"])
+        report["ratio_ember_over_llama_cpp"] = ratio
     print_json(report)
     return 0
