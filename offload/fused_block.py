@@ -29,6 +29,7 @@ class FusedBlock(nn.Module):
     def __init__(self, block: Block):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: no cycle, `.to()` skips it
+        object.__setattr__(self, "attn", block.attn)  # (read every token: no module lookup)
         self.one_call = True  # a single row's attention in one C++ call (False: op by op)
         # attention_step's fixed arguments, from the first decoded token on. The weights do
         # not change under a FusedBlock: quant_body.use_body makes a new one when they do.
@@ -73,7 +74,7 @@ class FusedBlock(nn.Module):
         """(pool slots, cos, sin) of one row: a decoded token at `start`, or a single tree
         row (each self-drafting step), whose keys and rotary position come from the tree.
         The row's own slot is the last."""
-        attn = self.block.attn
+        attn = self.attn
         if tree is None:
             lo = 0 if attn.window is None else max(0, start - attn.window + 1)
             cos, sin = attn.rotary.tables(start, 1, device)
