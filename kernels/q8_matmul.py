@@ -98,6 +98,21 @@ def q8_0_matmul(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return module.q8_0_matmul(x.contiguous(), rows)
 
 
+def q8_0_embed_reference(rows: torch.Tensor, token: int, scale: float) -> torch.Tensor:
+    """Row `token` of Q8_0 rows (N, row_bytes) dequantized, times `scale`: (1, K) float32."""
+    k = rows.shape[1] // quants.block_info(Q8_0)[1] * BLOCK
+    return quants.dequantize(rows[token].contiguous(), Q8_0, (1, k)) * scale
+
+
+def q8_0_embed(rows: torch.Tensor, token: int, scale: float) -> torch.Tensor:
+    """A decoded token's embedding from Q8_0 rows, in one call: bit-identical to
+    `q8_0_embed_reference` (the model's own dequantize-then-scale)."""
+    module = cpu_extension.load()
+    if module is None:
+        return q8_0_embed_reference(rows, token, scale)
+    return module.q8_0_embed(rows, token, scale)
+
+
 def available() -> bool:
     module = cpu_extension.load()
     return module is not None and hasattr(module, "q8_0_matmul")

@@ -339,8 +339,9 @@ class Transformer(nn.Module):
             base = cfg.layer_rope_base(layer)
             rotaries.setdefault(base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved))
         self.blocks = nn.ModuleList()
-        # Every block's forward in one call for a single row, when the runtime sets one
-        # (offload/fused_body.py): (x, start, cache, tree) -> x, or None to run them one by one.
+        # Embedding and every block's forward in one go for a single row, when the runtime sets
+        # one (offload/fused_body.py): (ids, start, cache, tree) -> the last block's output, or
+        # None to run them one by one.
         self.fast_blocks = None
         for i in range(cfg.n_layers):
             self.blocks.append(Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]))
@@ -370,11 +371,9 @@ class Transformer(nn.Module):
         start = cache.length
         if tree is None:
             cache.reserve(ids.shape[0])
-        x = self.embed(ids)
-        fast = self.fast_blocks(x, start, cache, tree) if self.fast_blocks is not None else None
-        if fast is not None:
-            x = fast
-        else:
+        x = self.fast_blocks(ids, start, cache, tree) if self.fast_blocks is not None else None
+        if x is None:
+            x = self.embed(ids)
             for block in self.blocks:
                 x = block(x, start, cache, tree)
         if tree is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.nn.modules import module as nn_module
 
-from ember.kernels import fused_ops
+from ember.kernels import fused_ops, q8_matmul
 from ember.models.transformer import Transformer, TreeRows
 
 from .fused_block import FusedBlock, plain_ffn
@@ -37,12 +37,23 @@ class FusedBody:
         self._fused = [b.fast for b in blocks]
         self._first_attn = blocks[0].attn
         self._run = fused_ops.body_step([b.fast.body_layer() for b in blocks])
+        self._model = model
+        # A Q8_0 embedding (the default model's, tied to its LM head) is read in one call.
+        emb = model.embedding
+        self._embedding_rows = None
+        if emb.qtype == q8_matmul.Q8_0 and model.device.type == "cpu":
+            self._embedding_rows = q8_matmul.q8_0_rows(emb.raw, *emb.shape)
 
-    def __call__(self, x: torch.Tensor, start: int, cache,
+    def __call__(self, ids: torch.Tensor, start: int, cache,
                  tree: TreeRows | None = None) -> torch.Tensor | None:
-        """x (1, hidden) through every block, or None when the blocks must run one by one."""
-        if x.shape[0] != 1 or not self._unchanged() or not self._first_attn.reads_in_place(cache):
+        """One token id (1,) embedded and run through every block; None when the blocks must
+        run one by one."""
+        if ids.shape[0] != 1 or not self._unchanged() or not self._first_attn.reads_in_place(cache):
             return None
+        if self._embedding_rows is not None:
+            x = q8_matmul.q8_0_embed(self._embedding_rows, int(ids[0]), self._model.cfg.embed_scale)
+        else:
+            x = self._model.embed(ids)
         slots, cos, sin = [], [], []
         for fused in self._fused:
             s, c, n = fused.row_inputs(start, cache, tree, x.device)

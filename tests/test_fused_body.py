@@ -88,6 +88,29 @@ def test_decode_and_tree_rows_in_one_call_equal_block_by_block(fast, tiny_models
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
+def test_a_q8_0_embedding_is_read_in_the_one_call_path_with_the_same_bits(fast, tiny_models,
+                                                                         tmp_path):
+    from gguf import GGMLQuantizationType
+
+    from ember.models import synthetic
+
+    cfg, weights = tiny_models["gemma3"][:2]
+    path = synthetic.write_gguf(tmp_path / "q8.gguf", cfg, weights,
+                                qtype=int(GGMLQuantizationType.Q8_0))
+    engine = Engine(load_model(path), EngineOptions(device="cpu", n_ctx=64))
+    runner, model = engine.runner, engine.model
+    body = model.fast_blocks
+    assert body._embedding_rows is not None
+    ids = engine.encode("the cat is in the hat")
+    runs = []
+    for fast_blocks in (body, None):
+        model.fast_blocks = fast_blocks
+        runner.reset("s")
+        runner.prefill("s", ids)
+        runs.append([runner.decode("s", t) for t in (5, 9, 2)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_hooks_and_changed_blocks_run_block_by_block(fast, tiny_models):
     engine = _engine(tiny_models)
     runner, model = engine.runner, engine.model
@@ -95,7 +118,7 @@ def test_hooks_and_changed_blocks_run_block_by_block(fast, tiny_models):
     runner.prefill("s", ids)
     want = runner.decode("s", 5)
     body = model.fast_blocks
-    x = model.embed(torch.tensor([5]))
+    x = torch.tensor([5])
     cache = runner.kv.view(runner.sessions["s"].seq_id)
 
     seen = []
@@ -113,7 +136,7 @@ def test_hooks_and_changed_blocks_run_block_by_block(fast, tiny_models):
     model.blocks[0].fast.one_call = False
     assert body(x, cache.length, cache) is None
     model.blocks[0].fast.one_call = True
-    assert body(torch.cat([x, x]), cache.length, cache) is None  # two rows: block by block
+    assert body(torch.tensor([5, 6]), cache.length, cache) is None  # two rows: block by block
 
 
 def test_the_fp32_body_has_no_one_call_body(tiny_models):

@@ -134,3 +134,18 @@ def test_widening_refuses_types_q8_0_cannot_hold_exactly():
     rows = quantize(torch.randn(2, 256), Q.Q4_K).view(2, -1)
     with pytest.raises(ValueError, match="Q4_K"):
         q8_matmul.widen_to_q8_0(rows, int(Q.Q4_K))
+
+
+@needs_kernel
+@pytest.mark.parametrize("k,scale", [(640, 25.298221281347036), (96, 1.0)])
+def test_embedding_row_is_the_references_bit_for_bit(k, scale):
+    """A decoded token's embedding read from Q8_0 rows in one call is exactly the model's own
+    dequantize-then-scale."""
+    rows = _rows(50, k, seed=k)
+    for token in (0, 17, 49):
+        got = q8_matmul.q8_0_embed(rows, token, scale)
+        want = quants.dequantize(rows[token].contiguous(), Q.Q8_0, (1, k)) * scale
+        assert torch.equal(got, want)
+        assert torch.equal(got, q8_matmul.q8_0_embed_reference(rows, token, scale))
+    with pytest.raises(IndexError, match="outside"):
+        q8_matmul.q8_0_embed(rows, 50, scale)

@@ -386,6 +386,7 @@ bool has_avx2() {
 // Defined in q8_0_matmul.cpp, compiled into the same extension.
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
 at::Tensor q8_0_quantize(at::Tensor w);
+at::Tensor q8_0_embed(at::Tensor rows, int64_t token, double scale);
 // Defined in fused_ops.cpp.
 at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
 std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
@@ -446,6 +447,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("n_layers", &BodyStep::n_layers)
       .def("run", &BodyStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
            py::arg("slots"), py::arg("cos"), py::arg("sin"));
+  m.def("q8_0_embed", &q8_0_embed, "one Q8_0 row as float32, times a scale",
+        py::arg("rows"), py::arg("token"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
 }
