@@ -22,19 +22,28 @@ class LlamaCpp:
                          n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False)
 
     def decode_speed(self, ids: list[int], gen: int) -> dict:
-        """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase."""
+        """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase, and the tokens."""
         llm = self.llm
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)
         t1 = time.perf_counter()
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tokens = [self._next_greedy()]
         t2 = time.perf_counter()
         for _ in range(gen - 1):
-            llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([tokens[-1]])
+            tokens.append(self._next_greedy())
         t3 = time.perf_counter()
-        return {"prefill": len(ids) / (t1 - t0), "decode": (gen - 1) / (t3 - t2)}
+        return {"prefill": len(ids) / (t1 - t0), "decode": (gen - 1) / (t3 - t2),
+                "token_ids": tokens}
+
+    def _next_greedy(self) -> int:
+        """Argmax of the last evaluated token's logits. Read from the context: without
+        logits_all, llama-cpp-python does not copy them into `Llama.scores`."""
+        import llama_cpp
+
+        logits = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(self.llm.n_vocab(),))))
 
     def perplexity(self, text_ids: list[int], bos_id: int, window: int,
                    stride: int | None = None) -> PerplexityResult:

@@ -82,6 +82,18 @@ def test_perplexity_matches_live_llama_cpp(default_engine, default_model_path):
     assert abs(ours.ppl / theirs.ppl - 1) < 0.02, (ours.ppl, theirs.ppl)
 
 
+def test_live_llama_cpp_baseline_decodes_greedily(default_model_path):
+    """The speed baseline feeds llama.cpp its own greedy tokens (the recorded fixture's)."""
+    pytest.importorskip("llama_cpp", reason="the [baseline] extra is not installed")
+    from ember.app.baseline import LlamaCpp
+
+    case = _fixture()["greedy"][0]
+    steps = case["steps"][:8]
+    run = LlamaCpp(default_model_path, 2, 64).decode_speed(case["prompt_ids"], len(steps))
+    assert run["token_ids"] == [s["id"] for s in steps]
+    assert run["prefill"] > 0 and run["decode"] > 0
+
+
 def test_sessions_with_swaps_equal_sessions_without_past_the_window(default_model_path):
     """Two conversations longer than the 512-token window share a device pool that holds
     one, so every switch swaps; their logits equal those of a pool that holds both."""
