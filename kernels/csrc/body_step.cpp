@@ -3,15 +3,7 @@
 
 #include <tuple>
 
-// Defined in fused_ops.cpp.
-std::tuple<at::Tensor, at::Tensor> attention_step(
-    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
-    int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
-    at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    at::Tensor read_slots, at::Tensor wo_rows,
-    c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
-at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
-                    const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
+#include "ops.h"
 
 void BodyStep::add_layer(at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
                          int64_t n_kv, int64_t head_dim, c10::optional<at::Tensor> q_norm,

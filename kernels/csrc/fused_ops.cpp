@@ -16,6 +16,8 @@
 #include <ATen/ops/square.h>
 #include <c10/util/Optional.h>
 
+#include "ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -231,8 +233,6 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
     });
     return out;
 }
-
-at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);  // q8_0_matmul.cpp
 
 // A whole attention sub-layer for one row (a decoded token, or a lone speculative tree row),
 // in one call from Python: the chain offload/fused_block.py runs op by op for several tree

@@ -23,6 +23,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
+#include "ops.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -164,7 +166,7 @@ constexpr int64_t RANGE_MIN_BYTES = 64 << 10, RANGE_MAX_BYTES = 4 << 20, TILE_BY
 
 }  // namespace
 
-// Bound in sparse_ffn.cpp's module (one extension, one PYBIND11_MODULE).
+// Bound in bindings.cpp (one extension, one PYBIND11_MODULE).
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
                 "x must be a contiguous float32 (T, K) tensor");

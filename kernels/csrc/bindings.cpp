@@ -1,0 +1,52 @@
+// The Python module: every function of ops.h and the BodyStep class (body_step.h).
+// Narrow includes (no <torch/extension.h>): the JIT build takes about half as long.
+#include <torch/csrc/utils/pybind.h>
+
+#include "body_step.h"
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // The GIL is released so the hybrid engine's GPU-tier thread runs while the CPU side works.
+  m.def("ffn", &ffn, "sparse (idx) or dense (idx=None) FFN over neuron bundles, fp32 or int8",
+        py::arg("x"), py::arg("packed"), py::arg("hidden"), py::arg("idx"), py::arg("act"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("has_avx2", &has_avx2, "built with the AVX2/FMA path");
+  m.def("parallel_workers", &parallel_workers, "threads one parallel region runs on");
+  m.def("q8_0_matmul", &q8_0_matmul, "x @ W^T with W in GGML Q8_0 blocks",
+        py::arg("x"), py::arg("w"), py::call_guard<py::gil_scoped_release>());
+  m.def("rms_norm", &rms_norm, "x / rms(x) * w per row", py::arg("x"), py::arg("w"),
+        py::arg("eps"));
+  m.def("residual_norm", &residual_norm, "x + norm(a), and the next sub-layer's normed input",
+        py::arg("x"), py::arg("a"), py::arg("post"), py::arg("next"), py::arg("eps"));
+  m.def("qk_norm_rope_", &qk_norm_rope_, "q/k head norms and rotary, in place on fused qkv",
+        py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"),
+        py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
+        py::arg("interleaved"), py::arg("eps"));
+  m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
+        py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"));
+  m.def("attention_step", &attention_step, "one row's attention sub-layer",
+        py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
+        py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
+        py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
+        py::arg("v_pool"), py::arg("read_slots"), py::arg("wo_rows"),
+        py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
+  m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step",
+        py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
+        py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
+  m.def("argmax", &argmax, "index of the largest value (torch.argmax's rules)", py::arg("v"));
+  py::class_<BodyStep>(m, "BodyStep", "every block's forward for one row, in one call")
+      .def(py::init<>())
+      .def("add_layer", &BodyStep::add_layer, py::arg("attn_norm"), py::arg("qkv_rows"),
+           py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"),
+           py::arg("k_norm"), py::arg("interleaved"), py::arg("wo_rows"),
+           py::arg("post_attn_norm"), py::arg("ffn_norm"), py::arg("gate_up_rows"),
+           py::arg("down_rows"), py::arg("activation"), py::arg("post_ffn_norm"),
+           py::arg("eps"), py::arg("scale"))
+      .def_property_readonly("n_layers", &BodyStep::n_layers)
+      .def("run", &BodyStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
+           py::arg("slots"), py::arg("cos"), py::arg("sin"));
+  m.def("q8_0_embed", &q8_0_embed, "one Q8_0 row as float32, times a scale",
+        py::arg("rows"), py::arg("token"), py::arg("scale"));
+  m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
+        py::arg("w"), py::call_guard<py::gil_scoped_release>());
+}

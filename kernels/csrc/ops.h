@@ -1,0 +1,41 @@
+// The extension's functions, one declaration each (defined in the .cpp file named beside
+// them; bindings.cpp exposes them to Python).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+// sparse_ffn.cpp
+at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
+               int64_t act);
+int64_t parallel_workers();
+bool has_avx2();
+
+// q8_0_matmul.cpp
+at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
+at::Tensor q8_0_quantize(at::Tensor w);
+at::Tensor q8_0_embed(at::Tensor rows, int64_t token, double scale);
+
+// fused_ops.cpp
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
+std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
+                                                 c10::optional<at::Tensor> post,
+                                                 c10::optional<at::Tensor> next, double eps);
+void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
+                   c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
+                   at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
+at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                        double scale);
+std::tuple<at::Tensor, at::Tensor> attention_step(
+    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
+    int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
+    at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
+    at::Tensor read_slots, at::Tensor wo_rows,
+    c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
+at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
+                    const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
+int64_t argmax(at::Tensor v);
