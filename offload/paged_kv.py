@@ -27,6 +27,7 @@ import torch
 from ember.models.config import ModelConfig
 
 from .kv_blocks import KVPool, OutOfBlocks
+from .sequence_kv import SequenceKV
 
 DEVICE, HOST, DROPPED = "device", "host", "dropped"
 
@@ -167,7 +168,7 @@ class PagedKVCache:
         if seq.tier == HOST:
             self._move(seq, self.host_pool, self.device_pool, DEVICE)
 
-    def view(self, seq_id: int) -> "SequenceKV":
+    def view(self, seq_id: int) -> SequenceKV:
         return SequenceKV(self, self._get(seq_id))
 
     def usage(self) -> dict:
@@ -359,43 +360,3 @@ class PagedKVCache:
 
 def _holds_blocks(seq: Sequence) -> bool:
     return any(b is not None for table in seq.tables for b in table)
-
-
-@dataclass
-class SequenceKV:
-    """One sequence seen through the cache protocol the model's attention uses."""
-
-    cache: PagedKVCache
-    seq: Sequence
-
-    @property
-    def length(self) -> int:
-        return self.seq.length
-
-    def reserve(self, n: int) -> None:
-        self.cache.reserve(self.seq, n)
-
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        slots = self.cache.slots(self.seq, layer, start, start + k.shape[0])
-        k_pool, v_pool = self.pools()
-        k_pool.index_copy_(0, slots, k)
-        v_pool.index_copy_(0, slots, v)
-
-    def slots_of(self, layer: int, lo: int, hi: int) -> torch.Tensor:
-        """Pool rows (of `pools()`) holding positions lo..hi-1 of a layer."""
-        return self.cache.slots(self.seq, layer, lo, hi)
-
-    def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The device pool's K and V as (rows, n_kv_heads, head_dim): read in place by slot."""
-        return self.cache.device_pool.rows
-
-    def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k_pool, v_pool = self.pools()
-        slots = self.slots_of(layer, lo, hi)
-        return k_pool.index_select(0, slots), v_pool.index_select(0, slots)
-
-    def commit(self, n: int) -> None:
-        self.cache.commit(self.seq, n)
-
-    def truncate(self, length: int) -> None:
-        self.cache.truncate(self.seq.id, length)
