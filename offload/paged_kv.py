@@ -112,12 +112,14 @@ class PagedKVCache:
             raise ValueError(f"cannot truncate sequence {seq_id} of length {seq.length} to {length}")
         keep = -(-length // self.block_size)
         pool = self._pool(seq)
-        for table in seq.tables:
+        for layer, table in enumerate(seq.tables):
+            if len(table) <= keep:
+                continue  # unchanged: its cached slots stay valid (speculation truncates often)
             for block in table[keep:]:
                 if block is not None:
                     pool.allocator.decref(block)
             del table[keep:]
-        seq.slot_cache.clear()
+            seq.slot_cache.pop(layer, None)
         seq.length = length
 
     def compact(self, seq_id: int, src: list[int], dst: list[int]) -> None:

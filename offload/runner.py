@@ -105,6 +105,11 @@ class Runner:
             self.kv.view(s.seq_id).reserve(n)
         return max(n, 0)
 
+    def end_tree(self, name: str) -> None:
+        """Release the slots `begin_tree` reserved, when nothing was drafted into them."""
+        s = self.sessions[name]
+        self.kv.view(s.seq_id).truncate(len(s.tokens))
+
     @torch.inference_mode()
     def tree_hidden(self, name: str, tree, upto: int | None = None) -> None:
         """Fill `tree.hidden` for nodes 0..upto-1 (all by default) whose state is unknown."""

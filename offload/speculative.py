@@ -176,6 +176,15 @@ def _step(runner, session, drafter, sizer, sampler, history, remaining, stats) -
     With nothing to draft it is a plain decode step (the same logits as a one-node tree)."""
     widths = sizer.next_widths()[: max(remaining - 1, 0)]
     t0 = time.perf_counter()
+    if widths:
+        room = runner.begin_tree(session, tree_size(widths))
+        tree = drafter.draft(runner, session, history, widths, room)
+        if len(tree) == 1 and tree.hidden[0] is None:
+            # Nothing drafted (prompt lookup found no match) and nothing computed: a plain
+            # step, without a one-node tree's bookkeeping. (A drafter with nothing to offer
+            # tells the sizer nothing about drafting.)
+            runner.end_tree(session)
+            widths = ()
     if not widths:
         drawn = [sampler(runner.decode(session, history[-1]), history)]
         seconds = time.perf_counter() - t0
@@ -184,8 +193,6 @@ def _step(runner, session, drafter, sizer, sampler, history, remaining, stats) -
         stats.tree_nodes.append(1)
         sizer.update(0, 0, seconds)
         return drawn
-    room = runner.begin_tree(session, tree_size(widths))
-    tree = drafter.draft(runner, session, history, widths, room)
     t1 = time.perf_counter()
     logits = runner.verify(session, tree)
     path, drawn = accept(tree, logits, sampler, history)

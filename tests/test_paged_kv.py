@@ -121,6 +121,30 @@ def test_truncate_past_released_window_blocks_is_refused(model):
         cache.truncate(s, 20)
 
 
+def test_truncate_keeps_the_slot_tables_of_layers_it_does_not_shorten(model):
+    """Speculation truncates every step: tables it leaves as they were keep their cached
+    slots; the ones it shortens are rebuilt, and decoding goes on correctly."""
+    cache = PagedKVCache(model.cfg, device_blocks=400, block_size=4)
+    s, ids = cache.allocate(), _ids(10)
+    view, seq = cache.view(s), cache.seqs[s]
+    _append(model, view, ids)
+    layers = range(model.cfg.n_layers)
+
+    view.reserve(2)  # positions 10, 11: inside the last block
+    for layer in layers:
+        view.slots_of(layer, 0, 12)
+    cache.truncate(s, 10)
+    assert all(layer in seq.slot_cache for layer in layers)
+
+    view.reserve(3)  # up to position 12: one more block per layer
+    for layer in layers:
+        view.slots_of(layer, 0, 13)
+    cache.truncate(s, 10)  # frees it again
+    assert not seq.slot_cache
+    torch.testing.assert_close(_append(model, view, [7]), _reference_last_logits(model, ids + [7]),
+                               **TOL)
+
+
 def test_allocator_reference_counts():
     a = BlockAllocator(2)
     x = a.alloc()

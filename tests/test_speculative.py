@@ -317,3 +317,19 @@ def test_tree_sizer_drafts_what_pays():
         cheap.update(6, 3, 2.2)
     depth = len(cheap.next_widths())
     assert 0 < depth < 6 and cheap.p ** depth > cheap.level_cost()
+
+
+def test_an_empty_lookup_draft_is_a_plain_step(tiny_models, plain):
+    """Prompt lookup with no match decodes plainly: no one-node tree goes through
+    verification, and no reserved block is left behind."""
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="lookup")
+    spec.sizer.next_widths = lambda: (1, 1)  # ask for a draft every step
+    verified = []
+    verify = spec.runner.verify
+    spec.runner.verify = lambda name, tree: verified.append(len(tree)) or verify(name, tree)
+    for text in PROMPTS:
+        assert _greedy(spec, text, 24) == _greedy(plain["gemma3"], text, 24)
+        nodes = spec.speculation["tree_nodes_per_step"]
+        assert 1 in nodes and min(verified, default=2) > 1
+        assert spec.kv.usage()["device_blocks_used"] == plain["gemma3"].kv.usage()["device_blocks_used"]
