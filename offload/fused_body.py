@@ -2,10 +2,10 @@
 
 The per-block fused path (offload/fused_block.py) still returns to Python twice per layer. At
 batch 1 those returns cost more than their own instructions: measured on the default model,
-the Python between the C++ calls took ~0.6 ms per token with warm caches but ~2 ms inside a
-real decode step, where each layer's weights stream through the caches first. Here Python
-only gathers each layer's slots and rotary tables, then `fused_ops.body_step` runs the same
-attention_step and ffn_step calls in a C++ loop: the same bits as block by block.
+the Python between the C++ calls took ~0.6 ms per token run alone but ~2 ms inside a real
+decode step. Here Python only gathers each layer's slots and rotary tables; one call reads a
+Q8_0 embedding row, and `fused_ops.body_step` runs the same attention_step and ffn_step calls
+in a C++ loop: the same bits as block by block.
 
 It applies to models whose every block runs the fused path with a plain FFN on Q8_0 rows, as
 long as nothing needs the blocks run as modules: forward hooks (on a block, its FFN, or
