@@ -342,7 +342,7 @@ class Transformer(nn.Module):
         # Embedding and every block's forward in one go for a single row, when the runtime sets
         # one (offload/fused_body.py): (ids, start, cache, tree) -> the last block's output, or
         # None to run them one by one.
-        self.fast_blocks = None
+        self.fast_body = None
         for i in range(cfg.n_layers):
             self.blocks.append(Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]))
             if on_layer is not None:
@@ -371,7 +371,7 @@ class Transformer(nn.Module):
         start = cache.length
         if tree is None:
             cache.reserve(ids.shape[0])
-        x = self.fast_blocks(ids, start, cache, tree) if self.fast_blocks is not None else None
+        x = self.fast_body(ids, start, cache, tree) if self.fast_body is not None else None
         if x is None:
             x = self.embed(ids)
             for block in self.blocks:

@@ -67,7 +67,7 @@ class FusedBlock(nn.Module):
             self._weights = self._attention_weights()
         before, after = self._weights
         slots, cos, sin = self.row_inputs(start, cache, tree, x.device)
-        return fused_ops.attention_step(x, *before, cos, sin, self.block.attn.rotary.interleaved,
+        return fused_ops.attention_step(x, *before, cos, sin, self.attn.rotary.interleaved,
                                         *cache.pools(), slots, *after)
 
     def row_inputs(self, start: int, cache, tree: TreeRows | None, device: torch.device):

@@ -116,7 +116,7 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
         if block.fast is None and fused_block.applies(block):
             block.fast = fused_block.FusedBlock(block)
             attn.single_query = fused_block.single_query
-    model.fast_blocks = fused_body.FusedBody(model) if fused_body.applies(model) else None
+    model.fast_body = fused_body.FusedBody(model) if fused_body.applies(model) else None
     return "q8"
 
 
@@ -135,7 +135,7 @@ def _fuse_qkv(attn) -> None:
 
 
 def _restore(model: Transformer) -> None:
-    model.fast_blocks = None
+    model.fast_body = None
     for block in model.blocks:
         block.fast = None
         block.attn.wqkv = block.attn.single_query = None

@@ -10,7 +10,6 @@ The generator yields exactly what `Engine._steps` yields, (token, None) per toke
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 

@@ -68,12 +68,12 @@ def _engine(tiny_models, name="gemma3"):
 def test_decode_and_tree_rows_in_one_call_equal_block_by_block(fast, tiny_models, name):
     engine = _engine(tiny_models, name)
     runner, model = engine.runner, engine.model
-    assert model.fast_blocks is not None
+    assert model.fast_body is not None
     ids = engine.encode("the cat is in the hat")
-    body = model.fast_blocks
+    body = model.fast_body
     runs = []
-    for fast_blocks in (body, None):
-        model.fast_blocks = fast_blocks
+    for fast_body in (body, None):
+        model.fast_body = fast_body
         runner.reset("s")
         runner.prefill("s", ids)
         logits = [runner.decode("s", t) for t in (5, 9, 2)]
@@ -84,7 +84,7 @@ def test_decode_and_tree_rows_in_one_call_equal_block_by_block(fast, tiny_models
         for i in range(len(tree)):  # one row per call, as the self-drafter goes
             runner.tree_hidden("s", tree, upto=i + 1)
         runs.append(logits + list(tree.hidden))
-    model.fast_blocks = body
+    model.fast_body = body
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
@@ -99,12 +99,12 @@ def test_a_q8_0_embedding_is_read_in_the_one_call_path_with_the_same_bits(fast, 
                                 qtype=int(GGMLQuantizationType.Q8_0))
     engine = Engine(load_model(path), EngineOptions(device="cpu", n_ctx=64))
     runner, model = engine.runner, engine.model
-    body = model.fast_blocks
+    body = model.fast_body
     assert body._embedding_rows is not None
     ids = engine.encode("the cat is in the hat")
     runs = []
-    for fast_blocks in (body, None):
-        model.fast_blocks = fast_blocks
+    for fast_body in (body, None):
+        model.fast_body = fast_body
         runner.reset("s")
         runner.prefill("s", ids)
         runs.append([runner.decode("s", t) for t in (5, 9, 2)])
@@ -117,7 +117,7 @@ def test_hooks_and_changed_blocks_run_block_by_block(fast, tiny_models):
     ids = engine.encode("the cat is in the hat")
     runner.prefill("s", ids)
     want = runner.decode("s", 5)
-    body = model.fast_blocks
+    body = model.fast_body
     x = torch.tensor([5])
     cache = runner.kv.view(runner.sessions["s"].seq_id)
 
@@ -142,4 +142,4 @@ def test_hooks_and_changed_blocks_run_block_by_block(fast, tiny_models):
 def test_the_fp32_body_has_no_one_call_body(tiny_models):
     engine = Engine(load_model(tiny_models["gemma3"][2]),
                     EngineOptions(device="cpu", n_ctx=64, weights="fp32"))
-    assert engine.model.fast_blocks is None
+    assert engine.model.fast_body is None

@@ -23,8 +23,8 @@ SEED_TEXT = (
 )
 
 
-# A paragraph that never repeats itself, for `--text prose`: prompt lookup finds little to
-# copy in it, and the model's continuation is new text.
+# A paragraph that never repeats itself, for `--text prose`: prompt lookup finds nothing to
+# copy in it at first (the base model's greedy continuation soon loops, though).
 PROSE_TEXT = (
     "Maps were once drawn by people who had never seen the places they described. A "
     "cartographer in a northern port would copy the coastline from a sailor's sketch, add a "
@@ -39,6 +39,7 @@ PROSE_TEXT = (
     "Today satellites have replaced the chains, but the habit of checking remains the heart "
     "of the craft, and"
 )
+
 
 def _prompt_ids(engine, n: int, text: str = "repeated") -> list[int]:
     ids = engine.encode(SEED_TEXT * (n // 8 + 2) if text == "repeated" else PROSE_TEXT)

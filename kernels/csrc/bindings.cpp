@@ -42,9 +42,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("post_attn_norm"), py::arg("ffn_norm"), py::arg("gate_up_rows"),
            py::arg("down_rows"), py::arg("activation"), py::arg("post_ffn_norm"),
            py::arg("eps"), py::arg("scale"))
-      .def_property_readonly("n_layers", &BodyStep::n_layers)
       .def("run", &BodyStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
-           py::arg("slots"), py::arg("cos"), py::arg("sin"));
+           py::arg("slots"), py::arg("cos"), py::arg("sin"),
+           py::call_guard<py::gil_scoped_release>());  // ~5 ms: let a UI thread run meanwhile
   m.def("q8_0_embed", &q8_0_embed, "one Q8_0 row as float32, times a scale",
         py::arg("rows"), py::arg("token"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",

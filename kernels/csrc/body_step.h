@@ -22,7 +22,6 @@ class BodyStep {
                    c10::optional<at::Tensor> post_attn_norm, at::Tensor ffn_norm,
                    at::Tensor gate_up_rows, at::Tensor down_rows, std::string activation,
                    c10::optional<at::Tensor> post_ffn_norm, double eps, double scale);
-    int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
     // x (1, hidden) through every layer. Per layer: the pool slots its query reads (its own,
     // where K/V are written, last) and the row's rotary cos/sin (1, head_dim / 2).
     at::Tensor run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
