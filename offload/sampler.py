@@ -86,7 +86,7 @@ def filter_candidates(logits: torch.Tensor, top_k: int, top_p: float, min_p: flo
     Returns (ids, probs), sorted by decreasing probability; at least one candidate survives.
     """
     k = logits.shape[-1] if top_k == 0 else min(top_k, logits.shape[-1])
-    values, ids = torch.topk(logits, k)  # sorted, largest first
+    values, ids = fused_ops.top_k(logits, k)  # sorted, largest first
     probs = torch.softmax(values, dim=-1)
     keep = probs.shape[0]
     if top_p < 1.0:

@@ -269,3 +269,17 @@ def test_argmax_wrapper_takes_any_vector():
     v = torch.randn(50, dtype=torch.float64)
     assert fused_ops.argmax(v) == int(torch.argmax(v))
     assert fused_ops.argmax(v.float()[::2]) == int(torch.argmax(v.float()[::2]))
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 7), (8, 3), (100, 1), (1000, 40), (262144, 40)])
+def test_top_k_follows_a_stable_descending_sort(fast, n, k):
+    g = torch.Generator().manual_seed(n + k)
+    v = torch.randn(n, generator=g)
+    v[n // 2] = v[n - 1] = v.max()  # a tie at the top: the lower index first
+    got, want = fast.top_k(v, k), fused_ops.top_k_reference(v, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    v[n // 3] = float("nan")  # counts as the largest, as in torch.sort
+    got, want = fast.top_k(v, k), fused_ops.top_k_reference(v, k)
+    assert torch.equal(got[1], want[1]) and int(got[1][0]) == n // 3
+    with pytest.raises(RuntimeError, match="1 <= k"):
+        fast.top_k(v, n + 1)

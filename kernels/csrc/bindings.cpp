@@ -34,6 +34,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
         py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
   m.def("argmax", &argmax, "index of the largest value (torch.argmax's rules)", py::arg("v"));
+  m.def("top_k", &top_k, "the k largest values and their indices, largest first",
+        py::arg("v"), py::arg("k"));
   py::class_<BodyStep>(m, "BodyStep", "every block's forward for one row, in one call")
       .def(py::init<>())
       .def("add_layer", &BodyStep::add_layer, py::arg("attn_norm"), py::arg("qkv_rows"),

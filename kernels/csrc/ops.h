@@ -38,4 +38,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
                     const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
+
+// select.cpp
 int64_t argmax(at::Tensor v);
+std::tuple<at::Tensor, at::Tensor> top_k(at::Tensor v, int64_t k);
