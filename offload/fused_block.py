@@ -80,8 +80,10 @@ class FusedBlock(nn.Module):
             cos, sin = attn.rotary.tables(start, 1, device)
             return cache.slots_of(attn.layer, lo, start + 1), cos, sin
         (slots,) = attn.tree_slots(cache, tree)
-        cos, sin = attn.rotary.tables(tree.positions, 1, device)
-        return slots, cos, sin
+        key = ("rotary", id(attn.rotary))  # layers sharing a rotary table share these
+        if key not in tree.memo:
+            tree.memo[key] = attn.rotary.tables(tree.positions, 1, device)
+        return (slots, *tree.memo[key])
 
     def _attention_weights(self) -> tuple[tuple, tuple]:
         """attention_step's fixed arguments, gathered once (each module attribute lookup
