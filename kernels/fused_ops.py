@@ -99,27 +99,28 @@ def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
                              cos, sin, interleaved, k_pool, v_pool, read_slots, wo_rows,
                              post_norm, next_norm, eps, scale):
-    """The C++ attention_step as the chain of this module's ops (what a tree row runs)."""
+    """The C++ attention_step as the chain of this module's ops (what prefill runs)."""
     qkv = q8_0_matmul(rms_norm(x, attn_norm, eps), qkv_rows)
     qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin, interleaved, eps)
     q, k, v = qkv.split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=1)
-    write_slot = int(read_slots[-1])  # this token's own
-    k_pool[write_slot] = k.view(n_kv, head_dim)
-    v_pool[write_slot] = v.view(n_kv, head_dim)
-    o = attend_slots(q.view(n_heads, head_dim), k_pool, v_pool, read_slots, scale)
+    for t, slots in enumerate(read_slots):  # every row's K/V first: tree rows read ancestors'
+        k_pool[int(slots[-1])] = k[t].view(n_kv, head_dim)
+        v_pool[int(slots[-1])] = v[t].view(n_kv, head_dim)
+    o = torch.cat([attend_slots(q[t].reshape(n_heads, head_dim), k_pool, v_pool, slots, scale)
+                   for t, slots in enumerate(read_slots)])
     return residual_norm(x, q8_0_matmul(o, wo_rows), post_norm, next_norm, eps)
 
 
 def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
                    interleaved, k_pool, v_pool, read_slots, wo_rows, post_norm, next_norm,
                    eps: float, scale: float):
-    """One row's attention sub-layer in one call (q/k/v and output rows of Q8_0
-    blocks; K/V read in place from the pools at `read_slots`, this token's written at the
-    last of them): returns (x + post-normed attention output, that sum normed by
-    `next_norm`). Bit-identical to `attention_step_reference`."""
+    """An attention sub-layer for T rows in one call (q/k/v and output rows of Q8_0 blocks;
+    each row's K/V read in place from the pools at its `read_slots[t]`, its own written at
+    the last of them; cos/sin (T, head_dim / 2)): returns (x + post-normed attention output,
+    that sum normed by `next_norm`). Bit-identical to `attention_step_reference`."""
     module = cpu_extension.load()
     args = (x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
-            cos.contiguous(), sin.contiguous(), interleaved, k_pool, v_pool, read_slots,
+            cos.contiguous(), sin.contiguous(), interleaved, k_pool, v_pool, list(read_slots),
             wo_rows, post_norm, next_norm, eps, scale)
     if module is None:
         return attention_step_reference(*args)
@@ -177,7 +178,7 @@ class BodyLayer(NamedTuple):
 
 
 def body_step_reference(layers: list[BodyLayer], x, k_pool, v_pool, slots, cos, sin):
-    """Every block's forward for one row: per layer, attention_step then ffn_step."""
+    """Every block's forward for T rows: per layer, attention_step then ffn_step."""
     for l, read_slots, c, s in zip(layers, slots, cos, sin, strict=True):
         mid, h = attention_step_reference(
             x, l.attn_norm, l.qkv_rows, l.n_heads, l.n_kv, l.head_dim, l.q_norm, l.k_norm, c, s,
@@ -189,9 +190,10 @@ def body_step_reference(layers: list[BodyLayer], x, k_pool, v_pool, slots, cos, 
 
 
 def body_step(layers: list[BodyLayer]):
-    """A function (x, k_pool, v_pool, slots, cos, sin) -> x running `layers` over one row
-    (x (1, hidden); per layer the pool slots its query reads, its own last, and its rotary
-    cos/sin) in one C++ call. Bit-identical to `body_step_reference`."""
+    """A function (x, k_pool, v_pool, slots, cos, sin) -> x running `layers` over T rows
+    (x (T, hidden); per layer, for each row the pool slots it reads, its own last, and the
+    rows' rotary cos/sin (T, head_dim / 2)) in one C++ call. Bit-identical to
+    `body_step_reference`."""
     module = cpu_extension.load()
     if module is None:
         return functools.partial(body_step_reference, list(layers))

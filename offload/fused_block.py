@@ -6,14 +6,14 @@ the matmuls:
 - q, k and v come from one projection (`Attention.wqkv`), then one call norms and rotates the
   q/k heads in place;
 - each residual step (post-norm, add, and the next sub-layer's norm) is one call;
-- a single query row (decoding, or one row of a speculative tree) attends over keys read in
-  place from the paged pool (`Attention.single_query`), without gathering them first; a
-  single row's whole attention sub-layer (a decoded token's, or a self-drafting step's) is
-  one call;
+- each query row (decoding, or a row of a speculative tree) attends over keys read in place
+  from the paged pool (`Attention.single_query`), without gathering them first; the whole
+  attention sub-layer of a decoded token or of a tree's rows is one call (prefill runs it op
+  by op);
 - a dense FFN on quantized rows is one call with its residual step, for any number of rows.
-Any other FFN (a hybrid one, a wrapper, one with hooks) runs as the block's own module, so
-those and tree verification work unchanged. Every op is row by row, which keeps a body pass
-batch-invariant (speculative verification relies on it).
+Any other FFN (a hybrid one, a wrapper, one with hooks) runs as the block's own module.
+Every op is row by row, which keeps a body pass batch-invariant (speculative verification
+relies on it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FusedBlock(nn.Module):
         super().__init__()
         object.__setattr__(self, "block", block)  # not a submodule: no cycle, `.to()` skips it
         object.__setattr__(self, "attn", block.attn)  # (read every token: no module lookup)
-        self.one_call = True  # a single row's attention in one C++ call (False: op by op)
+        self.one_call = True  # decode and tree rows' attention in one C++ call (False: op by op)
         # attention_step's fixed arguments, from the first decoded token on. The weights do
         # not change under a FusedBlock: quant_body.use_body makes a new one when they do.
         self._weights: tuple | None = None
@@ -39,7 +39,7 @@ class FusedBlock(nn.Module):
         b = self.block
         attn, cfg, eps = b.attn, b.cfg, b.cfg.rms_eps
         sandwich = cfg.sandwich_norms
-        if (self.one_call and x.shape[0] == 1 and attn.reads_in_place(cache)
+        if (self.one_call and (x.shape[0] == 1 or tree is not None) and attn.reads_in_place(cache)
                 and isinstance(getattr(attn.wo, "rows", None), torch.Tensor)):
             x, h = self._attention_step(x, start, cache, tree)
             return self._ffn_step(x, h)
@@ -61,8 +61,8 @@ class FusedBlock(nn.Module):
         return self._ffn_step(x, h)
 
     def _attention_step(self, x: torch.Tensor, start: int, cache, tree: TreeRows | None):
-        """One row's attention sub-layer in one C++ call: the ops above, same order, same
-        bits."""
+        """The attention sub-layer of one decoded row or of a tree's rows in one C++ call: the
+        ops above, same order, same bits."""
         if self._weights is None:
             self._weights = self._attention_weights()
         before, after = self._weights
@@ -71,19 +71,18 @@ class FusedBlock(nn.Module):
                                         *cache.pools(), slots, *after)
 
     def row_inputs(self, start: int, cache, tree: TreeRows | None, device: torch.device):
-        """(pool slots, cos, sin) of one row: a decoded token at `start`, or a single tree
-        row (each self-drafting step), whose keys and rotary position come from the tree.
-        The row's own slot is the last."""
+        """(pool slots of each row, cos, sin) of a decoded token at `start` (one row), or of
+        a tree's rows, whose keys and rotary positions come from the tree. A row's own slot
+        is its last."""
         attn = self.attn
         if tree is None:
             lo = 0 if attn.window is None else max(0, start - attn.window + 1)
             cos, sin = attn.rotary.tables(start, 1, device)
-            return cache.slots_of(attn.layer, lo, start + 1), cos, sin
-        (slots,) = attn.tree_slots(cache, tree)
+            return [cache.slots_of(attn.layer, lo, start + 1)], cos, sin
         key = ("rotary", id(attn.rotary))  # layers sharing a rotary table share these
         if key not in tree.memo:
-            tree.memo[key] = attn.rotary.tables(tree.positions, 1, device)
-        return (slots, *tree.memo[key])
+            tree.memo[key] = attn.rotary.tables(tree.positions, tree.positions.shape[0], device)
+        return (attn.tree_slots(cache, tree), *tree.memo[key])
 
     def _attention_weights(self) -> tuple[tuple, tuple]:
         """attention_step's fixed arguments, gathered once (each module attribute lookup

@@ -1,4 +1,4 @@
-"""Every block's forward for one row in one C++ call: a decoded token, or a self-drafting step.
+"""Every block's forward in one C++ call for a decoded token or a speculative tree's rows.
 
 The per-block fused path (offload/fused_block.py) still returns to Python twice per layer. At
 batch 1 those returns cost more than their own instructions: measured on the default model,
@@ -46,11 +46,12 @@ class FusedBody:
 
     def __call__(self, ids: torch.Tensor, start: int, cache,
                  tree: TreeRows | None = None) -> torch.Tensor | None:
-        """One token id (1,) embedded and run through every block; None when the blocks must
-        run one by one."""
-        if ids.shape[0] != 1 or not self._unchanged() or not self._first_attn.reads_in_place(cache):
+        """One decoded token id (1,), or a tree's rows, embedded and run through every block;
+        None when the blocks must run one by one."""
+        if ((ids.shape[0] != 1 and tree is None) or not self._unchanged()
+                or not self._first_attn.reads_in_place(cache)):
             return None
-        if self._embedding_rows is not None:
+        if self._embedding_rows is not None and ids.shape[0] == 1:
             x = q8_matmul.q8_0_embed(self._embedding_rows, int(ids[0]), self._model.cfg.embed_scale)
         else:
             x = self._model.embed(ids)

@@ -42,7 +42,8 @@ def test_body_step_equals_its_op_chain_bit_for_bit(fast, activation, post):
     pools = [torch.randn(50, 2, 32, generator=g), torch.randn(50, 2, 32, generator=g)]
     copies = [p.clone() for p in pools]
     # Each layer reads its own slots (a windowed layer fewer), its own written last.
-    slots = [torch.tensor([3, 17, 9, 30]), torch.tensor([9, 31]), torch.tensor([1, 2, 40, 32])]
+    slots = [[torch.tensor([3, 17, 9, 30])], [torch.tensor([9, 31])],
+             [torch.tensor([1, 2, 40, 32])]]
     angles = torch.randn(1, 16, generator=g)
     cos, sin = [angles.cos()] * 3, [angles.sin()] * 3
     got = fused_ops.body_step(layers)(x, *pools, slots, cos, sin)
@@ -56,7 +57,7 @@ def test_body_step_wants_inputs_for_every_layer(fast):
     run = fused_ops.body_step([_random_layer(g, "relu", False)] * 2)
     pools = [torch.zeros(8, 2, 32), torch.zeros(8, 2, 32)]
     with pytest.raises(RuntimeError, match="each of its 2 layers"):
-        run(torch.zeros(1, 64), *pools, [torch.tensor([1])], [torch.ones(1, 16)],
+        run(torch.zeros(1, 64), *pools, [[torch.tensor([1])]], [torch.ones(1, 16)],
             [torch.zeros(1, 16)])
 
 
@@ -86,6 +87,32 @@ def test_decode_and_tree_rows_in_one_call_equal_block_by_block(fast, tiny_models
         runs.append(logits + list(tree.hidden))
     model.fast_body = body
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_a_trees_rows_in_one_call_equal_them_op_by_op_and_one_at_a_time(fast, tiny_models):
+    """A branching tree verified in one pass through the one-call body: the bits of the op-by-op
+    blocks, and of each node computed alone."""
+    engine = _engine(tiny_models)
+    runner, model = engine.runner, engine.model
+    ids = engine.encode("the cat is in the hat and the dog")
+    hidden = []
+    for mode in ("one call", "op by op", "one at a time"):
+        for block in model.blocks:
+            block.fast.one_call = mode != "op by op"
+        runner.reset("s")
+        runner.prefill("s", ids)
+        tree = TokenTree.root(4)
+        a = tree.add(0, 7)
+        tree.add(tree.add(a, 3), 12)
+        tree.add(0, 9)
+        runner.begin_tree("s", len(tree))
+        if mode == "one at a time":
+            for i in range(len(tree)):
+                runner.tree_hidden("s", tree, upto=i + 1)
+        else:
+            runner.tree_hidden("s", tree)
+        hidden.append(torch.cat(tree.hidden))
+    assert torch.equal(hidden[0], hidden[1]) and torch.equal(hidden[0], hidden[2])
 
 
 def test_a_q8_0_embedding_is_read_in_the_one_call_path_with_the_same_bits(fast, tiny_models,

@@ -157,29 +157,39 @@ def test_paged_decode_reads_keys_in_place(fast, tiny_models):
     torch.testing.assert_close(engine.runner.decode("s", 5), fast_logits, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("norms,post", [(True, True), (False, False)])
-def test_attention_step_equals_its_op_chain_bit_for_bit(fast, norms, post):
+@pytest.mark.parametrize("norms,post,rows", [(True, True, 1), (False, False, 1), (True, True, 3)])
+def test_attention_step_equals_its_op_chain_bit_for_bit(fast, norms, post, rows):
+    """One row, or three tree rows (the second and third read the first's K/V, written in
+    the same call); each row alone gives its bits."""
     from ember.kernels import q8_matmul
 
     g = torch.Generator().manual_seed(7)
     nh, nkv, hd, hidden = 4, 2, 32, 64
     w = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    x = w(1, hidden)
+    x = w(rows, hidden)
     qkv_rows = q8_matmul.q8_0_quantize(w((nh + 2 * nkv) * hd, hidden) * 0.1)
     wo_rows = q8_matmul.q8_0_quantize(w(hidden, nh * hd) * 0.1)
-    angles = w(1, hd // 2)
+    angles = w(rows, hd // 2)
     pools = [w(40, nkv, hd), w(40, nkv, hd)]
     copies = [p.clone() for p in pools]
-    slots = torch.tensor([3, 17, 9, 30])
+    slots = [torch.tensor([3, 17, 9, 30]), torch.tensor([3, 17, 30, 31]),
+             torch.tensor([17, 30, 32])][:rows]
     common = (nh, nkv, hd, w(hd) if norms else None, w(hd) if norms else None,
               angles.cos(), angles.sin(), False)
-    tail = (slots, wo_rows, w(hidden) if post else None,
-            w(hidden), 1e-6, 0.2)
+    weights = (wo_rows, w(hidden) if post else None, w(hidden), 1e-6, 0.2)
     attn_norm = w(hidden)
-    got = fast.attention_step(x, attn_norm, qkv_rows, *common, *pools, *tail)
-    want = fused_ops.attention_step_reference(x, attn_norm, qkv_rows, *common, *copies, *tail)
+    got = fast.attention_step(x, attn_norm, qkv_rows, *common, *pools, slots, *weights)
+    want = fused_ops.attention_step_reference(x, attn_norm, qkv_rows, *common, *copies, slots,
+                                              *weights)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(pools[0], copies[0]) and torch.equal(pools[1], copies[1])
+    if rows > 1:  # the last row alone, with the K/V the call wrote: the same bits
+        cos, sin = angles.cos()[-1:], angles.sin()[-1:]
+        alone = fast.attention_step(x[-1:], attn_norm, qkv_rows, *common[:5], cos, sin, False,
+                                    *pools, slots[-1:], *weights)
+        assert torch.equal(alone[0], got[0][-1:]) and torch.equal(alone[1], got[1][-1:])
+    with pytest.raises(RuntimeError, match="read slots for each"):
+        fast.attention_step(x, attn_norm, qkv_rows, *common, *pools, slots + slots, *weights)
 
 
 def test_decode_in_one_call_equals_op_by_op_decode(fast, tiny_models):

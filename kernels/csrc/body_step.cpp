@@ -17,7 +17,8 @@ void BodyStep::add_layer(at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_he
 }
 
 at::Tensor BodyStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
-                         const std::vector<at::Tensor>& slots, const std::vector<at::Tensor>& cos,
+                         const std::vector<std::vector<at::Tensor>>& slots,
+                         const std::vector<at::Tensor>& cos,
                          const std::vector<at::Tensor>& sin) const {
     const size_t n = layers_.size();
     TORCH_CHECK(slots.size() == n && cos.size() == n && sin.size() == n,

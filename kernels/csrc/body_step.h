@@ -1,6 +1,6 @@
-// Every block's forward for one row in one call (offload/fused_body.py): per layer, the
-// attention sub-layer (attention_step, fused_ops.cpp) then the dense Q8_0 FFN sub-layer
-// (ffn_step). A decode step otherwise returns to Python twice per layer, and measured on the
+// Every block's forward for one row (or a speculative tree's rows) in one call
+// (offload/fused_body.py): per layer, the attention sub-layer (attention_step, fused_ops.cpp)
+// then the dense Q8_0 FFN sub-layer (ffn_step). A decode step otherwise returns to Python twice per layer, and measured on the
 // default model that Python (argument handling, slot lookups, module checks) cost ~2 ms of a
 // ~16 ms token, against ~0.6 ms for the same Python alone (likely because each layer's weight
 // stream evicts the interpreter's working set from the caches).
@@ -22,11 +22,12 @@ class BodyStep {
                    c10::optional<at::Tensor> post_attn_norm, at::Tensor ffn_norm,
                    at::Tensor gate_up_rows, at::Tensor down_rows, std::string activation,
                    c10::optional<at::Tensor> post_ffn_norm, double eps, double scale);
-    // x (1, hidden) through every layer. Per layer: the pool slots its query reads (its own,
-    // where K/V are written, last) and the row's rotary cos/sin (1, head_dim / 2).
+    // x (T, hidden) through every layer: one decoded token, or the rows of a speculative
+    // tree. Per layer: for each row the pool slots it reads (its own, where its K/V are
+    // written, last), and the rows' rotary cos/sin (T, head_dim / 2).
     at::Tensor run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
-                   const std::vector<at::Tensor>& slots, const std::vector<at::Tensor>& cos,
-                   const std::vector<at::Tensor>& sin) const;
+                   const std::vector<std::vector<at::Tensor>>& slots,
+                   const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin) const;
 
   private:
     struct Layer {

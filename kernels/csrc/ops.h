@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 // sparse_ffn.cpp
 at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
@@ -34,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
     at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    at::Tensor read_slots, at::Tensor wo_rows,
+    const std::vector<at::Tensor>& read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
                     const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
