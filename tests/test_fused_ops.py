@@ -293,3 +293,11 @@ def test_top_k_follows_a_stable_descending_sort(fast, n, k):
     assert torch.equal(got[1], want[1]) and int(got[1][0]) == n // 3
     with pytest.raises(RuntimeError, match="1 <= k"):
         fast.top_k(v, n + 1)
+
+
+def test_top_k_above_the_native_limit_is_torch_topk():
+    v = torch.randn(5000, generator=torch.Generator().manual_seed(3))
+    k = fused_ops.TOP_K_NATIVE_MAX + 1
+    values, ids = fused_ops.top_k(v, k)
+    want = torch.topk(v, k)
+    assert torch.equal(values, want.values) and torch.equal(ids, want.indices)
