@@ -10,8 +10,6 @@ the hybrid engine later replaces `FeedForward` modules with split ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,6 +17,7 @@ from torch import nn
 from .config import ModelConfig
 from .kv import ContiguousKVCache, KVCache
 from .rotary import Rotary
+from .tree_rows import TreeRows, tree_keys, tree_positions, tree_span
 from .weights import QTensor, WeightStore
 
 
@@ -77,28 +76,6 @@ def activate(kind: str, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Te
     if kind == "relu2":
         return F.relu(up).square()
     raise ValueError(f"unknown activation {kind!r}")
-
-
-@dataclass
-class TreeRows:
-    """How T rows of a token tree (speculative verification) sit in the cache.
-
-    The committed context holds positions 0..context-1 in slots of the same index. Tree node i
-    has its K/V written to slot context + i, but is rotated as position context + depth(i).
-    Rows are nodes first..first+T-1; `keys` are the tree-node indices the rows may attend to
-    (after the context), `mask` (T, len(keys)) which of them each row sees (its ancestors and
-    itself); None when every row sees every key (a single row given exactly its path).
-    """
-
-    context: int
-    first: int
-    positions: torch.Tensor  # (T,) rotary positions of the rows
-    keys: torch.Tensor  # (S,) tree-node indices of the visible tree keys
-    key_positions: torch.Tensor  # (S,)
-    mask: torch.Tensor | None = None  # (T, S) bool
-    # What every layer of one pass would otherwise work out again (the positions each row
-    # reads, per window size; rotary tables): ~0.1 ms a layer for a tree row.
-    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 class Attention(nn.Module):
@@ -173,11 +150,11 @@ class Attention(nn.Module):
         if self.reads_in_place(cache):
             return torch.cat([self.single_query(q[r], *cache.pools(), slots, self.cfg.scale)
                               for r, slots in enumerate(self.tree_slots(cache, tree))])
-        lo, end = self._tree_span(tree)
+        lo, end = tree_span(tree, self.window)
         ctx_k, ctx_v = cache.read(self.layer, lo, tree.context)
         tree_k, tree_v = cache.read(self.layer, tree.context, end)
         outs = []
-        for r, (first, sel) in enumerate(self._tree_keys(tree, lo)):
+        for r, (first, sel) in enumerate(tree_keys(tree, self.window, lo)):
             sel = sel.to(tree_k.device)
             keys = torch.cat((ctx_k[first - lo:], tree_k[sel]))
             values = torch.cat((ctx_v[first - lo:], tree_v[sel]))
@@ -188,42 +165,9 @@ class Attention(nn.Module):
     def tree_slots(self, cache: KVCache, tree: TreeRows) -> list[torch.Tensor]:
         """The pool slots (of `cache.pools()`) each tree row reads, in position order; a row's
         own slot is its last. For caches read in place."""
-        positions, end = self._tree_positions(tree)
+        positions, end = tree_positions(tree, self.window)
         table = cache.slots_of(self.layer, 0, end)
         return [table.index_select(0, pos.to(table.device)) for pos in positions]
-
-    def _tree_positions(self, tree: TreeRows) -> tuple[list[torch.Tensor], int]:
-        """Per tree row, the cache positions it reads: the context inside its window, then the
-        tree keys it sees (node i sits at position context + i), its own last; and one past
-        the largest. The same for every layer with this window: worked out once per pass."""
-        key = ("positions", self.window)
-        if key not in tree.memo:
-            lo, end = self._tree_span(tree)
-            c = tree.context
-            tree.memo[key] = ([torch.cat((torch.arange(first, c), c + sel))
-                               for first, sel in self._tree_keys(tree, lo)], end)
-        return tree.memo[key]
-
-    def _tree_span(self, tree: TreeRows) -> tuple[int, int]:
-        """Positions [lo, end) any row of `tree` may read: context and tree slots."""
-        c, window = tree.context, self.window
-        lo = 0 if window is None else max(0, int(tree.positions.min()) - window + 1)
-        return min(lo, c), c + int(tree.keys.max()) + 1
-
-    def _tree_keys(self, tree: TreeRows, lo: int):
-        """Per row: (first context position it sees, indices of the tree keys it sees)."""
-        window = self.window
-        for r in range(tree.positions.shape[0]):
-            pos = int(tree.positions[r])
-            sel, k_pos = tree.keys, tree.key_positions
-            if tree.mask is not None:
-                sel, k_pos = sel[tree.mask[r]], k_pos[tree.mask[r]]
-            first = lo
-            if window is not None:
-                first = min(max(lo, pos - window + 1), tree.context)
-                inside = k_pos > pos - window
-                sel = sel[inside]
-            yield first, sel
 
     def reads_in_place(self, cache: KVCache) -> bool:
         """Whether single query rows read their keys where the cache keeps them: the runtime
@@ -352,9 +296,9 @@ class Transformer(nn.Module):
             base = cfg.layer_rope_base(layer)
             rotaries.setdefault(base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved))
         self.blocks = nn.ModuleList()
-        # Embedding and every block's forward in one go for a single row, when the runtime sets
-        # one (offload/fused_body.py): (ids, start, cache, tree) -> the last block's output, or
-        # None to run them one by one.
+        # Embedding and every block's forward in one go for a decoded token or a tree's rows,
+        # when the runtime sets one (offload/fused_body.py): (ids, start, cache, tree) -> the
+        # last block's output, or None to run them one by one.
         self.fast_body = None
         for i in range(cfg.n_layers):
             self.blocks.append(Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]))

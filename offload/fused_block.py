@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ember.kernels import fused_ops
-from ember.models.transformer import Block, FeedForward, TreeRows
+from ember.models.transformer import Block, FeedForward
+from ember.models.tree_rows import TreeRows
 
 
 class FusedBlock(nn.Module):

@@ -19,7 +19,8 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from ember.kernels import fused_ops, q8_matmul
-from ember.models.transformer import Transformer, TreeRows
+from ember.models.transformer import Transformer
+from ember.models.tree_rows import TreeRows
 
 from .fused_block import FusedBlock, plain_ffn
 

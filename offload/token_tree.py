@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ember.models.errors import ConfigError
-from ember.models.transformer import TreeRows
+from ember.models.tree_rows import TreeRows
 
 MAX_TREE_NODES = 256
 

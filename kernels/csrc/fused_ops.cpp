@@ -183,8 +183,10 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
 // Replaces gathering the keys into a new tensor (two index_selects per layer) and a
 // scaled_dot_product_attention call with its transposes. Plain decoding and each row of a
 // speculative tree go through this same function, so their results agree bit for bit.
-at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
-                        double scale) {
+namespace {
+// attend_slots, writing its (n_heads * hd) result at `op` (attention_step's output row).
+void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                       const at::Tensor& slots, double scale, float* op) {
     TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
                 "q must be a contiguous float32 (n_heads, head_dim) tensor");
     TORCH_CHECK(k_pool.dim() == 3 && k_pool.scalar_type() == at::kFloat &&
@@ -201,10 +203,8 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
     TORCH_CHECK(S > 0, "a query must see at least one key");
     const int64_t* sp = slots.data_ptr<int64_t>();
     for (int64_t s = 0; s < S; ++s) TORCH_CHECK_INDEX(sp[s] >= 0 && sp[s] < P, "slot out of range");
-    auto out = at::empty({1, nh * hd}, q.options());
     const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(),
                 *vp = v_pool.data_ptr<float>();
-    float* op = out.data_ptr<float>();
     const int64_t group = nh / nkv;
     // Query heads in parallel (they share nothing but the key/value rows they read); within a
     // head the same loops whatever the thread, so the bits do not depend on the split.
@@ -231,6 +231,13 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
             }
         }
     });
+}
+}  // namespace
+
+at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
+                        double scale) {
+    auto out = at::empty({1, q.numel()}, q.options());
+    attend_slots_into(q, k_pool, v_pool, slots, scale, out.data_ptr<float>());
     return out;
 }
 
@@ -281,7 +288,8 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     auto o = at::empty({T, n_heads * hd}, x.options());
     for (int64_t t = 0; t < T; ++t) {
         auto q = qkv.select(0, t).narrow(0, 0, n_heads * hd).view({n_heads, hd});
-        o.select(0, t).copy_(attend_slots(q, k_pool, v_pool, read_slots[t], scale).view(-1));
+        attend_slots_into(q, k_pool, v_pool, read_slots[t], scale,
+                          o.data_ptr<float>() + t * n_heads * hd);
     }
     auto a = q8_0_matmul(o, wo_rows);
     return residual_norm(x, a, post_norm, next_norm, eps);
