@@ -31,6 +31,9 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
                    at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                         double scale);
+void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                       const at::Tensor& slots, double scale, float* out);
+at::Tensor ffn_activation(const std::string& kind, const at::Tensor& gate, const at::Tensor& up);
 std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
@@ -43,3 +46,10 @@ at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Ten
 // select.cpp
 int64_t argmax(at::Tensor v);
 std::tuple<at::Tensor, at::Tensor> top_k(at::Tensor v, int64_t k);
+
+// block_matmul.cpp
+at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
+                        const std::vector<int64_t>& qtypes);
+at::Tensor dequantize_row(at::Tensor rows, int64_t qtype, int64_t index);
+void set_cpu_path(const std::string& name);
+std::string cpu_path();

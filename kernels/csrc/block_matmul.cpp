@@ -1,0 +1,421 @@
+// y = x @ W^T with W read straight from its GGML blocks (the file's own bytes: no float copy,
+// no requantized copy), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32.
+// Several weights sharing K go in one call (q/k/v, gate/up): x is quantized once, and the
+// outputs sit side by side in one (T, sum N) tensor.
+//
+// Arithmetic (as llama.cpp's CPU backend, so that quality matches it): x is quantized per row,
+// to int8 per 32 values for the 32-value types (Q8_0-style) and per 256 for the K-quants
+// (Q8_K-style), see block_formats.h; each block's dot product is exact integer arithmetic, then
+// the block's float scales and one fma into the output's float accumulator. F16/BF16/F32
+// weights multiply x in float32. kernels/block_matmul.py has the reference in PyTorch.
+//
+// Batch invariance: x rows are quantized independently, and each output element is computed
+// by one thread with the same instructions whatever T is and however rows and tokens are
+// tiled or split, so a row of x gives bit-identical outputs alone or among any others (what
+// speculative verification relies on).
+//
+// CPU paths: a table of kernel sets ("portable", "avx2"; an "avx512" set would be one more
+// entry), one picked at first use from the CPU or EMBER_CPU_PATH, switchable for tests. On
+// AVX2, whole tiles of 16 rows of x go through a prefill kernel for the K-quants
+// (block_gemm_avx2.h), the rest through the row kernels (block_dots_avx2.h).
+//
+// Measured (python -m bench.block_matmul_speed; AMD EPYC (Zen, AVX2, no AVX-512), 2 threads,
+// ranges over 3 runs on the shared machine):
+//   T=1, GB/s of weight bytes, and against a plain read of the same bytes (int64 sum,
+//   19-24 GB/s, timed alternately; a torch copy moves only 8-9 GB/s of reads here), over
+//   4096x4096, 11008x4096, 4096x11008, 2048x5632, 5632x2048:
+//     Q4_K 12.0-13.4 GB/s (0.52-0.65)   Q6_K 12.4-14.8 (0.56-0.73)   Q5_0 10.1-11.2 (0.46-0.54)
+//     Q8_0 14.4-17.5 (0.68-0.86)        Q4_0 12.7-15.3 (0.60-0.76)
+//   The 4/5-bit types are compute-bound at one token on this CPU (one thread unpacks and
+//   multiplies Q4_K at ~8 GB/s with the weights in cache).
+//   Q8_0 LM head 262144x640 against q8_0_matmul (int16 x) on the same bytes: T=1 0.91-0.94 of
+//   its time, T=8 0.94-0.97.
+//   T=128, GOPS (2*N*K*T / time) on 2048x5632 / 4096x4096: Q4_K 93 / 94, Q6_K 74 / 76,
+//   Q5_0 71 / 71, Q8_0 54 / 55, Q4_0 82 / 81. llama.cpp (llama-cpp-python 0.3.36, 2 threads)
+//   on the same machine prefills a 1.1B Q4_K_M model (bench.make_model) at ~28 tok/s, ~61
+//   GOPS for the whole model, and decodes at ~16 tok/s (~10 GB/s of weights).
+//
+// Narrow includes (as q8_0_matmul.cpp): the JIT build is much faster than <torch/extension.h>.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/Parallel.h>
+
+#include "ops.h"
+#include "block_formats.h"
+#include "block_dots_portable.h"
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "block_dots_avx2.h"
+#include "block_gemm_avx2.h"
+#define EMBER_BLOCK_AVX2 1
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace ember_blocks;
+
+// ---- CPU paths -------------------------------------------------------------------------------
+
+using RowsFn = void (*)(const XQuant&, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                        int64_t t0, int64_t tt, float* y, int64_t ldy);
+// Rows [r0, r1) against the 16 rows of x of tile g (XQuant::tiles).
+using GemmFn = void (*)(const XQuant&, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                        int64_t g, float* y, int64_t ldy);
+
+// Tokens per tile: each weight block is unpacked once per tile. The driver hands out tiles of
+// up to TOKEN_TILE tokens; a kernel splits them into its own Kernel::TILE: 8 for the AVX2
+// quant kernels (1 thread, per token against 4: Q5_0 and Q8_0 ~10% faster, Q4_0/Q4_K a few
+// %), 4 where 8 tokens' accumulators would not fit in registers (float weights, portable).
+constexpr int TOKEN_TILE = 8;
+
+template <class Kernel, int TT>
+inline void tile_of(const XQuant& a, const uint8_t* w, int64_t rb, int64_t r0, int64_t r1,
+                    int64_t t0, int64_t tt, float* y, int64_t ldy) {
+    if constexpr (TT > 1) {
+        if (tt < TT) return tile_of<Kernel, TT - 1>(a, w, rb, r0, r1, t0, tt, y, ldy);
+    }
+    Kernel::template rows<TT>(a, w, rb, r0, r1, t0, y, ldy);
+}
+
+template <class Kernel>
+void token_tile(const XQuant& a, const uint8_t* w, int64_t rb, int64_t r0, int64_t r1, int64_t t0,
+                int64_t tt, float* y, int64_t ldy) {
+    for (; tt > 0; t0 += Kernel::TILE, tt -= Kernel::TILE)
+        tile_of<Kernel, Kernel::TILE>(a, w, rb, r0, r1, t0, std::min<int64_t>(tt, Kernel::TILE), y, ldy);
+}
+
+struct CpuPath {
+    const char* name;
+    bool (*usable)();  // does this CPU run it
+    bool pairs;  // reads the 32-value types' x in pair layout (block_dots_avx2.h)
+    // a row of x in blocks of 32 or 256, with sums per 8 values (same result on every path)
+    void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, int16_t* sum8);
+    RowsFn rows[N_TYPES];  // in the order of TYPES
+    GemmFn gemm[N_TYPES];  // prefill kernels for tiles of 16 rows of x (null: rows only)
+};
+
+bool always() { return true; }
+
+#ifdef EMBER_BLOCK_AVX2
+bool cpu_has_avx2() {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+#endif
+
+namespace P = ember_blocks::portable;
+#ifdef EMBER_BLOCK_AVX2
+namespace A = ember_blocks::avx2;
+#endif
+
+// Later entries are preferred when usable.
+const CpuPath PATHS[] = {
+    {"portable", always, false, ember_blocks::quantize_row,
+     {token_tile<P::Float<F32>>, token_tile<P::Float<F16>>, token_tile<P::Float<BF16>>,
+      token_tile<P::Small<Q4_0>>, token_tile<P::Small<Q4_1>>, token_tile<P::Small<Q5_0>>,
+      token_tile<P::Small<Q5_1>>, token_tile<P::Small<Q8_0>>, token_tile<P::KQuant<Q4_K>>,
+      token_tile<P::KQuant<Q5_K>>, token_tile<P::KQuant<Q6_K>>},
+     {}},
+#ifdef EMBER_BLOCK_AVX2
+    {"avx2", cpu_has_avx2, true, A::quantize_row,
+     {token_tile<A::Float<F32>>, token_tile<A::Float<F16>>, token_tile<A::Float<BF16>>,
+      token_tile<A::Small<Q4_0>>, token_tile<A::Small<Q4_1>>, token_tile<A::Small<Q5_0>>,
+      token_tile<A::Small<Q5_1>>, token_tile<A::Small<Q8_0>>, token_tile<A::KQuant<Q4_K>>,
+      token_tile<A::KQuant<Q5_K>>, token_tile<A::KQuant<Q6_K>>},
+     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+      A::KGemm<Q4_K>::rows, A::KGemm<Q5_K>::rows, A::KGemm<Q6_K>::rows}},
+#endif
+};
+constexpr int N_PATHS = sizeof(PATHS) / sizeof(PATHS[0]);
+
+std::atomic<int> g_path{-1};
+std::mutex g_path_lock;
+
+std::string path_choices() {
+    std::string s;
+    for (const CpuPath& p : PATHS)
+        if (p.usable()) s += (s.empty() ? "" : ", ") + std::string(p.name);
+    return s;
+}
+
+// The index of a usable path by name; a ValueError naming the choices otherwise.
+int checked_path(const std::string& name, const char* what) {
+    for (int i = 0; i < N_PATHS; ++i) {
+        if (name != PATHS[i].name) continue;
+        TORCH_CHECK_VALUE(PATHS[i].usable(), what, "'", name, "': this CPU lacks the instructions; "
+                          "choices here: ", path_choices());
+        return i;
+    }
+    TORCH_CHECK_VALUE(false, what, "'", name, "' is not a CPU path; choices here: ", path_choices(),
+                      " (this build: ", N_PATHS > 1 ? "portable, avx2" : "portable", ")");
+    return -1;
+}
+
+const CpuPath& current_path() {
+    int p = g_path.load(std::memory_order_acquire);
+    if (p < 0) {  // first use: EMBER_CPU_PATH, else the best this CPU runs
+        std::lock_guard<std::mutex> lock(g_path_lock);
+        p = g_path.load(std::memory_order_relaxed);
+        if (p < 0) {
+            const char* env = std::getenv("EMBER_CPU_PATH");
+            if (env && *env) {
+                p = checked_path(env, "EMBER_CPU_PATH=");  // throws, and stays unset, if bad
+            } else {
+                for (p = N_PATHS - 1; p > 0 && !PATHS[p].usable(); --p) {}
+            }
+            g_path.store(p, std::memory_order_release);
+        }
+    }
+    return PATHS[p];
+}
+
+// ---- x quantization --------------------------------------------------------------------------
+
+// x (T, K) quantized for the styles the call needs (q32: Q8_0-style, qk: Q8_K-style) into one
+// buffer that `storage` keeps alive. If the path reads pair layout (block_dots_avx2.h), full
+// groups of 8 32-value blocks are stored so, the rest in natural order.
+XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const CpuPath& path,
+                  at::Tensor& storage) {
+    XQuant a;
+    a.T = T, a.K = K, a.xf = x;
+    if (!q32 && !qk) return a;
+    auto aligned = [](int64_t n) { return (n + 63) & ~int64_t(63); };
+    const int64_t n32 = q32 ? T * K / 32 : 0, nk = qk ? T * K / 256 : 0;
+    // the prefill layout: only where the path has prefill kernels and x has a whole tile
+    const int64_t tiles = qk && path.gemm[type_index(Q4_K)] ? T / GEMM_TOKENS : 0;
+    const int64_t ng = tiles * GEMM_TOKENS;  // rows of x in tiles
+    const int64_t sizes[] = {q32 ? T * K : 0, n32 * 4, n32 * 4, n32 * 4, n32 * 4,
+                             qk ? T * K : 0,  nk * 4,  nk * 16 * 2, nk * 8 * 2,
+                             tiles ? T * K / 8 * 2 : 0,  // all rows' per-8 sums, to lay out
+                             ng * K, ng * K / 256 * 4, ng * K / 32 * 2, ng * K / 8 * 2};
+    constexpr int N_PARTS = sizeof(sizes) / sizeof(sizes[0]);
+    int64_t total = 0;
+    for (int64_t s : sizes) total += aligned(s);
+    storage = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+    uint8_t* p = storage.data_ptr<uint8_t>();
+    uint8_t* part[N_PARTS];
+    for (int i = 0; i < N_PARTS; ++i) part[i] = p, p += aligned(sizes[i]);
+    int8_t* q32p = reinterpret_cast<int8_t*>(part[0]);
+    float* d32 = reinterpret_cast<float*>(part[1]);
+    int32_t* s32 = reinterpret_cast<int32_t*>(part[2]);
+    float* ds32 = reinterpret_cast<float*>(part[3]);
+    int16_t* h32 = reinterpret_cast<int16_t*>(part[4]);
+    int8_t* qkp = reinterpret_cast<int8_t*>(part[5]);
+    float* dk = reinterpret_cast<float*>(part[6]);
+    int16_t* sk16 = reinterpret_cast<int16_t*>(part[7]);
+    int16_t* sk32 = reinterpret_cast<int16_t*>(part[8]);
+    int16_t* sk8 = reinterpret_cast<int16_t*>(part[9]);
+    int8_t* qg = reinterpret_cast<int8_t*>(part[10]);
+    float* dg = reinterpret_cast<float*>(part[11]);
+    int16_t* m32g = reinterpret_cast<int16_t*>(part[12]);
+    int16_t* s8g = reinterpret_cast<int16_t*>(part[13]);
+    const int64_t nb = K / 32, full = path.pairs ? nb / 8 * 8 : 0;
+    // Rows are independent (batch invariance); split them over threads once x is large.
+    at::parallel_for(0, T, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t t0, int64_t t1) {
+        std::vector<int8_t> qrow(K);
+        std::vector<int16_t> s8(K / 8);
+        std::vector<float> drow(nb);
+        for (int64_t t = t0; t < t1; ++t) {
+            const float* xt = x + t * K;
+            if (q32) {
+                path.quantize(xt, K, 32, qrow.data(), drow.data(), s8.data());
+                for (int64_t b = 0; b < nb; ++b) {
+                    const int8_t* qb = qrow.data() + b * 32;
+                    const int16_t* sb = s8.data() + b * 4;
+                    int64_t slot = t * nb + b;
+                    if (b < full) {  // block 8g + 2p + side -> bytes 64p + 16 side (+32), slot 4 side + p
+                        const int64_t g = b / 8, pr = (b % 8) / 2, side = b % 2;
+                        int8_t* dst = q32p + t * K + g * 256 + pr * 64 + side * 16;
+                        std::memcpy(dst, qb, 16);
+                        std::memcpy(dst + 32, qb + 16, 16);
+                        slot = t * nb + g * 8 + side * 4 + pr;
+                        // the two int16 lanes that hold this block after the vphaddw rounds
+                        // sum values 0-7 and 16-23, and 8-15 and 24-31
+                        int16_t* hp = h32 + t * nb * 2 + g * 16 + side * 8 + pr * 2;
+                        hp[0] = int16_t(sb[0] + sb[2]), hp[1] = int16_t(sb[1] + sb[3]);
+                    } else {
+                        std::memcpy(q32p + t * K + b * 32, qb, 32);
+                    }
+                    const int32_t s = sb[0] + sb[1] + sb[2] + sb[3];
+                    d32[slot] = drow[b], s32[slot] = s, ds32[slot] = drow[b] * float(s);
+                }
+            }
+            if (qk) {
+                const int64_t b0 = t * (K / 256);
+                path.quantize(xt, K, 256, qkp + t * K, dk + b0, s8.data());
+                for (int64_t j = 0; j < K / 16; ++j) sk16[b0 * 16 + j] = int16_t(s8[2 * j] + s8[2 * j + 1]);
+                for (int64_t j = 0; j < K / 32; ++j)
+                    sk32[b0 * 8 + j] = int16_t(sk16[b0 * 16 + 2 * j] + sk16[b0 * 16 + 2 * j + 1]);
+                if (tiles) std::memcpy(sk8 + t * K / 8, s8.data(), K / 8 * sizeof(int16_t));
+            }
+        }
+    });
+    // Prefill tiles: the rows above, transposed 16 at a time (block_gemm_avx2.h).
+    at::parallel_for(0, tiles, 1, [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t t0 = g * GEMM_TOKENS;
+            int16_t* qd = reinterpret_cast<int16_t*>(qg + g * K * GEMM_TOKENS);
+            for (int i = 0; i < GEMM_TOKENS; ++i) {
+                const int8_t* src = qkp + (t0 + i) * K;
+                for (int64_t p = 0; p < K / 2; ++p) std::memcpy(qd + p * GEMM_TOKENS + i, src + 2 * p, 2);
+                for (int64_t e = 0; e < K / 8; ++e) s8g[(g * K / 8 + e) * GEMM_TOKENS + i] = sk8[(t0 + i) * K / 8 + e];
+            }
+            for (int j = 0; j < GEMM_TOKENS; ++j) {  // lane j holds token GEMM_ORDER[j]
+                const int64_t t = t0 + GEMM_ORDER[j];
+                for (int64_t b = 0; b < K / 256; ++b) dg[(g * K / 256 + b) * GEMM_TOKENS + j] = dk[t * K / 256 + b];
+                for (int64_t c = 0; c < K / 64; ++c) {
+                    int16_t* m = m32g + ((g * K / 64 + c) * GEMM_TOKENS + j) * 2;
+                    m[0] = sk32[t * K / 32 + 2 * c], m[1] = sk32[t * K / 32 + 2 * c + 1];
+                }
+            }
+        }
+    });
+    if (tiles) a.tiles = tiles, a.qg = qg, a.dg = dg, a.m32g = m32g, a.s8g = s8g;
+    if (q32) a.q32 = q32p, a.d32 = d32, a.s32 = s32, a.ds32 = ds32, a.h32 = h32;
+    if (qk) a.qk = qkp, a.dk = dk, a.sk16 = sk16, a.sk32 = sk32;
+    return a;
+}
+
+// ---- work split ------------------------------------------------------------------------------
+
+// Threads take contiguous row ranges (~1/4 of the call's bytes per thread, 64 KiB..4 MiB) from
+// a shared counter: long contiguous runs stream far better than alternating small chunks
+// (~35% on these machines, see q8_0_matmul.cpp), and a counter lets one thread take the rest
+// when the other is preempted. Within a range, rows go in tiles of ~16 KiB that stay in L1/L2
+// while every tile of tokens passes over them.
+constexpr int64_t RANGE_MIN_BYTES = 64 << 10, RANGE_MAX_BYTES = 4 << 20, TILE_BYTES = 16 << 10;
+
+struct Weight {
+    const uint8_t* p;
+    int64_t n, row_bytes, col0;
+    RowsFn fn;
+    GemmFn gemm;
+};
+
+struct Range {
+    int weight;
+    int64_t r0, r1;
+};
+
+// Weight rows: contiguous uint8 (N, row_bytes), or the same bytes flat (N * row_bytes,).
+void check_rows(const at::Tensor& t, const char* what) {
+    TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kByte &&
+                          (t.dim() == 2 || t.dim() == 1) && t.is_contiguous(),
+                      what, " must be a contiguous uint8 CPU tensor (N, row_bytes), got ",
+                      t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
+}
+
+const TypeInfo& checked_type(int64_t qtype) {
+    const int i = type_index(qtype);
+    if (i < 0) {
+        std::string names;
+        for (const TypeInfo& t : TYPES) names += (names.empty() ? "" : ", ") + std::string(t.name);
+        TORCH_CHECK_VALUE(false, "GGML type ", qtype, " is not read natively; supported: ", names);
+    }
+    return TYPES[i];
+}
+
+}  // namespace
+
+at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
+                        const std::vector<int64_t>& qtypes) {
+    TORCH_CHECK_VALUE(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                          x.is_contiguous(),
+                      "x must be a contiguous float32 CPU tensor (T, K), got ", x.scalar_type(),
+                      " of shape ", x.sizes());
+    TORCH_CHECK_VALUE(weights.size() == qtypes.size(), "got ", weights.size(), " weights and ",
+                      qtypes.size(), " types");
+    const int64_t T = x.size(0), K = x.size(1);
+    const CpuPath& path = current_path();
+    std::vector<Weight> ws;
+    ws.reserve(weights.size());
+    int64_t n_total = 0, total_bytes = 0;
+    bool q32 = false, qk = false;
+    for (size_t i = 0; i < weights.size(); ++i) {
+        const at::Tensor& w = weights[i];
+        check_rows(w, "each weight");
+        const TypeInfo& ti = checked_type(qtypes[i]);
+        TORCH_CHECK_VALUE(K % ti.values == 0, "x has ", K, " columns, not a whole number of ",
+                          ti.name, " blocks (", ti.values, " values each) for weight ", i);
+        const int64_t rb = K / ti.values * ti.bytes;
+        const int64_t n = w.dim() == 2 ? w.size(0) : (rb > 0 ? w.numel() / rb : 0);
+        TORCH_CHECK_VALUE(w.dim() == 2 ? w.size(1) == rb : n * rb == w.numel(), "weight ", i, " (",
+                          ti.name, ", shape ", w.sizes(), ") is not whole rows of x's ", K,
+                          " columns (", rb, " bytes each)");
+        ws.push_back({w.data_ptr<uint8_t>(), n, rb, n_total, path.rows[&ti - TYPES],
+                      path.gemm[&ti - TYPES]});
+        n_total += n;
+        total_bytes += n * rb;
+        q32 |= ti.x == XStyle::Q32;
+        qk |= ti.x == XStyle::QK;
+    }
+    auto y = at::empty({T, n_total}, x.options());
+    if (T == 0 || n_total == 0 || K == 0) {
+        if (K == 0) y.zero_();
+        return y;
+    }
+    at::Tensor storage;
+    const XQuant a = quantize_x(x.data_ptr<float>(), T, K, q32, qk, path, storage);
+
+    const int threads = std::max(1, at::get_num_threads());
+    const int64_t range_bytes =
+        std::clamp<int64_t>(total_bytes / (4 * threads), RANGE_MIN_BYTES, RANGE_MAX_BYTES);
+    std::vector<Range> ranges;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const int64_t step = std::max<int64_t>(1, range_bytes / ws[i].row_bytes);
+        for (int64_t r = 0; r < ws[i].n; r += step)
+            ranges.push_back({int(i), r, std::min(ws[i].n, r + step)});
+    }
+    float* yp = y.data_ptr<float>();
+    std::atomic<int64_t> next{0};
+    const int64_t n_ranges = int64_t(ranges.size());
+    const int64_t workers = std::min<int64_t>(threads, n_ranges);
+    auto work = [&](int64_t, int64_t) {
+        for (int64_t c; (c = next.fetch_add(1)) < n_ranges;) {
+            const Range& rg = ranges[c];
+            const Weight& w = ws[rg.weight];
+            const int64_t tile = std::max<int64_t>(1, TILE_BYTES / w.row_bytes);
+            for (int64_t r0 = rg.r0; r0 < rg.r1; r0 += tile) {
+                const int64_t r1 = std::min(rg.r1, r0 + tile);
+                int64_t t0 = 0;  // whole tiles of 16 rows of x through the prefill kernel
+                for (; w.gemm && t0 / GEMM_TOKENS < a.tiles; t0 += GEMM_TOKENS)
+                    w.gemm(a, w.p, w.row_bytes, r0, r1, t0 / GEMM_TOKENS, yp + w.col0, n_total);
+                for (; t0 < T; t0 += TOKEN_TILE)
+                    w.fn(a, w.p, w.row_bytes, r0, r1, t0, std::min<int64_t>(TOKEN_TILE, T - t0),
+                         yp + w.col0, n_total);
+            }
+        }
+    };
+    if (workers > 1) at::parallel_for(0, workers, 1, work);
+    else work(0, 1);  // one range (small weights, decode): no parallel region to open
+    return y;
+}
+
+at::Tensor dequantize_row(at::Tensor rows, int64_t qtype, int64_t index) {
+    check_rows(rows, "rows");
+    TORCH_CHECK_VALUE(rows.dim() == 2, "rows must be (N, row_bytes), got shape ", rows.sizes());
+    const TypeInfo& ti = checked_type(qtype);
+    TORCH_CHECK_VALUE(rows.size(1) % ti.bytes == 0, ti.name, " rows must be whole ", ti.bytes,
+                      "-byte blocks, got ", rows.size(1), " bytes per row");
+    TORCH_CHECK_INDEX(index >= 0 && index < rows.size(0), "row ", index, " outside ",
+                      rows.size(0), " rows");
+    const int64_t K = rows.size(1) / ti.bytes * ti.values;
+    auto out = at::empty({1, K}, rows.options().dtype(at::kFloat));
+    dequantize_one(ti.id, rows.data_ptr<uint8_t>() + index * rows.size(1), K,
+                   out.data_ptr<float>());
+    return out;
+}
+
+void set_cpu_path(const std::string& name) {
+    const int p = checked_path(name, "CPU path ");
+    std::lock_guard<std::mutex> lock(g_path_lock);
+    g_path.store(p, std::memory_order_release);
+}
+
+std::string cpu_path() { return current_path().name; }
