@@ -51,9 +51,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="output layer: the file's Q8_0 blocks through the C++ kernel (auto "
                         "when it applies) or the float32 reference")
     p.add_argument("--weights", default="auto", choices=("auto", "fp32", "q8"),
-                   help="attention and FFN weights: Q8_0 blocks for the C++ kernel (the "
-                        "file's own, Q4_0/Q5_0 widened exactly, others requantized; auto when "
-                        "it applies) or the float32 reference")
+                   help="auto: the file's own blocks, memory-mapped (the float32 model is "
+                        "never built); q8: a float32 model with its body requantized to Q8_0; "
+                        "fp32: the float32 reference")
 
 
 def _speculation_options(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 log = logging.getLogger("ember.kernels")
 
 _SOURCES = ("bindings.cpp", "sparse_ffn.cpp", "q8_0_matmul.cpp", "fused_ops.cpp", "body_step.cpp",
-            "select.cpp")
+            "select.cpp", "block_matmul.cpp", "decoder_step.cpp")
 _V3_FLAGS = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}  # x86-64-v3 needs these
 _lock = threading.Lock()
 _state: dict = {}  # "module" once tried: the module or None; "error": why it is None

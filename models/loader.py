@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -48,10 +49,34 @@ class ModelSource:
         return tuple(dict.fromkeys(ids))
 
 
-@dataclass
 class LoadedModel:
-    source: ModelSource
-    model: Transformer
+    """An opened model: its source (config, the file's weights, tokenizer) and the float32
+    reference `Transformer`, built only when something asks for `model`.
+
+    The runtime reads the file's own blocks (offload/quant_model.py), so running a model never
+    needs the float copy (four times a 4-bit file's bytes); the reference serves tests,
+    `--weights fp32`, and the paths that still compute on float weights.
+    """
+
+    def __init__(self, source: ModelSource, model: Transformer | None = None,
+                 on_layer: Callable[[int], None] | None = None):
+        self.source = source
+        self._model = model
+        self._on_layer = on_layer
+        self._lock = threading.Lock()
+
+    @property
+    def model(self) -> Transformer:
+        """The float32 reference model (built on first use: seconds, 4 bytes a parameter)."""
+        with self._lock:
+            if self._model is None:
+                self._model = Transformer(self.source.config, self.source.weights,
+                                          on_layer=self._on_layer)
+            return self._model
+
+    @property
+    def float_model_built(self) -> bool:
+        return self._model is not None
 
     @property
     def config(self) -> ModelConfig:
@@ -86,11 +111,11 @@ OPEN_SHARE = 0.35
 
 def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = None,
                progress: Callable[[float, str], None] | None = None) -> LoadedModel:
-    """open_model, then the fp32 Transformer. `check(source)` runs in between: the last moment
-    to refuse (e.g. not enough memory) before the weights are dequantized.
+    """open_model, then `check(source)`: the last moment to refuse (e.g. not enough memory)
+    before anything large is built. The float32 reference is built later, if asked for.
 
-    `progress(fraction, stage)`, if given, is called as loading goes on: fraction in [0, 1]
-    (1.0 once the last layer is built), stage a short phrase such as "layer 3 of 18".
+    `progress(fraction, stage)`, if given, is called as loading goes on: fraction in [0, 1],
+    stage a short phrase such as "layer 3 of 18" (the layers, when the float model is built).
     """
     report = progress or (lambda fraction, stage: None)
     report(0.0, "reading the model file")
@@ -98,12 +123,12 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
     if check is not None:
         check(source)
     n = source.config.n_layers
-    report(OPEN_SHARE, f"building {n} layers")
+    report(OPEN_SHARE, "model file opened")
 
     def layer_built(i: int) -> None:
         report(OPEN_SHARE + (1 - OPEN_SHARE) * (i + 1) / n, f"layer {i + 1} of {n}")
 
-    return LoadedModel(source, Transformer(source.config, source.weights, on_layer=layer_built))
+    return LoadedModel(source, on_layer=layer_built)
 
 
 def _open_gguf(path: Path) -> ModelSource:

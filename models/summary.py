@@ -57,11 +57,16 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
         "stored_bytes": dict(stored),
         "lm_head_bytes_per_token": stored["embeddings"] if cfg.tied_embeddings else stored["lm_head"],
         "file_bytes": w.total_bytes(),
+        # The engine runs on the file's own blocks, memory-mapped: the file is what it holds
+        # of the weights (the float32 model, 4 bytes a parameter, only for `--weights fp32`,
+        # a GPU device or the hybrid split). KV cache: float32, one full context.
         "memory": {
+            "weights_bytes": w.total_bytes(),
             "weights_fp32_bytes": elements * 4,
             "kv_cache_bytes": kv_bytes,
             "kv_cache_ctx": n_ctx,
-            "total_bytes": elements * 4 + kv_bytes,
+            "total_bytes": w.total_bytes() + kv_bytes,
+            "total_fp32_bytes": elements * 4 + kv_bytes,
         },
         "fingerprint": src.fingerprint,
     }

@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -102,11 +103,12 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-               qtype: int = 0) -> Path:
+               qtype: int | Callable[[str], int] = 0) -> Path:
     """Write a GGUF file the way llama.cpp's converter lays it out. qtype 0 is F32.
 
-    2-D matrices are stored as `qtype` (norms stay F32); LLaMA q/k rows are permuted so RoPE
-    rotates adjacent pairs, as in llama.cpp's LLaMA files.
+    2-D matrices are stored as `qtype`, or as `qtype(name)` for a mix such as Q4_K_M's
+    (norms stay F32); LLaMA q/k rows are permuted so RoPE rotates adjacent pairs, as in
+    llama.cpp's LLaMA files.
     """
     import gguf
 
@@ -137,7 +139,7 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.n_heads if name.endswith("attn_q.weight") else cfg.n_kv_heads
             tensor = permute_for_gguf(tensor, heads)
-        t = qtype if tensor.dim() == 2 else 0
+        t = (qtype(name) if callable(qtype) else qtype) if tensor.dim() == 2 else 0
         raw = quantize(tensor.float(), t).numpy()
         byte_shape = (*tensor.shape[:-1], raw.size // max(1, math.prod(tensor.shape[:-1])))
         # uint8 rows of packed blocks; the writer derives the element shape from the type.

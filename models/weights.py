@@ -48,10 +48,18 @@ class QTensor:
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), cols] for selected rows of a 2-D tensor, reading only those rows."""
+        return self.select_rows(rows).dequantize()
+
+    def rows(self) -> torch.Tensor:
+        """The bytes of a 2-D tensor as (n_rows, row_bytes) uint8: a view, no copy."""
         n_rows, n_cols = self.shape
-        row_bytes = quants.row_nbytes(self.qtype, n_cols)
-        blocks = self.raw.view(n_rows, row_bytes).index_select(0, rows.to(torch.long))
-        return quants.dequantize(blocks.reshape(-1), self.qtype, (len(rows), n_cols))
+        return self.raw.view(n_rows, quants.row_nbytes(self.qtype, n_cols))
+
+    def select_rows(self, rows: torch.Tensor) -> "QTensor":
+        """A new QTensor holding only `rows` of a 2-D tensor, still in the file's blocks (a
+        copy of those rows' bytes)."""
+        picked = self.rows().index_select(0, rows.to(torch.long))
+        return QTensor(picked.reshape(-1), self.qtype, (len(rows), self.shape[1]))
 
     @staticmethod
     def from_torch(t: torch.Tensor) -> "QTensor":

@@ -18,9 +18,9 @@ import torch
 
 from ember.kernels import q8_matmul
 from ember.models.errors import ConfigError
-from ember.models.transformer import Transformer
 
 from .lm_head import QuantizedLMHead
+from .quant_model import BlockLMHead
 from .runner import Runner
 from .token_tree import TokenTree
 
@@ -86,7 +86,8 @@ class ShortlistHead:
     them a shortlist misses names and rare words the continuation repeats.
     """
 
-    def __init__(self, model: Transformer, size: int):
+    def __init__(self, model, size: int):
+        """`model`: the engine's model (QuantModel or the float Transformer)."""
         self.model = model
         # A head the runtime keeps in host RAM (hybrid_setup.HostLMHead) wraps the real one.
         self.head = getattr(model.head, "inner", model.head)
@@ -99,6 +100,8 @@ class ShortlistHead:
         self._known = set(range(len(self.base_ids)))
 
     def _rows(self, ids: torch.Tensor):
+        if isinstance(self.head, BlockLMHead):
+            return self.stored.select_rows(ids)  # (S, vocab rows) in the file's blocks
         if isinstance(self.head, QuantizedLMHead):
             return self.head.rows.index_select(0, ids)  # (S, row_bytes) Q8_0 blocks, host RAM
         return self.stored.dequantize_rows(ids).t().contiguous().to(self.model.device)  # (H, S)
@@ -111,6 +114,8 @@ class ShortlistHead:
             self.extra = self._rows(torch.tensor(self.extra_ids, dtype=torch.long))
 
     def _logits(self, hidden: torch.Tensor, rows) -> torch.Tensor:
+        if isinstance(self.head, BlockLMHead):
+            return self.head.scores(hidden, rows)
         if rows.numel() == 0:
             return hidden.new_empty(hidden.shape[0], 0)
         if isinstance(self.head, QuantizedLMHead):
@@ -134,7 +139,7 @@ class SelfDrafter:
 
     name = "self"
 
-    def __init__(self, model: Transformer, shortlist: int = DEFAULT_SHORTLIST):
+    def __init__(self, model, shortlist: int = DEFAULT_SHORTLIST):
         self.model, self.shortlist = model, shortlist
         self.head: ShortlistHead | None = None
 

@@ -29,8 +29,9 @@ from .lm_head import choose_lm_head
 from .memory_plan import SPLITS
 from .profile_artifact import default_profile_path, load_profile
 from .quant_body import BODY_CHOICES, use_body
+from .quant_model import QuantModel, runs_on_file_blocks
 from .paged_kv import PagedKVCache
-from .resources import memory_check
+from .resources import builds_float_model, memory_check
 from .runner import Runner
 from .sampler import Sampler, SamplingParams
 from .speculative import SpecStats, TreeSizer, speculative_steps
@@ -101,15 +102,14 @@ class Engine:
         n_ctx = min(options.n_ctx, loaded.config.context_length)
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
                                options.kv_block_size)
-        use_body(loaded.model, "fp32")  # an earlier engine's q8 body off: split and move float32
-        self.hybrid = self._split_ffn(loaded.model, options)
+        self.hybrid = self._split_ffn(loaded, options)
         compute = self.device if self.hybrid is None else self.hybrid.attention_device
-        self.model = loaded.model.to(compute)
-        self.lm_head = choose_lm_head(self.model, options.lm_head)
-        self.weights = use_body(self.model, options.weights)
-        if (self.hybrid is not None and compute.type != "cpu"
-                and not self.hybrid.plan.lm_head_on_gpu):
-            self.model.head = HostLMHead(self.model.head)
+        if self.hybrid is None and runs_on_file_blocks(options, compute):
+            # The file's own blocks, in a model this engine owns (nothing shared is rewired).
+            self.model = QuantModel(loaded.source)
+            self.weights, self.lm_head = "native", self.model.head.stored.qtype_name.lower()
+        else:
+            self.model = self._float_model(loaded, options, compute)
         self.tokenizer = loaded.tokenizer
         self.stop_ids = set(loaded.source.stop_ids)
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
@@ -122,8 +122,23 @@ class Engine:
         self.sizer = TreeSizer(self.tree_widths)
         self.speculation: dict | None = None  # the last stream's SpecStats.to_dict()
 
-    def _split_ffn(self, model, options: EngineOptions) -> HybridModel | None:
-        """Split FFN layers by the GPU-tier plan, or put the dense ones back (None)."""
+    def _float_model(self, loaded: LoadedModel, options: EngineOptions, compute):
+        """The shared float32 Transformer with the runtime pieces swapped in: the path for
+        `--weights fp32/q8`, a GPU device and the hybrid split (which still slice float rows).
+        Sets the weights and LM head in use."""
+        if self.hybrid is None:
+            use_body(loaded.model, "fp32")  # an earlier engine's q8 body off
+            restore_dense(loaded.model)
+        model = loaded.model.to(compute)
+        self.lm_head = choose_lm_head(model, options.lm_head)
+        self.weights = use_body(model, options.weights)
+        if (self.hybrid is not None and compute.type != "cpu"
+                and not self.hybrid.plan.lm_head_on_gpu):
+            model.head = HostLMHead(model.head)
+        return model
+
+    def _split_ffn(self, loaded: LoadedModel, options: EngineOptions) -> HybridModel | None:
+        """Split FFN layers by the GPU-tier plan (None: no split)."""
         profile, path = None, options.profile
         if path == "auto":  # the one `ember profile` wrote for this model, if any
             found = default_profile_path(self.loaded.source.fingerprint)
@@ -136,8 +151,9 @@ class Engine:
         self.profile_path = path
         self.profile_quality = None if profile is None else _profile_quality(profile)
         if options.gpu_budget is None and options.split == "auto" and profile is None:
-            restore_dense(model)
             return None
+        model = loaded.model
+        use_body(model, "fp32")  # an earlier engine's q8 body off: split the float32 FFNs
         if options.gpu_budget is None and options.split != "auto":
             raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
         kv_bytes = self.kv_plan.device_blocks * self.kv_plan.block_bytes
@@ -190,6 +206,8 @@ class Engine:
         # Building the weights is most of the work; the rest (split, KV pool, drafter) after.
         loaded = load_model(model_path, check=memory_check(options),
                             progress=lambda fraction, stage: report(0.95 * fraction, stage))
+        if builds_float_model(loaded.source, options, resolve_device(options.device)):
+            loaded.model  # built now, inside the progress it reports layer by layer
         report(0.95, "placing the model")
         engine = cls(loaded, options)
         report(1.0, "ready")

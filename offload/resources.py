@@ -1,11 +1,12 @@
-"""Will the model fit? Checked before any weight is dequantized, so a model too big for this
+"""Will the model fit? Checked before anything large is built, so a model too big for this
 machine is a clear error with the numbers instead of an OOM kill halfway through loading.
 
-Needed: every weight as fp32 (4 bytes a parameter, how this release computes; `ember info`'s
-figure), the KV pools the engine will allocate (`plan_kv`: the device pool and the host pool
-for swapped-out conversations), and a fixed allowance for the runtime. On a CUDA device the
-weights and the device pool must also fit in free GPU memory; host RAM still holds the fp32
-weights while they are built.
+Needed: the weights as the engine will hold them (the file's own bytes, memory-mapped, when it
+runs on the file's blocks; 4 bytes a parameter when it builds the float32 model: `--weights
+fp32/q8`, a GPU device, the hybrid split), the KV pools the engine will allocate (`plan_kv`:
+the device pool and the host pool for swapped-out conversations), and a fixed allowance for
+the runtime. On a CUDA device the weights and the device pool must also fit in free GPU
+memory; host RAM still holds the fp32 weights while they are built.
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
     n_ctx = min(options.n_ctx, cfg.context_length)
     pools = plan_kv(cfg, n_ctx, options.kv_budget, options.kv_host_budget,
                     options.kv_block_size).to_dict()
-    weights = summarize(source, n_ctx)["memory"]["weights_fp32_bytes"]
+    memory = summarize(source, n_ctx)["memory"]
+    if builds_float_model(source, options, device):
+        weights, held = memory["weights_fp32_bytes"], "as fp32"
+    else:
+        weights, held = source.weights.total_bytes(), "as stored in the file"
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
     host_need = weights + host_kv + (0 if on_gpu else device_kv) + RUNTIME_ALLOWANCE
-    detail = (f"weights {weights / GIB:.2f} GiB as fp32, KV cache {device_kv / GIB:.2f} GiB "
+    detail = (f"weights {weights / GIB:.2f} GiB {held}, KV cache {device_kv / GIB:.2f} GiB "
               f"for {n_ctx} tokens + {host_kv / GIB:.2f} GiB swap pool")
     _require("RAM", host_need, psutil.virtual_memory().available, detail)
     if on_gpu:
@@ -58,6 +63,19 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
                      f"--gpu-budget {budget / GIB:.2f} GiB; lower it to what the GPU has free")
         else:
             _require(f"GPU memory on {device}", weights + device_kv, free, detail)
+
+
+def builds_float_model(source: ModelSource, options, device: torch.device) -> bool:
+    """Whether an engine with `options` builds the float32 model instead of running on the
+    file's blocks (see Engine.__init__)."""
+    from .profile_artifact import default_profile_path
+    from .quant_model import runs_on_file_blocks
+
+    profile = options.profile
+    if profile == "auto":
+        profile = profile if default_profile_path(source.fingerprint).is_file() else None
+    hybrid = (options.gpu_budget is not None or options.split != "auto" or profile is not None)
+    return hybrid or not runs_on_file_blocks(options, device)
 
 
 def _require(what: str, need: int, available: int, detail: str) -> None:

@@ -20,6 +20,7 @@ from .kv_plan import DEFAULT_PREFILL_CHUNK
 from .lm_head import QuantizedLMHead
 from .paged_kv import DROPPED, PagedKVCache
 from .quant_body import BlockFeedForward, BlockProjection
+from .quant_model import BlockLMHead
 
 
 @dataclass
@@ -136,7 +137,7 @@ class Runner:
         """Target logits (N, vocab) at every node of `tree`."""
         self.tree_hidden(name, tree)
         hidden = torch.cat(tree.hidden)
-        if isinstance(self.model.head, QuantizedLMHead):  # batch-invariant: all rows at once
+        if isinstance(self.model.head, (QuantizedLMHead, BlockLMHead)):  # batch-invariant: all rows at once
             return self.model.logits(hidden)
         return torch.cat([self.model.logits(hidden[i: i + 1]) for i in range(len(tree))])
 
@@ -165,12 +166,12 @@ class Runner:
 def body_batch_invariant(model: Transformer) -> bool:
     """Whether a T-row body pass gives each row the bits a one-row pass gives.
 
-    True with the Q8_0 body (each output is one dot product in a fixed order, whatever T) and
-    tree attention (row by row). fp32 torch matmul is not: MKL's GEMM for T >= 4 rows rounds
+    True with the file-blocks model (offload/quant_model.py) and the Q8_0 body (each output is
+    one dot product in a fixed order, whatever T) with tree attention (row by row). fp32 torch matmul is not: MKL's GEMM for T >= 4 rows rounds
     differently from its GEMV, which can flip a near-tie greedy token. A model may set
     `batch_invariant` to override the check (tests do).
     """
-    forced = model.__dict__.get("batch_invariant")
+    forced = getattr(model, "batch_invariant", None)  # QuantModel: always
     if forced is not None:
         return bool(forced)
     # Read through the modules' _modules dicts, what nn.Module's attribute lookup searches:

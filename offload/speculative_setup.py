@@ -30,6 +30,7 @@ def make_drafter(engine, options):
 def _draft_runner(engine, path: str):
     from ember.models.loader import load_model
 
+    from . import quant_model
     from .kv_plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
     from .lm_head import choose_lm_head
     from .paged_kv import PagedKVCache
@@ -41,9 +42,13 @@ def _draft_runner(engine, path: str):
     except FileNotFoundError:
         raise ConfigError(f"--draft-model {path}: no such file or folder") from None
     check_same_tokenizer(engine.tokenizer, loaded.tokenizer, path)
-    model = loaded.model.to(engine.model.device)
-    choose_lm_head(model, "auto")
-    use_body(model, "auto")  # draft numerics need not match anything: the fastest body
+    device = engine.model.device
+    if device.type == "cpu" and quant_model.applies():  # the draft's own file blocks
+        model = quant_model.QuantModel(loaded.source)
+    else:
+        model = loaded.model.to(device)
+        choose_lm_head(model, "auto")
+        use_body(model, "auto")  # draft numerics need not match anything: the fastest body
     n_ctx = min(engine.n_ctx, loaded.config.context_length)
     plan = plan_kv(loaded.config, n_ctx, None, 0, engine.kv_plan.block_size)
     kv = PagedKVCache(loaded.config, plan.device_blocks, plan.host_blocks, plan.block_size,

@@ -31,6 +31,29 @@ def tiny_models(tmp_path_factory):
     return out
 
 
+def q4_k_m_mix(name: str) -> int:
+    """A Q4_K_M-style mix: Q6_K for the output matrix, V and down projections, Q4_K elsewhere
+    (real files alternate V/down between the two by layer; both types are what matters)."""
+    from gguf import GGMLQuantizationType as Q
+
+    if name == "output.weight" or name.endswith(("attn_v.weight", "ffn_down.weight")):
+        return int(Q.Q6_K)
+    return int(Q.Q4_K)
+
+
+@pytest.fixture(scope="session")
+def tiny_q4_k_m(tmp_path_factory):
+    """(config, float weights, path) of a small SwiGLU llama stored as Q4_K/Q6_K blocks: the
+    types of a Q4_K_M file, at shapes K-quants accept (rows of 256 values)."""
+    cfg = synthetic.tiny_config(arch="llama", activation="silu_glu", hidden_size=256,
+                                ffn_size=512, head_dim=64, n_heads=4, n_kv_heads=2,
+                                name="tiny-llama-q4_k_m")
+    weights = synthetic.tiny_weights(cfg, seed=7)
+    path = synthetic.write_gguf(tmp_path_factory.mktemp("q4km") / "tiny-q4_k_m.gguf", cfg,
+                                weights, qtype=q4_k_m_mix)
+    return cfg, weights, path
+
+
 @pytest.fixture(scope="session")
 def tiny_gemma_gguf(tiny_models):
     return tiny_models["gemma3"][2]

@@ -62,7 +62,7 @@ def test_body_step_wants_inputs_for_every_layer(fast):
 
 
 def _engine(tiny_models, name="gemma3"):
-    return Engine(load_model(tiny_models[name][2]), EngineOptions(device="cpu", n_ctx=64))
+    return Engine(load_model(tiny_models[name][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
 
 
 @pytest.mark.parametrize("name", ["gemma3", "llama-relu"])
@@ -124,7 +124,7 @@ def test_a_q8_0_embedding_is_read_in_the_one_call_path_with_the_same_bits(fast, 
     cfg, weights = tiny_models["gemma3"][:2]
     path = synthetic.write_gguf(tmp_path / "q8.gguf", cfg, weights,
                                 qtype=int(GGMLQuantizationType.Q8_0))
-    engine = Engine(load_model(path), EngineOptions(device="cpu", n_ctx=64))
+    engine = Engine(load_model(path), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     runner, model = engine.runner, engine.model
     body = model.fast_body
     assert body._embedding_rows is not None

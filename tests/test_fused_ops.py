@@ -139,7 +139,7 @@ def test_paged_decode_reads_keys_in_place(fast, tiny_models):
     from ember.models.loader import load_model
     from ember.offload.engine import Engine, EngineOptions
 
-    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     for b in engine.model.blocks:
         b.fast.one_call = False  # the op-by-op path (tree rows' path) is the one under test
     attn = engine.model.blocks[0].attn
@@ -198,7 +198,7 @@ def test_decode_in_one_call_equals_op_by_op_decode(fast, tiny_models):
     from ember.models.loader import load_model
     from ember.offload.engine import Engine, EngineOptions
 
-    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     ids = engine.encode("the cat is in the hat")
     runs = []
     for one_call in (True, False):
@@ -246,7 +246,7 @@ def test_a_hooked_ffn_runs_as_its_module(fast, tiny_models):
     from ember.models.loader import load_model
     from ember.offload.engine import Engine, EngineOptions
 
-    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64))
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     ids = engine.encode("the cat is in the hat")
     one_call = engine.runner.prefill("s", ids)
     seen = []

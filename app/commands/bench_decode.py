@@ -88,13 +88,21 @@ def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 3) -> float:
 
 
 def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
-    """Weights read per decode step times tokens/s, against the measured copy bandwidth."""
+    """Weights read per decode step (Ember's, and the file's own: what reading every
+    projection and the LM head as stored costs) times tokens/s, against the measured copy
+    bandwidth."""
     from ember.offload.quant_body import weight_bytes_per_token
+    from ember.offload.quant_model import file_bytes_per_token
 
-    per_token = weight_bytes_per_token(engine.model)
+    model, source = engine.model, engine.loaded.source
+    per_token = (model.weight_bytes_per_token() if hasattr(model, "weight_bytes_per_token")
+                 else weight_bytes_per_token(model))
+    file_per_token = file_bytes_per_token(source.config, source.weights)
     achieved = per_token * decode_median
     return {"weights": engine.weights, "lm_head": engine.lm_head,
-            "weight_bytes_per_token": per_token, "weight_gb_per_s": achieved / 1e9,
+            "weight_bytes_per_token": per_token, "file_bytes_per_token": file_per_token,
+            "bytes_ratio_to_file": per_token / file_per_token,
+            "weight_gb_per_s": achieved / 1e9,
             "copy_gb_per_s": copy_bps / 1e9, "fraction_of_copy_bandwidth": achieved / copy_bps}
 
 

@@ -33,9 +33,12 @@ def run(args) -> int:
     print("  quant types     " + ", ".join(f"{k} x{v}" for k, v in sorted(s["quant_types"].items())))
     print("  stored bytes    " + ", ".join(f"{k} {_mib(v)}" for k, v in s["stored_bytes"].items()))
     m = s["memory"]
-    # An upper bound: the engine keeps a Q8_0 LM head quantized and pages the KV cache.
-    print(f"  memory (max)    {_mib(m['total_bytes'])} = weights as fp32 {_mib(m['weights_fp32_bytes'])}"
-          f" + contiguous KV cache {_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
+    # An upper bound: the paged KV cache only takes the blocks a conversation fills.
+    print(f"  memory (max)    {_mib(m['total_bytes'])} = the file's weights, mapped, "
+          f"{_mib(m['weights_bytes'])} + KV cache {_mib(m['kv_cache_bytes'])} at "
+          f"{m['kv_cache_ctx']} tokens")
+    print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
+          "--weights fp32, a GPU device or --gpu-budget)")
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe()))
     return 0

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "body_step.h"
+#include "decoder_step.h"
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -51,4 +52,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("rows"), py::arg("token"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
+  m.def("block_matmul", &block_matmul,
+        "x @ W^T for each weight in its GGML blocks, outputs side by side",
+        py::arg("x"), py::arg("weights"), py::arg("qtypes"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_row", &dequantize_row, "one row of GGML blocks as (1, K) float32",
+        py::arg("rows"), py::arg("qtype"), py::arg("index"));
+  m.def("set_cpu_path", &set_cpu_path, "the instruction-set path block_matmul uses",
+        py::arg("name"));
+  m.def("cpu_path", &cpu_path, "the instruction-set path block_matmul uses");
+  py::class_<DecoderStep>(m, "DecoderStep",
+                          "every decoder layer for T rows on GGML-block weights, in one call")
+      .def(py::init<>())
+      .def("add_layer", &DecoderStep::add_layer, py::arg("attn_norm"), py::arg("qkv"),
+           py::arg("qkv_types"), py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"),
+           py::arg("q_norm"), py::arg("k_norm"), py::arg("interleaved"), py::arg("wo"),
+           py::arg("wo_type"), py::arg("post_attn_norm"), py::arg("ffn_norm"),
+           py::arg("gate_up"), py::arg("gate_up_types"), py::arg("down"), py::arg("down_type"),
+           py::arg("activation"), py::arg("post_ffn_norm"), py::arg("eps"), py::arg("scale"))
+      .def("run", &DecoderStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
+           py::arg("slots"), py::arg("cos"), py::arg("sin"),
+           py::call_guard<py::gil_scoped_release>());
 }

@@ -183,8 +183,7 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
 // Replaces gathering the keys into a new tensor (two index_selects per layer) and a
 // scaled_dot_product_attention call with its transposes. Plain decoding and each row of a
 // speculative tree go through this same function, so their results agree bit for bit.
-namespace {
-// attend_slots, writing its (n_heads * hd) result at `op` (attention_step's output row).
+// attend_slots, writing its (n_heads * hd) result at `op` (an attention step's output row).
 void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                        const at::Tensor& slots, double scale, float* op) {
     TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
@@ -232,7 +231,6 @@ void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::
         }
     });
 }
-}  // namespace
 
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
                         double scale) {
@@ -297,8 +295,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
 
 // The FFN's activation with the ATen ops models/transformer.py's `activate` uses, so the
 // values are the same bits as the Python chain's.
-namespace {
-at::Tensor activate(const std::string& kind, const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor ffn_activation(const std::string& kind, const at::Tensor& gate, const at::Tensor& up) {
     if (kind == "gelu_glu") return at::mul(at::gelu(gate, "tanh"), up);
     if (kind == "silu_glu") return at::mul(at::silu(gate), up);
     if (kind == "relu_glu") return at::mul(at::relu(gate), up);
@@ -307,7 +304,6 @@ at::Tensor activate(const std::string& kind, const at::Tensor& gate, const at::T
     if (kind == "relu2") return at::square(at::relu(up));
     TORCH_CHECK(false, "unknown activation ", kind);
 }
-}  // namespace
 
 // A dense FFN sub-layer for T rows in one call, from Q8_0 rows, its residual step included:
 //   f = activate(h @ Wgate, h @ Wup) @ Wdown;  returns x + (post_norm ? rms_norm(f, post) : f)
@@ -324,6 +320,6 @@ at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Ten
     auto gu = q8_0_matmul(h, gate_up_rows);  // (T, 2n) or (T, n)
     auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
     auto up = gated ? gu.narrow(1, n, n) : gu;
-    auto f = q8_0_matmul(activate(kind, gate, up).contiguous(), down_rows);
+    auto f = q8_0_matmul(ffn_activation(kind, gate, up).contiguous(), down_rows);
     return std::get<0>(residual_norm(x, f, post_norm, c10::nullopt, eps));
 }

@@ -1,0 +1,102 @@
+// See decoder_step.h. The same functions in the same order as kernels/decoder_step.py's
+// reference chain, so the result is bit-identical to it; every op is row by row.
+#include "decoder_step.h"
+
+#include <ATen/ops/empty.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "ops.h"
+
+void DecoderStep::add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
+                            std::vector<int64_t> qkv_types, int64_t n_heads, int64_t n_kv,
+                            int64_t head_dim, c10::optional<at::Tensor> q_norm,
+                            c10::optional<at::Tensor> k_norm, bool interleaved, at::Tensor wo,
+                            int64_t wo_type, c10::optional<at::Tensor> post_attn_norm,
+                            at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
+                            std::vector<int64_t> gate_up_types, at::Tensor down,
+                            int64_t down_type, std::string activation,
+                            c10::optional<at::Tensor> post_ffn_norm, double eps, double scale) {
+    TORCH_CHECK(qkv.size() == 3 && qkv_types.size() == 3, "q, k and v: three weights");
+    TORCH_CHECK(!gate_up.empty() && gate_up.size() == gate_up_types.size(),
+                "gate/up weights and types must pair up");
+    layers_.push_back(Layer{attn_norm, std::move(qkv), std::move(qkv_types), n_heads, n_kv,
+                            head_dim, q_norm, k_norm, interleaved, wo, wo_type, post_attn_norm,
+                            ffn_norm, std::move(gate_up), std::move(gate_up_types), down,
+                            down_type, std::move(activation), post_ffn_norm, eps, scale});
+}
+
+// h = rms_norm(x); qkv = h @ [Wq Wk Wv]; q/k norm + rotary; every row's K/V stored at the
+// last of its read slots before any row attends (tree rows read their ancestors', prompt
+// rows the rows before them); o[t] = attention over read_slots[t]; a = o @ Wo.
+// Returns residual_norm(x, a, post, ffn_norm): (x + post-normed a, the FFN's input).
+std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
+    const Layer& l, const at::Tensor& x, const at::Tensor& k_pool, const at::Tensor& v_pool,
+    const std::vector<at::Tensor>& read_slots, const at::Tensor& cos,
+    const at::Tensor& sin) const {
+    const int64_t T = x.size(0), hd = l.head_dim;
+    TORCH_CHECK(static_cast<int64_t>(read_slots.size()) == T,
+                "decoder_step needs read slots for each of its ", T, " rows");
+    TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(1) == l.n_kv && k_pool.size(2) == hd &&
+                    k_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
+                    v_pool.sizes() == k_pool.sizes() && v_pool.scalar_type() == at::kFloat &&
+                    v_pool.is_contiguous(),
+                "k_pool/v_pool must be contiguous float32 (rows, n_kv, head_dim)");
+    std::vector<int64_t> own(T);
+    for (int64_t t = 0; t < T; ++t) {
+        const at::Tensor& s = read_slots[t];
+        TORCH_CHECK(s.dim() == 1 && s.scalar_type() == at::kLong && s.is_contiguous() &&
+                        s.numel() > 0,
+                    "read slots must be non-empty contiguous int64 vectors");
+        own[t] = s.data_ptr<int64_t>()[s.numel() - 1];
+        TORCH_CHECK(own[t] >= 0 && own[t] < k_pool.size(0), "write slot out of range");
+    }
+    auto qkv = block_matmul(rms_norm(x, l.attn_norm, l.eps), l.qkv, l.qkv_types);
+    qk_norm_rope_(qkv, l.n_heads, l.n_kv, hd, l.q_norm, l.k_norm, cos, sin, l.interleaved,
+                  l.eps);
+    const int64_t width = qkv.size(1), kv = l.n_kv * hd, q_cols = l.n_heads * hd;
+    const float* base = qkv.data_ptr<float>();
+    float* kp = k_pool.data_ptr<float>();
+    float* vp = v_pool.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+        const float* row = base + t * width + q_cols;
+        std::memcpy(kp + own[t] * kv, row, kv * sizeof(float));
+        std::memcpy(vp + own[t] * kv, row + kv, kv * sizeof(float));
+    }
+    auto o = at::empty({T, q_cols}, x.options());
+    for (int64_t t = 0; t < T; ++t) {
+        auto q = qkv.select(0, t).narrow(0, 0, q_cols).view({l.n_heads, hd});
+        attend_slots_into(q, k_pool, v_pool, read_slots[t], l.scale,
+                          o.data_ptr<float>() + t * q_cols);
+    }
+    auto a = block_matmul(o, {l.wo}, {l.wo_type});
+    return residual_norm(x, a, l.post_attn_norm, l.ffn_norm, l.eps);
+}
+
+// f = down(act(h @ Wgate, h @ Wup)); returns x + (post ? rms_norm(f, post) : f).
+at::Tensor DecoderStep::ffn(const Layer& l, const at::Tensor& x, const at::Tensor& h) const {
+    auto gu = block_matmul(h, l.gate_up, l.gate_up_types);
+    const bool gated = l.gate_up.size() == 2;
+    const int64_t n = l.gate_up.back().size(0);
+    auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
+    auto up = gated ? gu.narrow(1, n, n) : gu;
+    auto f = block_matmul(ffn_activation(l.activation, gate, up).contiguous(), {l.down},
+                          {l.down_type});
+    return std::get<0>(residual_norm(x, f, l.post_ffn_norm, c10::nullopt, l.eps));
+}
+
+at::Tensor DecoderStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
+                            const std::vector<std::vector<at::Tensor>>& slots,
+                            const std::vector<at::Tensor>& cos,
+                            const std::vector<at::Tensor>& sin) const {
+    const size_t n = layers_.size();
+    TORCH_CHECK(slots.size() == n && cos.size() == n && sin.size() == n,
+                "decoder_step needs slots, cos and sin for each of its ", n, " layers");
+    for (size_t i = 0; i < n; ++i) {
+        auto [mid, h] = attention(layers_[i], x, k_pool, v_pool, slots[i], cos[i].contiguous(),
+                                  sin[i].contiguous());
+        x = ffn(layers_[i], mid, h);
+    }
+    return x;
+}

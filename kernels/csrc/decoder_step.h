@@ -1,0 +1,64 @@
+// Every decoder layer's forward for T rows in one call, on weights in the file's own GGML
+// blocks (offload/quant_model.py; Python reference: kernels/decoder_step.py). The rows are a
+// decoded token, a prompt chunk or a speculative tree's nodes; each reads its own keys from
+// the paged KV pool. One call per pass, rather than a return to Python per layer: at batch 1
+// those returns cost more than their own work (measured on the default model: the Python
+// between per-layer calls took ~2 ms of a ~16 ms token).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <vector>
+
+class DecoderStep {
+  public:
+    // One layer's fixed arguments, in order (kernels/decoder_step.py's DecoderLayer): each
+    // weight as (rows, row_bytes) uint8 in its GGML type; q, k and v side by side in one
+    // call, gate and up likewise (gated activations; `up` alone otherwise).
+    void add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
+                   std::vector<int64_t> qkv_types, int64_t n_heads, int64_t n_kv,
+                   int64_t head_dim, c10::optional<at::Tensor> q_norm,
+                   c10::optional<at::Tensor> k_norm, bool interleaved, at::Tensor wo,
+                   int64_t wo_type, c10::optional<at::Tensor> post_attn_norm,
+                   at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
+                   std::vector<int64_t> gate_up_types, at::Tensor down, int64_t down_type,
+                   std::string activation, c10::optional<at::Tensor> post_ffn_norm, double eps,
+                   double scale);
+    // x (T, hidden) through every layer. Per layer: for each row the pool slots it reads (its
+    // own, where its K/V are written before any row attends, last), and the rows' rotary
+    // cos/sin (T, head_dim / 2).
+    at::Tensor run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
+                   const std::vector<std::vector<at::Tensor>>& slots,
+                   const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin) const;
+
+  private:
+    struct Layer {
+        at::Tensor attn_norm;
+        std::vector<at::Tensor> qkv;
+        std::vector<int64_t> qkv_types;
+        int64_t n_heads, n_kv, head_dim;
+        c10::optional<at::Tensor> q_norm, k_norm;
+        bool interleaved;
+        at::Tensor wo;
+        int64_t wo_type;
+        c10::optional<at::Tensor> post_attn_norm;
+        at::Tensor ffn_norm;
+        std::vector<at::Tensor> gate_up;
+        std::vector<int64_t> gate_up_types;
+        at::Tensor down;
+        int64_t down_type;
+        std::string activation;
+        c10::optional<at::Tensor> post_ffn_norm;
+        double eps, scale;
+    };
+    std::tuple<at::Tensor, at::Tensor> attention(const Layer& l, const at::Tensor& x,
+                                                 const at::Tensor& k_pool,
+                                                 const at::Tensor& v_pool,
+                                                 const std::vector<at::Tensor>& read_slots,
+                                                 const at::Tensor& cos,
+                                                 const at::Tensor& sin) const;
+    at::Tensor ffn(const Layer& l, const at::Tensor& x, const at::Tensor& h) const;
+    std::vector<Layer> layers_;
+};

@@ -1,0 +1,124 @@
+"""Every decoder layer's forward for T rows in one call, on weights in the file's own blocks.
+
+The rows are a decoded token, a prompt chunk (prefill) or a speculative tree's nodes: each
+row reads its own keys from the paged KV pool (`slots[layer][row]`, its own slot last, where
+its K/V are written before any row attends), so causal prefill and tree masks are both just
+"which slots a row reads". Per layer:
+
+    h = rms_norm(x, attn_norm); q, k, v = h @ [Wq, Wk, Wv]  (one call, one quantization of h)
+    q/k head norms and rotary; K/V stored; o[t] = attention over slots[t]; a = o @ Wo
+    x, h = residual step (post-attention norm, add, FFN norm)
+    f = down(act(h @ Wgate, h @ Wup)); x = x + post-normed f
+
+Projections are `QTensor`s in any type `block_matmul` reads natively. The C++ version
+(csrc/decoder_step.cpp) runs the same functions in the same order, so it gives the same bits
+as `decoder_step_reference`; every op is row by row, so a row's result does not depend on the
+other rows (speculative verification relies on it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from ember.models.transformer import activate
+from ember.models.weights import QTensor
+
+from . import cpu_extension
+from .block_matmul import block_matmul
+from .fused_ops import attend_slots, qk_norm_rope_, residual_norm, rms_norm
+from .sparse_ffn_reference import is_gated
+
+
+class DecoderLayer(NamedTuple):
+    """One layer's fixed arguments. Norm weights are float32 (D,); None where absent."""
+
+    attn_norm: torch.Tensor
+    qkv: list[QTensor]  # q, k, v projections (out, hidden): outputs side by side
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    interleaved: bool  # rotary pairs (x0, x1), ... rather than halves
+    wo: QTensor
+    post_attn_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor
+    gate_up: list[QTensor]  # [gate, up] for gated activations, [up] otherwise
+    down: QTensor
+    activation: str
+    post_ffn_norm: torch.Tensor | None
+    eps: float
+    scale: float  # attention scale
+
+
+def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos, sin):
+    """The attention sub-layer for T rows: (x + post-normed attention, FFN-normed input)."""
+    L = layer
+    qkv = block_matmul(rms_norm(x, L.attn_norm, L.eps), L.qkv)
+    qk_norm_rope_(qkv, L.n_heads, L.n_kv, L.head_dim, L.q_norm, L.k_norm, cos, sin,
+                  L.interleaved, L.eps)
+    q_cols, kv_cols = L.n_heads * L.head_dim, L.n_kv * L.head_dim
+    q, k, v = qkv.split((q_cols, kv_cols, kv_cols), dim=1)
+    for t, slots in enumerate(read_slots):  # every row's K/V first: tree rows read ancestors'
+        k_pool[int(slots[-1])] = k[t].view(L.n_kv, L.head_dim)
+        v_pool[int(slots[-1])] = v[t].view(L.n_kv, L.head_dim)
+    o = torch.cat([attend_slots(q[t].reshape(L.n_heads, L.head_dim), k_pool, v_pool, slots,
+                                L.scale) for t, slots in enumerate(read_slots)])
+    return residual_norm(x, block_matmul(o, [L.wo]).contiguous(), L.post_attn_norm,
+                         L.ffn_norm, L.eps)
+
+
+def ffn_reference(layer: DecoderLayer, x, h):
+    """The FFN sub-layer for T rows and its residual step: x + post-normed FFN(h)."""
+    L = layer
+    gu = block_matmul(h, L.gate_up)
+    if is_gated(L.activation):
+        n = L.down.shape[1]
+        gate, up = gu[:, :n], gu[:, n:]
+    else:
+        gate, up = None, gu
+    f = block_matmul(activate(L.activation, gate, up).contiguous(), [L.down])
+    return residual_norm(x, f.contiguous(), L.post_ffn_norm, None, L.eps)[0]
+
+
+def decoder_step_reference(layers: list[DecoderLayer], x, k_pool, v_pool, slots, cos, sin):
+    """Every layer for T rows x (T, hidden): slots[i][t] are the pool rows row t reads in
+    layer i (its own last); cos[i], sin[i] the rows' rotary tables (T, head_dim / 2)."""
+    for layer, read_slots, c, s in zip(layers, slots, cos, sin, strict=True):
+        mid, h = attention_reference(layer, x, k_pool, v_pool, read_slots, c, s)
+        x = ffn_reference(layer, mid, h)
+    return x
+
+
+def _native_layer(layer: DecoderLayer) -> tuple:
+    """A layer's arguments as the C++ DecoderStep takes them: each weight as its
+    (rows, row_bytes) bytes and its GGML type."""
+    def weights(ts):
+        return [t.rows() for t in ts], [t.qtype for t in ts]
+
+    qkv, qkv_types = weights(layer.qkv)
+    gate_up, gate_up_types = weights(layer.gate_up)
+    return (layer.attn_norm, qkv, qkv_types, layer.n_heads, layer.n_kv, layer.head_dim,
+            layer.q_norm, layer.k_norm, layer.interleaved, layer.wo.rows(), layer.wo.qtype,
+            layer.post_attn_norm, layer.ffn_norm, gate_up, gate_up_types, layer.down.rows(),
+            layer.down.qtype, layer.activation, layer.post_ffn_norm, layer.eps, layer.scale)
+
+
+def available() -> bool:
+    module = cpu_extension.load()
+    return module is not None and hasattr(module, "DecoderStep")
+
+
+def decoder_step(layers: list[DecoderLayer]):
+    """A function (x, k_pool, v_pool, slots, cos, sin) -> x running every layer over T rows
+    in one C++ call (see `decoder_step_reference`, which it matches bit for bit)."""
+    module = cpu_extension.load()
+    if module is None or not hasattr(module, "DecoderStep"):
+        return functools.partial(decoder_step_reference, list(layers))
+    native = module.DecoderStep()
+    for layer in layers:
+        native.add_layer(*_native_layer(layer))
+    return native.run

@@ -1,0 +1,219 @@
+"""The model an engine runs on the CPU: every weight read where the file keeps it, in its blocks.
+
+Built per engine from the opened file (`ModelSource`), so two engines on one file never share
+mutable state. Nothing is dequantized or requantized at load: projections are `QTensor` views
+of the memory-mapped file, multiplied by `kernels.block_matmul` (activations quantized per
+block, integer dot products), so a 4-bit file is held and read at ~4.5 bits a weight. The
+one exception is a tensor of a type without a native kernel (Q2_K, Q3_K, IQ*...): it is
+requantized to Q8_0 once, reported by `derived` and logged.
+
+A decoded token, a prompt chunk and a speculative tree's rows all go through one call per pass
+(`kernels.decoder_step`); the float32 `Transformer` (models/transformer.py) is the reference
+this is tested against. Same interface as it where the runner needs one: `hidden`, `logits`,
+`embed`, `new_cache`, `cfg`, `device`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ember.kernels import block_matmul as bm
+from ember.kernels import decoder_step, q8_matmul
+from ember.kernels.fused_ops import rms_norm
+from ember.models.config import ModelConfig
+from ember.models.kv import ContiguousKVCache, KVCache
+from ember.models.loader import ModelSource
+from ember.models.quants import type_name
+from ember.models.rotary import Rotary
+from ember.models.transformer import softcap
+from ember.models.tree_rows import TreeRows, tree_positions
+from ember.models.weights import QTensor, WeightStore
+
+log = logging.getLogger("ember.runtime")
+
+CPU = torch.device("cpu")
+
+
+def applies() -> bool:
+    """The file-blocks runtime needs the C++ kernels (a compiler at first use)."""
+    return bm.available() and decoder_step.available()
+
+
+def runs_on_file_blocks(options, device: torch.device) -> bool:
+    """Whether an engine with `options` (EngineOptions) runs on the file's own blocks: the
+    defaults (`--weights auto`, `--lm-head auto`) on the CPU, once the kernels are built.
+    The other choices ask for the float32 reference or the requantized Q8_0 body."""
+    return (options.weights == "auto" and options.lm_head == "auto" and device.type == "cpu"
+            and applies())
+
+
+def readable(w: WeightStore, name: str, shape: tuple[int, int], derived: dict[str, int]) -> QTensor:
+    """Tensor `name` itself when the kernel reads its type; else a Q8_0 copy (or float32 when
+    its rows are not whole Q8_0 blocks), recorded in `derived` (name -> bytes). A type Ember
+    cannot decode at all is an error naming the file and tensor."""
+    t = w.get(name, shape)
+    if bm.supports(t.qtype):
+        return t
+    values = w.load(name, shape)
+    if values.shape[-1] % q8_matmul.BLOCK == 0:
+        rows = q8_matmul.q8_0_quantize(values)
+        copy = QTensor(rows.reshape(-1), q8_matmul.Q8_0, t.shape)
+    else:
+        copy = QTensor.from_torch(values)
+    derived[name] = copy.nbytes
+    return copy
+
+
+class BlockLMHead:
+    """hidden (T, H) -> logits (T, vocab) from the output matrix's own blocks."""
+
+    def __init__(self, stored: QTensor, cap: float | None):
+        self.stored, self.cap = stored, cap
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return softcap(bm.block_matmul(hidden.float().contiguous(), [self.stored]), self.cap)
+
+    def scores(self, hidden: torch.Tensor, rows: QTensor) -> torch.Tensor:
+        """Logits over a subset of the vocabulary (`rows`, from `stored.select_rows`)."""
+        if rows.shape[0] == 0:
+            return hidden.new_empty(hidden.shape[0], 0)
+        return softcap(bm.block_matmul(hidden.float().contiguous(), [rows]), self.cap)
+
+
+class QuantModel:
+    # Every op is row by row in a fixed order: a row's result does not depend on how many
+    # rows share the pass, so speculative tree rows can be verified in one pass.
+    batch_invariant = True
+
+    def __init__(self, source: ModelSource):
+        cfg, w = source.config, source.weights
+        self.cfg, self.device = cfg, CPU
+        self.derived: dict[str, int] = {}  # tensors requantized at load: name -> bytes
+        h = cfg.hidden_size
+        self.embedding = w.get("token_embd.weight", (cfg.vocab_size, h))
+        head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+        self.head = BlockLMHead(readable(w, head, (cfg.vocab_size, h), self.derived),
+                                cfg.final_logit_softcap)
+        self.output_norm = w.load("output_norm.weight", (h,))
+        rotaries: dict[float, Rotary] = {}
+        self.rotary, self.windows = [], []
+        for i in range(cfg.n_layers):
+            base = cfg.layer_rope_base(i)
+            self.rotary.append(rotaries.setdefault(
+                base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved)))
+            self.windows.append(cfg.window(i))
+        self.layers = [self._layer(w, i) for i in range(cfg.n_layers)]
+        self._run = decoder_step.decoder_step(self.layers)
+        if self.derived:
+            kinds = sorted({type_name(w.get(n).qtype) for n in self.derived})
+            log.warning("ember: %s tensors are not read natively; %d of them were requantized "
+                        "to Q8_0 at load (%.1f MB)", "/".join(kinds), len(self.derived),
+                        sum(self.derived.values()) / 1e6)
+
+    def _layer(self, w: WeightStore, i: int) -> decoder_step.DecoderLayer:
+        cfg, p, h, hd = self.cfg, f"blk.{i}.", self.cfg.hidden_size, self.cfg.head_dim
+
+        def matrix(name: str, out_features: int, in_features: int) -> QTensor:
+            return readable(w, p + name, (out_features, in_features), self.derived)
+
+        def norm(name: str, n: int) -> torch.Tensor:
+            return w.load(p + name, (n,))
+
+        f = cfg.ffn_size
+        gate_up = [matrix("ffn_gate.weight", f, h)] if cfg.gated else []
+        gate_up.append(matrix("ffn_up.weight", f, h))
+        return decoder_step.DecoderLayer(
+            attn_norm=norm("attn_norm.weight", h),
+            qkv=[matrix("attn_q.weight", cfg.n_heads * hd, h),
+                 matrix("attn_k.weight", cfg.n_kv_heads * hd, h),
+                 matrix("attn_v.weight", cfg.n_kv_heads * hd, h)],
+            n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads, head_dim=hd,
+            q_norm=norm("attn_q_norm.weight", hd) if cfg.qk_norm else None,
+            k_norm=norm("attn_k_norm.weight", hd) if cfg.qk_norm else None,
+            interleaved=cfg.rope_interleaved,
+            wo=matrix("attn_output.weight", h, cfg.n_heads * hd),
+            post_attn_norm=norm("post_attention_norm.weight", h) if cfg.sandwich_norms else None,
+            ffn_norm=norm("ffn_norm.weight", h),
+            gate_up=gate_up, down=matrix("ffn_down.weight", h, f), activation=cfg.activation,
+            post_ffn_norm=norm("post_ffw_norm.weight", h) if cfg.sandwich_norms else None,
+            eps=cfg.rms_eps, scale=cfg.scale)
+
+    # -- the runner's interface ------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """(T,) ids -> (T, hidden) scaled embeddings, from the embedding's own blocks."""
+        if ids.shape[0] == 1:
+            rows = bm.dequantize_row(self.embedding, int(ids[0]))
+        else:
+            rows = self.embedding.select_rows(ids.cpu()).dequantize()
+        return rows * self.cfg.embed_scale
+
+    def new_cache(self, max_len: int) -> ContiguousKVCache:
+        return ContiguousKVCache(self.cfg, max_len, device=CPU)
+
+    @torch.inference_mode()
+    def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:
+        """Run ids (T,) at positions cache.length.. and commit them to the cache; with `tree`,
+        the rows are token-tree nodes placed as it says (the caller reserved their slots and
+        commits or truncates them). Returns the final-normed hidden states (T, hidden)."""
+        start, T = cache.length, ids.shape[0]
+        if tree is None:
+            cache.reserve(T)
+        slots, cos, sin = self._row_inputs(start, T, cache, tree)
+        x = self._run(self.embed(ids), *cache.pools(), slots, cos, sin)
+        if tree is None:
+            cache.commit(T)
+        return rms_norm(x, self.output_norm, self.cfg.rms_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden)
+
+    def _row_inputs(self, start: int, T: int, cache, tree: TreeRows | None):
+        """Per layer: the pool slots each row reads (its own last) and the rows' rotary
+        cos/sin. Layers sharing a window share positions, and a rotary base its tables."""
+        slots, cos, sin, tables = [], [], [], {}
+        for i, (rotary, window) in enumerate(zip(self.rotary, self.windows)):
+            if id(rotary) not in tables:
+                positions = start if tree is None else tree.positions
+                tables[id(rotary)] = rotary.tables(positions, T, CPU)
+            c, s = tables[id(rotary)]
+            cos.append(c)
+            sin.append(s)
+            slots.append(self._slots(i, window, start, T, cache, tree))
+        return slots, cos, sin
+
+    @staticmethod
+    def _slots(layer: int, window: int | None, start: int, T: int, cache,
+               tree: TreeRows | None) -> list[torch.Tensor]:
+        if tree is not None:  # each row: the context in its window, then its ancestors
+            positions, end = tree_positions(tree, window)
+            table = cache.slots_of(layer, 0, end)
+            return [table.index_select(0, pos) for pos in positions]
+        # Row t sits at position start + t and sees the keys in its window up to itself.
+        first = [0 if window is None else max(0, start + t - window + 1) for t in range(T)]
+        lo = first[0]
+        table = cache.slots_of(layer, lo, start + T)
+        return [table[first[t] - lo: start + t + 1 - lo] for t in range(T)]
+
+    # -- what it costs ---------------------------------------------------------------------
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every projection of every layer and the LM
+        head, as stored (norms and the embedding row are under 0.1%)."""
+        total = self.head.stored.nbytes
+        for layer in self.layers:
+            total += sum(t.nbytes for t in (*layer.qkv, layer.wo, *layer.gate_up, layer.down))
+        return total
+
+
+def file_bytes_per_token(cfg: ModelConfig, weights: WeightStore) -> int:
+    """What one decode step must read of the file as it is stored: every layer's projections
+    and the LM head (a tied head reads the embedding matrix)."""
+    head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+    total = weights.get(head).nbytes
+    for name in weights.names():
+        if name.startswith("blk.") and name.endswith(".weight") and not name.endswith("norm.weight"):
+            if len(weights.get(name).shape) == 2:
+                total += weights.get(name).nbytes
+    return total
