@@ -213,7 +213,7 @@ def file_bytes_per_token(cfg: ModelConfig, weights: WeightStore) -> int:
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
     total = weights.get(head).nbytes
     for name in weights.names():
-        if name.startswith("blk.") and name.endswith(".weight") and not name.endswith("norm.weight"):
-            if len(weights.get(name).shape) == 2:
-                total += weights.get(name).nbytes
+        t = weights.get(name)
+        if name.startswith("blk.") and not name.endswith("norm.weight") and len(t.shape) == 2:
+            total += t.nbytes
     return total

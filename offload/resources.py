@@ -48,7 +48,7 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
     if builds_float_model(source, options, device):
         weights, held = memory["weights_fp32_bytes"], "as fp32"
     else:
-        weights, held = source.weights.total_bytes(), "as stored in the file"
+        weights, held = memory["weights_bytes"], "as stored in the file"
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
     host_need = weights + host_kv + (0 if on_gpu else device_kv) + RUNTIME_ALLOWANCE
