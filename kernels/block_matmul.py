@@ -14,10 +14,10 @@ llama.cpp). Every row of the result depends only on its own row of x, bit for bi
 is (speculative verification relies on this).
 
 Several weights sharing K go in one call (q/k/v, gate/up): x is quantized once and the outputs
-come side by side. The instruction-set path ("avx2" or "portable") is chosen at first use from
-the CPU, or by EMBER_CPU_PATH; `set_cpu_path` switches it (tests run every path). On AVX2,
-tiles of 16 rows of x (prefill) take a separate kernel for the K-quants, with the very same
-arithmetic per output. Speeds: csrc/block_matmul.cpp (top), `python -m bench.block_matmul_speed`.
+come side by side. The instruction-set path ("avx512", "avx2" or "portable") is chosen at
+first use from the CPU, or by EMBER_CPU_PATH; `set_cpu_path` switches it (tests run every
+path). On AVX2 and AVX-512, tiles of 16 rows of x (prefill) take a separate kernel for the
+K-quants, with the very same arithmetic per output. Speeds: csrc/block_matmul.cpp (top), `python -m bench.block_matmul_speed`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _FLOAT_TYPES = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))
 _SMALL_TYPES = frozenset(int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0))
 _K_TYPES = frozenset(int(t) for t in (Q.Q4_K, Q.Q5_K, Q.Q6_K))
 NATIVE_TYPES: frozenset[int] = _FLOAT_TYPES | _SMALL_TYPES | _K_TYPES
-_PATHS = ("portable", "avx2")  # every path a build can have, in order of preference
+_PATHS = ("portable", "avx2", "avx512")  # every path a build can have, in order of preference
 X_LEVELS = 127  # x is rounded to int8 per block: q = round(x * 127 / max|x|), d = max|x| / 127
 _REF_CHUNK = 1 << 22  # weight values dequantized at a time by the reference
 
@@ -60,7 +60,7 @@ def available() -> bool:
 
 
 def cpu_path() -> str:
-    """"avx2" or "portable" (the path the kernel runs), or "reference" without the extension.
+    """"avx512", "avx2" or "portable" (the path the kernel runs), or "reference" without the extension.
 
     Raises ValueError if EMBER_CPU_PATH names a path that is unknown or that this CPU lacks."""
     module = _module()

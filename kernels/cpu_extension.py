@@ -2,9 +2,11 @@
 
 The extension is JIT-compiled with `torch.utils.cpp_extension.load` (needs `ninja` and a C++
 compiler) into `$TORCH_EXTENSIONS_DIR`, or `~/.cache/ember/torch_extensions` (XDG honoured).
-Later processes reuse the cached build. With AVX2/FMA/F16C present at build time it is
-compiled for x86-64-v3; otherwise portable -O3. The two builds have different names, so a
-cache shared between different machines never loads the wrong one.
+Later processes reuse the cached build. On a CPU with AVX-512 (F/BW/VL) and VNNI it is
+compiled for x86-64-v4 (and holds block_matmul's "avx512" path besides the others); with
+AVX2/FMA/F16C for x86-64-v3; otherwise portable -O3. `EMBER_BUILD=v3` asks for the AVX2 build
+on an AVX-512 machine (to test exactly what AVX2-only CPUs run). The builds have different
+names, so a cache shared between different machines never loads the wrong one.
 
 If anything goes wrong, one warning is logged and `load()` returns None: callers use the
 PyTorch reference instead. `EMBER_KERNELS=reference` forces that fallback without building.
@@ -23,6 +25,8 @@ log = logging.getLogger("ember.kernels")
 _SOURCES = ("bindings.cpp", "sparse_ffn.cpp", "q8_0_matmul.cpp", "fused_ops.cpp", "body_step.cpp",
             "select.cpp", "block_matmul.cpp", "decoder_step.cpp")
 _V3_FLAGS = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}  # x86-64-v3 needs these
+# x86-64-v4 (AVX-512 F/BW/CD/DQ/VL) plus VNNI: the build with block_matmul's "avx512" path
+_V4_FLAGS = _V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
 _lock = threading.Lock()
 _state: dict = {}  # "module" once tried: the module or None; "error": why it is None
 _UNSET = object()
@@ -49,7 +53,14 @@ def build_flags() -> tuple[str, list[str]]:
     # kernels ran on one thread until this was found). The extension then links libgomp.so.1,
     # which resolves to the copy torch already loaded: one OpenMP runtime, one thread pool.
     base = ["-O3", "-fopenmp", "-ffp-contract=fast"]
-    if platform.machine().lower() in ("x86_64", "amd64") and _V3_FLAGS <= _cpu_flags():
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    flags = _cpu_flags()
+    if x86 and _V4_FLAGS <= flags and os.environ.get("EMBER_BUILD", "").strip() != "v3":
+        # 256-bit vectors where the compiler vectorizes on its own, as in the v3 build: the
+        # 512-bit code is the hand-written kernels'.
+        return "ember_cpu_kernels_v4", base + ["-march=x86-64-v4", "-mavx512vnni",
+                                               "-mprefer-vector-width=256"]
+    if x86 and _V3_FLAGS <= flags:
         return "ember_cpu_kernels_v3", base + ["-march=x86-64-v3"]
     return "ember_cpu_kernels_generic", base
 

@@ -164,13 +164,29 @@ def test_each_row_of_x_is_independent_of_the_batch_and_threads(k, restore_path):
 def test_k_quants_give_the_same_bits_on_every_path(qtype, restore_path):
     """The K-quants' arithmetic is one fixed sequence per output (the block's int32 sums, then
     acc += isum * (d * d_x), acc -= msum * (dmin * d_x)) in the portable path, the AVX2 row
-    kernel and the AVX2 prefill kernel alike."""
+    kernel and prefill kernel, and the AVX-512 ones, alike."""
     w, x = weight(qtype, 37, 512), inputs(40, 512)
     outs = []
     for path in PATHS:
         bm.set_cpu_path(path)
         outs.append(bm.block_matmul(x, [w]))
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_kernel
+@pytest.mark.skipif("avx512" not in PATHS, reason="this CPU or build has no AVX-512 path")
+@pytest.mark.parametrize("qtype", [t for t in TYPES if t not in FLOAT_TYPES], ids=name)
+def test_avx512_gives_the_avx2_paths_bits(qtype, restore_path):
+    """Every block's integer sum is exact on both, and the float steps after it are the same:
+    rows of x in prefill tiles and not (40 = 2 tiles of 16 + 8), and a K of 8 whole groups of 8
+    32-value blocks plus 3 trailing ones (2144 = 8 * 256 + 96; the K-quants take 2048)."""
+    k = 2048 if qtype in K_TYPES else 2144
+    w, x = weight(qtype, 29, k), inputs(40, k)
+    outs = []
+    for path in ("avx2", "avx512"):
+        bm.set_cpu_path(path)
+        outs.append(bm.block_matmul(x, [w]))
+    assert torch.equal(outs[0], outs[1])
 
 
 @needs_kernel

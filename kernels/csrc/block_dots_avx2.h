@@ -169,11 +169,53 @@ struct Small {
     static constexpr bool FIVE = TYPE == Q5_0 || TYPE == Q5_1;
     static constexpr int TILE = 8;  // tokens per tile (block_matmul.cpp)
 
+    // A group of 8 blocks: the quants of pair p (blocks 2p, 2p+1 = A, B) in lo[p] (values
+    // 0..15 of A | of B) and hi[p] (16..31), Q8_0's as absolute values with the signed ones in
+    // slo/shi; the scales (and mins) in the lanes' block order 0, 2, 4, 6, 1, 3, 5, 7.
+    static inline void unpack(const uint8_t* blk, __m256& dw, __m256& mw, __m256i lo[4],
+                              __m256i hi[4], __m256i slo[4], __m256i shi[4]) {
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        // The 8 scales (and mins) in lane order, gathered in scalar registers: the
+        // vector units are the bottleneck, and 2-byte stores then a 16-byte load would
+        // stall on store forwarding.
+        auto h4 = [&](int i, int o) {  // fp16 fields at offset o of blocks i, i+2, i+4, i+6
+            uint64_t v = 0;
+            for (int j = 3; j >= 0; --j) {
+                uint16_t h;
+                std::memcpy(&h, blk + (i + 2 * j) * BYTES + o, 2);
+                v = v << 16 | h;
+            }
+            return static_cast<long long>(v);
+        };
+        dw = _mm256_cvtph_ps(_mm_set_epi64x(h4(1, 0), h4(0, 0)));
+        mw = _mm256_setzero_ps();
+        if (HAS_MIN) mw = _mm256_cvtph_ps(_mm_set_epi64x(h4(1, 2), h4(0, 2)));
+        for (int p = 0; p < 4; ++p) {
+            const uint8_t *A = blk + 2 * p * BYTES, *B = A + BYTES;
+            if constexpr (TYPE == Q8_0) {
+                slo[p] = _mm256_loadu2_m128i((const __m128i*)(B + 2), (const __m128i*)(A + 2));
+                shi[p] = _mm256_loadu2_m128i((const __m128i*)(B + 18), (const __m128i*)(A + 18));
+                lo[p] = _mm256_abs_epi8(slo[p]), hi[p] = _mm256_abs_epi8(shi[p]);
+            } else {
+                const __m256i v = _mm256_loadu2_m128i((const __m128i*)(B + QS), (const __m128i*)(A + QS));
+                lo[p] = _mm256_and_si256(v, m4);
+                hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if constexpr (FIVE) {
+                    uint32_t qa, qb;
+                    std::memcpy(&qa, A + QS - 4, 4), std::memcpy(&qb, B + QS - 4, 4);
+                    __m256i fl, fh;
+                    fifth_bits(qa, qb, fl, fh);
+                    lo[p] = _mm256_or_si256(lo[p], fl), hi[p] = _mm256_or_si256(hi[p], fh);
+                }
+            }
+        }
+    }
+
     template <int TT>
     static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t t0, float* y, int64_t ldy) {
         const int64_t K = a.K, nb = K / 32, ng = nb / 8;
-        const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+        const __m256i ones = _mm256_set1_epi16(1);
         for (int64_t r = r0; r < r1; ++r) {
             const uint8_t* row = w + r * row_bytes;
             __m256 acc[TT];
@@ -183,40 +225,8 @@ struct Small {
                 const uint8_t* blk = row + g * 8 * BYTES;
                 prefetch(blk, 8 * BYTES);
                 __m256i lo[4], hi[4], slo[4], shi[4];  // pair p: values 0..15 / 16..31 of A | B
-                // The 8 scales (and mins) in lane order, gathered in scalar registers: the
-                // vector units are the bottleneck, and 2-byte stores then a 16-byte load would
-                // stall on store forwarding.
-                auto h4 = [&](int i, int o) {  // fp16 fields at offset o of blocks i, i+2, i+4, i+6
-                    uint64_t v = 0;
-                    for (int j = 3; j >= 0; --j) {
-                        uint16_t h;
-                        std::memcpy(&h, blk + (i + 2 * j) * BYTES + o, 2);
-                        v = v << 16 | h;
-                    }
-                    return static_cast<long long>(v);
-                };
-                const __m256 dw = _mm256_cvtph_ps(_mm_set_epi64x(h4(1, 0), h4(0, 0)));
-                __m256 mw = _mm256_setzero_ps();
-                if (HAS_MIN) mw = _mm256_cvtph_ps(_mm_set_epi64x(h4(1, 2), h4(0, 2)));
-                for (int p = 0; p < 4; ++p) {
-                    const uint8_t *A = blk + 2 * p * BYTES, *B = A + BYTES;
-                    if constexpr (TYPE == Q8_0) {
-                        slo[p] = _mm256_loadu2_m128i((const __m128i*)(B + 2), (const __m128i*)(A + 2));
-                        shi[p] = _mm256_loadu2_m128i((const __m128i*)(B + 18), (const __m128i*)(A + 18));
-                        lo[p] = _mm256_abs_epi8(slo[p]), hi[p] = _mm256_abs_epi8(shi[p]);
-                    } else {
-                        const __m256i v = _mm256_loadu2_m128i((const __m128i*)(B + QS), (const __m128i*)(A + QS));
-                        lo[p] = _mm256_and_si256(v, m4);
-                        hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        if constexpr (FIVE) {
-                            uint32_t qa, qb;
-                            std::memcpy(&qa, A + QS - 4, 4), std::memcpy(&qb, B + QS - 4, 4);
-                            __m256i fl, fh;
-                            fifth_bits(qa, qb, fl, fh);
-                            lo[p] = _mm256_or_si256(lo[p], fl), hi[p] = _mm256_or_si256(hi[p], fh);
-                        }
-                    }
-                }
+                __m256 dw, mw;
+                unpack(blk, dw, mw, lo, hi, slo, shi);
                 for (int t = 0; t < TT; ++t) {
                     const int64_t xb = (t0 + t) * nb + g * 8;  // x's first block of the group
                     const int8_t* xq = a.q32 + xb * 32;
@@ -290,77 +300,88 @@ struct KQuant {
     static constexpr int BYTES = TYPE == Q4_K ? 144 : TYPE == Q5_K ? 176 : 210;
     static constexpr int TILE = 8;
 
+    // One block: its 256 quants as 8 vectors of 32 values in order (Q6_K's unsigned, 0..63),
+    // the sub-block scales laid out for the vphaddw folds below (sc), all sub-block scales as
+    // int16 in order (sc16: Q6_K's 16; Q4_K/Q5_K's 8, in the low half), Q4_K/Q5_K's 8 mins
+    // (mn), and the block's d and dmin (0 for Q6_K).
+    static inline void unpack(const uint8_t* blk, __m256i q[8], __m256i sc[4], __m256i& sc16,
+                              __m128i& mn, float& d, float& dmin) {
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        sc16 = _mm256_setzero_si256(), mn = _mm_setzero_si128(), dmin = 0.f;
+        if constexpr (TYPE == Q6_K) {
+            // value 128h + 32k + l: low 4 bits from ql[64h + 32(k%2) + l] (nibble k/2),
+            // high 2 bits from qh[32h + l] (bits 2k, 2k+1).
+            for (int h = 0; h < 2; ++h) {
+                const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32);
+                const __m256i hb = load(blk + 128 + 32 * h);
+                const __m256i m2 = _mm256_set1_epi8(0x30);
+                q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
+                q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
+                q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                               _mm256_and_si256(hb, m2));
+                q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
+            }
+            // After one vphaddw of chunks 2m, 2m+1: lanes [sub 4m x4, sub 4m+2 x4 |
+            // sub 4m+1 x4, sub 4m+3 x4] (16-value sub-blocks), so sc[m] is laid out so.
+            const __m128i s8 = load128(blk + 192);
+            for (int m = 0; m < 4; ++m) {
+                const int j = 4 * m;
+                const __m128i idx = _mm_setr_epi8(j, j, j, j, j + 2, j + 2, j + 2, j + 2, j + 1,
+                                                  j + 1, j + 1, j + 1, j + 3, j + 3, j + 3, j + 3);
+                sc[m] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
+            }
+            sc16 = _mm256_cvtepi8_epi16(s8);  // all 16 scales, for the offset term
+            d = half(blk + 208);
+        } else {
+            alignas(16) uint8_t sm[16];
+            k_scales(blk + 4, sm);
+            const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)));
+            sc16 = _mm256_zextsi128_si256(s16);
+            mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+            if constexpr (TYPE == Q4_K) {
+                sc[0] = _mm256_broadcastsi128_si256(s16);  // [sc0..sc7 | sc0..sc7]
+            } else {
+                sc[0] = _mm256_broadcastsi128_si256(_mm_unpacklo_epi16(s16, s16));
+                sc[1] = _mm256_broadcastsi128_si256(_mm_unpackhi_epi16(s16, s16));
+            }
+            const uint8_t* qs = blk + (TYPE == Q4_K ? 16 : 48);
+            for (int c = 0; c < 4; ++c) {
+                const __m256i v = load(qs + 32 * c);
+                q[2 * c] = _mm256_and_si256(v, m4);
+                q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            if constexpr (TYPE == Q5_K) {
+                const __m256i qh = load(blk + 16);
+                q[0] = _mm256_or_si256(q[0], bit_to_4<0>(qh));
+                q[1] = _mm256_or_si256(q[1], bit_to_4<1>(qh));
+                q[2] = _mm256_or_si256(q[2], bit_to_4<2>(qh));
+                q[3] = _mm256_or_si256(q[3], bit_to_4<3>(qh));
+                q[4] = _mm256_or_si256(q[4], bit_to_4<4>(qh));
+                q[5] = _mm256_or_si256(q[5], bit_to_4<5>(qh));
+                q[6] = _mm256_or_si256(q[6], bit_to_4<6>(qh));
+                q[7] = _mm256_or_si256(q[7], bit_to_4<7>(qh));
+            }
+            d = half(blk), dmin = half(blk + 2);
+        }
+    }
+
     template <int TT>
     static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t t0, float* y, int64_t ldy) {
         const int64_t K = a.K, nb = K / 256;
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
         for (int64_t r = r0; r < r1; ++r) {
             const uint8_t* row = w + r * row_bytes;
             float acc[TT] = {};
             for (int64_t b = 0; b < nb; ++b) {
                 const uint8_t* blk = row + b * BYTES;
                 prefetch(blk, BYTES);
-                __m256i q[8], sc[4], sc16 = _mm256_setzero_si256();
-                __m128i mn = _mm_setzero_si128();
-                float d, dmin = 0.f;
-                if constexpr (TYPE == Q6_K) {
-                    // value 128h + 32k + l: low 4 bits from ql[64h + 32(k%2) + l] (nibble k/2),
-                    // high 2 bits from qh[32h + l] (bits 2k, 2k+1).
-                    for (int h = 0; h < 2; ++h) {
-                        const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32);
-                        const __m256i hb = load(blk + 128 + 32 * h);
-                        const __m256i m2 = _mm256_set1_epi8(0x30);
-                        q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                                       _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2));
-                        q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                                       _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2));
-                        q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                       _mm256_and_si256(hb, m2));
-                        q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                       _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2));
-                    }
-                    // After one vphaddw of chunks 2m, 2m+1: lanes [sub 4m x4, sub 4m+2 x4 |
-                    // sub 4m+1 x4, sub 4m+3 x4] (16-value sub-blocks), so sc[m] is laid out so.
-                    const __m128i s8 = load128(blk + 192);
-                    for (int m = 0; m < 4; ++m) {
-                        const int j = 4 * m;
-                        const __m128i idx = _mm_setr_epi8(j, j, j, j, j + 2, j + 2, j + 2, j + 2, j + 1,
-                                                          j + 1, j + 1, j + 1, j + 3, j + 3, j + 3, j + 3);
-                        sc[m] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
-                    }
-                    sc16 = _mm256_cvtepi8_epi16(s8);  // all 16 scales, for the offset term
-                    d = half(blk + 208);
-                } else {
-                    alignas(16) uint8_t sm[16];
-                    k_scales(blk + 4, sm);
-                    const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm)));
-                    mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
-                    if constexpr (TYPE == Q4_K) {
-                        sc[0] = _mm256_broadcastsi128_si256(s16);  // [sc0..sc7 | sc0..sc7]
-                    } else {
-                        sc[0] = _mm256_broadcastsi128_si256(_mm_unpacklo_epi16(s16, s16));
-                        sc[1] = _mm256_broadcastsi128_si256(_mm_unpackhi_epi16(s16, s16));
-                    }
-                    const uint8_t* qs = blk + (TYPE == Q4_K ? 16 : 48);
-                    for (int c = 0; c < 4; ++c) {
-                        const __m256i v = load(qs + 32 * c);
-                        q[2 * c] = _mm256_and_si256(v, m4);
-                        q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    }
-                    if constexpr (TYPE == Q5_K) {
-                        const __m256i qh = load(blk + 16);
-                        q[0] = _mm256_or_si256(q[0], bit_to_4<0>(qh));
-                        q[1] = _mm256_or_si256(q[1], bit_to_4<1>(qh));
-                        q[2] = _mm256_or_si256(q[2], bit_to_4<2>(qh));
-                        q[3] = _mm256_or_si256(q[3], bit_to_4<3>(qh));
-                        q[4] = _mm256_or_si256(q[4], bit_to_4<4>(qh));
-                        q[5] = _mm256_or_si256(q[5], bit_to_4<5>(qh));
-                        q[6] = _mm256_or_si256(q[6], bit_to_4<6>(qh));
-                        q[7] = _mm256_or_si256(q[7], bit_to_4<7>(qh));
-                    }
-                    d = half(blk), dmin = half(blk + 2);
-                }
+                __m256i q[8], sc[4], sc16;
+                __m128i mn;
+                float d, dmin;
+                unpack(blk, q, sc, sc16, mn, d, dmin);
                 for (int t = 0; t < TT; ++t) {
                     const int64_t tok = t0 + t;
                     const int8_t* xq = a.qk + tok * K + b * 256;

@@ -69,6 +69,12 @@ struct XQuant {
     const float* dg = nullptr;                               // (tiles, K/256, 16)
     const int16_t* m32g = nullptr;  // (tiles, K/64, 16, 2): the two per-32 sums of each 64
     const int16_t* s8g = nullptr;                            // (tiles, K/8, 16): per-8 sums
+    // The AVX-512 prefill kernels' layout (block_gemm_avx512.h), where a path asks for it
+    // instead: tiles of 16 rows again, token i of a tile in lane i.
+    const int8_t* qq = nullptr;     // (tiles, K/4, 16, 4): each run of 4 values, 16 tokens
+    const float* dq = nullptr;      // (tiles, K/256, 16)
+    const int16_t* m32q = nullptr;  // (tiles, K/64, 16, 2): the two per-32 sums of each 64
+    const int32_t* s16q = nullptr;  // (tiles, K/16, 16): per-16 sums
 };
 
 constexpr int GEMM_TOKENS = 16;

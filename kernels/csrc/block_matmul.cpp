@@ -14,10 +14,11 @@
 // tiled or split, so a row of x gives bit-identical outputs alone or among any others (what
 // speculative verification relies on).
 //
-// CPU paths: a table of kernel sets ("portable", "avx2"; an "avx512" set would be one more
-// entry), one picked at first use from the CPU or EMBER_CPU_PATH, switchable for tests. On
-// AVX2, whole tiles of 16 rows of x go through a prefill kernel for the K-quants
-// (block_gemm_avx2.h), the rest through the row kernels (block_dots_avx2.h).
+// CPU paths: a table of kernel sets ("portable", "avx2", and "avx512" in a build for AVX-512
+// VNNI CPUs), one picked at first use from the CPU or EMBER_CPU_PATH, switchable for tests.
+// Whole tiles of 16 rows of x go through a prefill kernel for the K-quants (block_gemm_avx2.h,
+// block_gemm_avx512.h), the rest through the row kernels (block_dots_*.h). All paths give the
+// same bits for the K-quants; each is batch-invariant.
 //
 // Measured (python -m bench.block_matmul_speed; AMD EPYC (Zen, AVX2, no AVX-512), 2 threads,
 // ranges over 3 runs on the shared machine):
@@ -47,6 +48,13 @@
 #include "block_dots_avx2.h"
 #include "block_gemm_avx2.h"
 #define EMBER_BLOCK_AVX2 1
+#endif
+// The AVX-512 path needs a build for it (kernels/cpu_extension.py: x86-64-v4 plus VNNI).
+#if defined(EMBER_BLOCK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#include "block_dots_avx512.h"
+#include "block_gemm_avx512.h"
+#define EMBER_BLOCK_AVX512 1
 #endif
 
 #include <algorithm>
@@ -90,10 +98,14 @@ void token_tile(const XQuant& a, const uint8_t* w, int64_t rb, int64_t r0, int64
         tile_of<Kernel, Kernel::TILE>(a, w, rb, r0, r1, t0, std::min<int64_t>(tt, Kernel::TILE), y, ldy);
 }
 
+// How a path's prefill kernels read x: XQuant's qg/dg/m32g/s8g (AVX2) or qq/dq/m32q/s16q.
+enum class GemmLayout { Pairs, Quads };
+
 struct CpuPath {
     const char* name;
     bool (*usable)();  // does this CPU run it
     bool pairs;  // reads the 32-value types' x in pair layout (block_dots_avx2.h)
+    GemmLayout gemm_layout;
     // a row of x in blocks of 32 or 256, with sums per 8 values (same result on every path)
     void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, int16_t* sum8);
     RowsFn rows[N_TYPES];  // in the order of TYPES
@@ -113,23 +125,40 @@ namespace P = ember_blocks::portable;
 #ifdef EMBER_BLOCK_AVX2
 namespace A = ember_blocks::avx2;
 #endif
+#ifdef EMBER_BLOCK_AVX512
+namespace V = ember_blocks::avx512;
+bool cpu_has_avx512() {
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+#endif
 
 // Later entries are preferred when usable.
 const CpuPath PATHS[] = {
-    {"portable", always, false, ember_blocks::quantize_row,
+    {"portable", always, false, GemmLayout::Pairs, ember_blocks::quantize_row,
      {token_tile<P::Float<F32>>, token_tile<P::Float<F16>>, token_tile<P::Float<BF16>>,
       token_tile<P::Small<Q4_0>>, token_tile<P::Small<Q4_1>>, token_tile<P::Small<Q5_0>>,
       token_tile<P::Small<Q5_1>>, token_tile<P::Small<Q8_0>>, token_tile<P::KQuant<Q4_K>>,
       token_tile<P::KQuant<Q5_K>>, token_tile<P::KQuant<Q6_K>>},
      {}},
 #ifdef EMBER_BLOCK_AVX2
-    {"avx2", cpu_has_avx2, true, A::quantize_row,
+    {"avx2", cpu_has_avx2, true, GemmLayout::Pairs, A::quantize_row,
      {token_tile<A::Float<F32>>, token_tile<A::Float<F16>>, token_tile<A::Float<BF16>>,
       token_tile<A::Small<Q4_0>>, token_tile<A::Small<Q4_1>>, token_tile<A::Small<Q5_0>>,
       token_tile<A::Small<Q5_1>>, token_tile<A::Small<Q8_0>>, token_tile<A::KQuant<Q4_K>>,
       token_tile<A::KQuant<Q5_K>>, token_tile<A::KQuant<Q6_K>>},
      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
       A::KGemm<Q4_K>::rows, A::KGemm<Q5_K>::rows, A::KGemm<Q6_K>::rows}},
+#endif
+#ifdef EMBER_BLOCK_AVX512
+    // float weights as on AVX2 (rare in real files, and bandwidth-bound)
+    {"avx512", cpu_has_avx512, true, GemmLayout::Quads, A::quantize_row,
+     {token_tile<A::Float<F32>>, token_tile<A::Float<F16>>, token_tile<A::Float<BF16>>,
+      token_tile<V::Small<Q4_0>>, token_tile<V::Small<Q4_1>>, token_tile<V::Small<Q5_0>>,
+      token_tile<V::Small<Q5_1>>, token_tile<V::Small<Q8_0>>, token_tile<V::KQuant<Q4_K>>,
+      token_tile<V::KQuant<Q5_K>>, token_tile<V::KQuant<Q6_K>>},
+     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+      V::KGemm<Q4_K>::rows, V::KGemm<Q5_K>::rows, V::KGemm<Q6_K>::rows}},
 #endif
 };
 constexpr int N_PATHS = sizeof(PATHS) / sizeof(PATHS[0]);
@@ -152,8 +181,10 @@ int checked_path(const std::string& name, const char* what) {
                           "choices here: ", path_choices());
         return i;
     }
+    std::string built;
+    for (const CpuPath& p : PATHS) built += (built.empty() ? "" : ", ") + std::string(p.name);
     TORCH_CHECK_VALUE(false, what, "'", name, "' is not a CPU path; choices here: ", path_choices(),
-                      " (this build: ", N_PATHS > 1 ? "portable, avx2" : "portable", ")");
+                      " (this build: ", built, ")");
     return -1;
 }
 
@@ -188,12 +219,14 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
     auto aligned = [](int64_t n) { return (n + 63) & ~int64_t(63); };
     const int64_t n32 = q32 ? T * K / 32 : 0, nk = qk ? T * K / 256 : 0;
     // the prefill layout: only where the path has prefill kernels and x has a whole tile
-    const int64_t tiles = qk && path.gemm[type_index(Q4_K)] ? T / GEMM_TOKENS : 0;
+    int64_t tiles = qk && path.gemm[type_index(Q4_K)] ? T / GEMM_TOKENS : 0;
     const int64_t ng = tiles * GEMM_TOKENS;  // rows of x in tiles
+    const bool quads = path.gemm_layout == GemmLayout::Quads;
     const int64_t sizes[] = {q32 ? T * K : 0, n32 * 4, n32 * 4, n32 * 4, n32 * 4,
                              qk ? T * K : 0,  nk * 4,  nk * 16 * 2, nk * 8 * 2,
-                             tiles ? T * K / 8 * 2 : 0,  // all rows' per-8 sums, to lay out
-                             ng * K, ng * K / 256 * 4, ng * K / 32 * 2, ng * K / 8 * 2};
+                             tiles && !quads ? T * K / 8 * 2 : 0,  // all rows' per-8 sums, to lay out
+                             ng * K, ng * K / 256 * 4, ng * K / 32 * 2,
+                             quads ? ng * K / 16 * 4 : ng * K / 8 * 2};
     constexpr int N_PARTS = sizeof(sizes) / sizeof(sizes[0]);
     int64_t total = 0;
     for (int64_t s : sizes) total += aligned(s);
@@ -214,7 +247,7 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
     int8_t* qg = reinterpret_cast<int8_t*>(part[10]);
     float* dg = reinterpret_cast<float*>(part[11]);
     int16_t* m32g = reinterpret_cast<int16_t*>(part[12]);
-    int16_t* s8g = reinterpret_cast<int16_t*>(part[13]);
+    int16_t* s8g = reinterpret_cast<int16_t*>(part[13]);  // quads: int32 per-16 sums instead
     const int64_t nb = K / 32, full = path.pairs ? nb / 8 * 8 : 0;
     // Rows are independent (batch invariance); split them over threads once x is large.
     at::parallel_for(0, T, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t t0, int64_t t1) {
@@ -252,10 +285,29 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
                 for (int64_t j = 0; j < K / 16; ++j) sk16[b0 * 16 + j] = int16_t(s8[2 * j] + s8[2 * j + 1]);
                 for (int64_t j = 0; j < K / 32; ++j)
                     sk32[b0 * 8 + j] = int16_t(sk16[b0 * 16 + 2 * j] + sk16[b0 * 16 + 2 * j + 1]);
-                if (tiles) std::memcpy(sk8 + t * K / 8, s8.data(), K / 8 * sizeof(int16_t));
+                if (tiles && !quads) std::memcpy(sk8 + t * K / 8, s8.data(), K / 8 * sizeof(int16_t));
             }
         }
     });
+    if (quads && tiles) {  // Prefill tiles, token i in lane i (block_gemm_avx512.h)
+        int32_t* s16q = reinterpret_cast<int32_t*>(s8g);
+        at::parallel_for(0, tiles, 1, [&](int64_t g0, int64_t g1) {
+            for (int64_t g = g0; g < g1; ++g) {
+                for (int i = 0; i < GEMM_TOKENS; ++i) {
+                    const int64_t t = g * GEMM_TOKENS + i;
+                    const int8_t* src = qkp + t * K;
+                    int8_t* dst = qg + g * K * GEMM_TOKENS + 4 * i;
+                    for (int64_t p = 0; p < K / 4; ++p) std::memcpy(dst + p * 4 * GEMM_TOKENS, src + 4 * p, 4);
+                    for (int64_t b = 0; b < K / 256; ++b) dg[(g * K / 256 + b) * GEMM_TOKENS + i] = dk[t * K / 256 + b];
+                    for (int64_t c = 0; c < K / 32; ++c)
+                        m32g[((g * K / 64 + c / 2) * GEMM_TOKENS + i) * 2 + c % 2] = sk32[t * K / 32 + c];
+                    for (int64_t j = 0; j < K / 16; ++j) s16q[(g * K / 16 + j) * GEMM_TOKENS + i] = sk16[t * K / 16 + j];
+                }
+            }
+        });
+        a.tiles = tiles, a.qq = qg, a.dq = dg, a.m32q = m32g, a.s16q = s16q;
+        tiles = 0;  // nothing in the AVX2 layout
+    }
     // Prefill tiles: the rows above, transposed 16 at a time (block_gemm_avx2.h).
     at::parallel_for(0, tiles, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t g = g0; g < g1; ++g) {

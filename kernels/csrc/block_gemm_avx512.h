@@ -1,0 +1,157 @@
+// Prefill on AVX-512 VNNI for Q4_K/Q5_K/Q6_K: 16 rows of x at a time, token i in int32 lane i.
+//
+// As block_gemm_avx2.h, x is laid out token by token (XQuant::qq: for each run of 4 values, the
+// 16 tokens' 4 bytes side by side, one 64-byte vector), and each run of 4 weight values is
+// broadcast to every lane (vpshufd of 16 unpacked values held in all four 128-bit lanes), so one
+// vpdpbusd does 4 values for 16 tokens: 64 multiply-adds, against 32 for the AVX2 kernel's
+// vpshufb + vpmaddubsw + vpaddw. A sub-block's sums stay in int32 (no bound to watch), and its
+// scale is one vpmulld.
+//
+// Exactly the row kernels' arithmetic per output (the block's int32 sum and min sum, then
+// acc += isum * (d * d_x) and acc -= msum * (dmin * d_x)), so a token's bits do not depend on
+// which kernel computed it (batch invariance) nor on the CPU path.
+#pragma once
+
+#include <immintrin.h>
+
+#include "block_dots_avx512.h"
+
+namespace ember_blocks::avx512 {
+
+// 16 bytes in all four 128-bit lanes.
+inline __m512i bcast16(const uint8_t* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Weight values 16u..16u+15 of sub-block j of a block, unpacked and held in each 128-bit lane
+// (Q4_K/Q5_K: 32-value sub-blocks, u = 0, 1; Q6_K: 16-value ones, u = 0).
+template <int TYPE>
+inline __m512i sub_values(const uint8_t* blk, int j, int u) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if constexpr (TYPE == Q6_K) {
+        // sub-block j = 8h + 2k + e: low 4 bits from ql[64h + 32(k%2) + 16e + l] (nibble
+        // k/2), high 2 from qh[32h + 16e + l] (bits 2k)
+        const int h = j / 8, k = (j / 2) % 4, e = j % 2;
+        const __m512i ql = bcast16(blk + 64 * h + 32 * (k % 2) + 16 * e);
+        const __m512i qh = bcast16(blk + 128 + 32 * h + 16 * e);
+        return _mm512_or_si512(
+            _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(4 * (k / 2))), m4),
+            _mm512_slli_epi16(_mm512_and_si512(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)),
+                                               _mm512_set1_epi8(3)), 4));
+    } else {
+        const uint8_t* qs = blk + (TYPE == Q4_K ? 16 : 48);
+        __m512i v = _mm512_and_si512(
+            _mm512_srl_epi16(bcast16(qs + 32 * (j / 2) + 16 * u), _mm_cvtsi32_si128(4 * (j % 2))), m4);
+        if constexpr (TYPE == Q5_K) {  // the 5th bit of value l is bit j of qh[l]
+            const __m512i qh = bcast16(blk + 16 + 16 * u);
+            v = _mm512_or_si512(v, _mm512_and_si512(
+                _mm512_slli_epi16(_mm512_srl_epi16(qh, _mm_cvtsi32_si128(j)), 4), _mm512_set1_epi8(0x10)));
+        }
+        return v;
+    }
+}
+
+// Run i (0..3) of 4 values of v in every int32 lane.
+inline __m512i run_of(__m512i v, int i) {
+    switch (i) {
+        case 0: return _mm512_shuffle_epi32(v, _MM_PERM_AAAA);
+        case 1: return _mm512_shuffle_epi32(v, _MM_PERM_BBBB);
+        case 2: return _mm512_shuffle_epi32(v, _MM_PERM_CCCC);
+        default: return _mm512_shuffle_epi32(v, _MM_PERM_DDDD);
+    }
+}
+
+template <int TYPE>
+struct KGemm {
+    static constexpr int BYTES = TYPE == Q4_K ? 144 : TYPE == Q5_K ? 176 : 210;
+    // Weight rows per pass over x: each 64-byte vector of x is loaded once for R rows. With
+    // one row, x (16 tokens x 256 bytes per block, against the row's 144-210) came from L2
+    // for every row and bounded the kernel.
+    static constexpr int R = 4;
+
+    // Rows [r0, r1) against the 16 tokens of tile g (tokens 16g..16g+15).
+    static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                     int64_t g, float* y, int64_t ldy) {
+        int64_t r = r0;
+        for (; r + R <= r1; r += R) some<R>(a, w, row_bytes, r, g, y, ldy);
+        for (; r < r1; ++r) some<1>(a, w, row_bytes, r, g, y, ldy);
+    }
+
+    // Rows r..r+N-1.
+    template <int N>
+    static void some(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r, int64_t g,
+                     float* y, int64_t ldy) {
+        const int64_t K = a.K, nb = K / 256;
+        const int8_t* xg = a.qq + g * K * 16;             // (K/4, 16 tokens, 4)
+        const float* dg = a.dq + g * nb * 16;              // (K/256, 16)
+        const int16_t* mg = a.m32q + g * (K / 64) * 32;    // (K/64, 16, 2)
+        const int32_t* sg = a.s16q + g * (K / 16) * 16;    // (K/16, 16)
+        constexpr int SUBS = TYPE == Q6_K ? 16 : 8, HALVES = TYPE == Q6_K ? 1 : 2;
+        __m512 acc[N];
+        for (int n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk[N];
+            float d[N], dmin[N] = {};
+            alignas(16) uint8_t sm[N][16];
+            __m512i isum[N];
+            for (int n = 0; n < N; ++n) {
+                blk[n] = w + (r + n) * row_bytes + b * BYTES;
+                prefetch(blk[n], BYTES);
+                isum[n] = _mm512_setzero_si512();
+                if constexpr (TYPE == Q6_K) {
+                    d[n] = half(blk[n] + 208);
+                } else {
+                    d[n] = half(blk[n]), dmin[n] = half(blk[n] + 2);
+                    k_scales(blk[n] + 4, sm[n]);
+                }
+            }
+            const int8_t* xb = xg + b * 256 * 16;  // 64 runs of 4 values x 64 bytes
+            for (int j = 0; j < SUBS; ++j) {
+                // two chains per row: vpdpbusd's latency, not its throughput, bounds one
+                __m512i s0[N], s1[N];
+                for (int n = 0; n < N; ++n) s0[n] = s1[n] = _mm512_setzero_si512();
+                for (int u = 0; u < HALVES; ++u) {
+                    __m512i v[N];
+                    for (int n = 0; n < N; ++n) v[n] = sub_values<TYPE>(blk[n], j, u);
+                    const int8_t* xj = xb + (HALVES * 4 * j + 4 * u) * 64;
+                    for (int i = 0; i < 4; ++i) {
+                        const __m512i xv = _mm512_loadu_si512(xj + 64 * i);
+                        for (int n = 0; n < N; ++n) {
+                            __m512i& sn = i % 2 ? s1[n] : s0[n];
+                            sn = _mm512_dpbusd_epi32(sn, run_of(v[n], i), xv);
+                        }
+                    }
+                }
+                __m512i off = _mm512_setzero_si512();
+                if constexpr (TYPE == Q6_K)  // quants 0..63: 32 times x's sums come off
+                    off = _mm512_slli_epi32(_mm512_loadu_si512(sg + (b * 16 + j) * 16), 5);
+                for (int n = 0; n < N; ++n) {
+                    const int scale = TYPE == Q6_K ? int(reinterpret_cast<const int8_t*>(blk[n] + 192)[j])
+                                                   : int(sm[n][j]);
+                    const __m512i sj = _mm512_sub_epi32(_mm512_add_epi32(s0[n], s1[n]), off);
+                    isum[n] = _mm512_add_epi32(isum[n], _mm512_mullo_epi32(sj, _mm512_set1_epi32(scale)));
+                }
+            }
+            const __m512 dx = _mm512_loadu_ps(dg + b * 16);
+            for (int n = 0; n < N; ++n) {
+                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[n]), _mm512_mul_ps(_mm512_set1_ps(d[n]), dx), acc[n]);
+                if constexpr (TYPE != Q6_K) {
+                    // min: per token m_2c * sum32_2c + m_2c+1 * sum32_2c+1, c = 0..3
+                    __m512i ms = _mm512_setzero_si512();
+                    for (int c = 0; c < 4; ++c) {
+                        const __m512i mp = _mm512_set1_epi32(sm[n][8 + 2 * c] | sm[n][9 + 2 * c] << 16);
+                        ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_loadu_si512(mg + (b * 4 + c) * 32), mp));
+                    }
+                    acc[n] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(_mm512_set1_ps(dmin[n]), dx), acc[n]);
+                }
+            }
+        }
+        for (int n = 0; n < N; ++n) {
+            alignas(64) float out[16];
+            _mm512_store_ps(out, acc[n]);
+            for (int i = 0; i < 16; ++i) y[(16 * g + i) * ldy + r + n] = out[i];
+        }
+    }
+};
+
+}  // namespace ember_blocks::avx512
