@@ -322,3 +322,24 @@ def test_bench_kernels_is_a_cli_command():
 
     args = build_parser().parse_args(["bench", "kernels", "--json", "--shape", "gemma3-270m"])
     assert args.handler == "bench_kernels" and args.shape == "gemma3-270m"
+
+
+V3 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
+V4 = V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
+
+
+@pytest.mark.parametrize("flags, env, name", [
+    (V4, "", "ember_cpu_kernels_v4"),
+    (V4, "v3", "ember_cpu_kernels_v3"),       # EMBER_BUILD=v3: what AVX2-only CPUs run
+    (V4 - {"avx512_vnni"}, "", "ember_cpu_kernels_v3"),
+    (V3, "", "ember_cpu_kernels_v3"),
+    (V3 - {"fma"}, "", "ember_cpu_kernels_generic"),
+])
+def test_the_build_matches_the_cpu(flags, env, name, monkeypatch):
+    monkeypatch.setattr(cpu_extension.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_extension, "_cpu_flags", lambda: set(flags))
+    monkeypatch.setenv("EMBER_BUILD", env)
+    got, cflags = cpu_extension.build_flags()
+    assert got == name
+    assert ("-march=x86-64-v4" in cflags) == name.endswith("v4")
+    assert ("-march=x86-64-v3" in cflags) == name.endswith("v3")
