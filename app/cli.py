@@ -175,6 +175,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, metavar="N")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_placement")
+    b = bench.add_parser("startup", help="process start to first token and peak RSS of "
+                                         "`ember generate`, beside `import torch` (and llama.cpp)")
+    b.add_argument("model", nargs="?", metavar="MODEL",
+                   help="GGUF file (default: the embedded Gemma 3 270M)")
+    b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine")
+    b.add_argument("--threads", type=int, default=2, metavar="N", help="CPU threads (default: 2)")
+    b.add_argument("--ctx-size", type=int, default=4096, metavar="N",
+                   help="context window for both engines (default: 4096, capped at the model's)")
+    b.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate")
+    b.add_argument("--runs", type=int, default=3, metavar="N", help="timed runs of each command")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_startup")
 
     p = sub.add_parser("profile", help="prepare a model for sparse hybrid decoding (statistics, "
                                       "predictors, placement); writes a profile artifact")

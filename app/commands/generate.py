@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..process_clock import TimingsReport
 from .common import load_engine, print_json, read_prompt
 
 
@@ -21,12 +22,16 @@ def run(args) -> int:
         ids = engine.encode_chat(messages + [ChatMessage("user", prompt)])
     else:
         ids = engine.encode(prompt)
+    report = TimingsReport.from_env()  # EMBER_REPORT_TIMINGS=path: `ember bench startup`
     done = None
     for event in engine.stream(ids, sampling=sampling, max_tokens=args.max_tokens,
                                stop=tuple(args.stop), ignore_eos=args.ignore_eos):
-        if isinstance(event, TokenEvent) and not args.json:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+        if isinstance(event, TokenEvent):
+            if report and event.token_id is not None:
+                report.mark("first_token")
+            if not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
         elif isinstance(event, DoneEvent):
             done = event
     t = done.timings
@@ -62,6 +67,9 @@ def run(args) -> int:
         if hybrid is not None:
             _print_hybrid(hybrid)
     engine.close()
+    if report:
+        report.write(generated_tokens=len(done.token_ids),
+                     prompt_tokens=len(done.prompt_token_ids))
     return 0
 
 
