@@ -112,6 +112,19 @@ def available() -> bool:
     return module is not None and hasattr(module, "DecoderStep")
 
 
+def layer_attention(layers: list[DecoderLayer]):
+    """A function (i, x, k_pool, v_pool, read_slots, cos, sin) -> (x + attention, the FFN's
+    normed input) running layer i's attention sub-layer alone, for a runtime that computes
+    each FFN itself (the hybrid split); the same bits as that layer's part of a full pass."""
+    module = cpu_extension.load()
+    if module is None or not hasattr(module, "DecoderStep"):
+        return lambda i, *args: attention_reference(layers[i], *args)
+    native = module.DecoderStep()
+    for layer in layers:
+        native.add_layer(*_native_layer(layer))
+    return native.run_attention
+
+
 def decoder_step(layers: list[DecoderLayer]):
     """A function (x, k_pool, v_pool, slots, cos, sin) -> x running every layer over T rows
     in one C++ call (see `decoder_step_reference`, which it matches bit for bit)."""

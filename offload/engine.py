@@ -23,7 +23,7 @@ from .device import resolve_device, set_threads
 from .events import DoneEvent, Timings, TokenEvent
 from .hybrid_setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
                            profile_chooser, profile_predictors, resolve_cold_dtype,
-                           restore_dense)
+                           restore_dense, split_ffns)
 from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
 from .lm_head import choose_lm_head
 from .memory_plan import SPLITS
@@ -102,13 +102,17 @@ class Engine:
         n_ctx = min(options.n_ctx, loaded.config.context_length)
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
                                options.kv_block_size)
-        self.hybrid = self._split_ffn(loaded, options)
-        compute = self.device if self.hybrid is None else self.hybrid.attention_device
-        if self.hybrid is None and runs_on_file_blocks(options, compute):
-            # The file's own blocks, in a model this engine owns (nothing shared is rewired).
-            self.model = QuantModel(loaded.source)
+        # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
+        # hybrid split slices its FFN rows from them too.
+        blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, self.device) else None
+        self.hybrid = self._split_ffn(loaded, options, blocks)
+        if blocks is not None:
+            if self.hybrid is not None:
+                blocks.use_ffns(self.hybrid.layers)
+            self.model, compute = blocks, blocks.device
             self.weights, self.lm_head = "native", self.model.head.stored.qtype_name.lower()
         else:
+            compute = self.device if self.hybrid is None else self.hybrid.attention_device
             self.model = self._float_model(loaded, options, compute)
         self.tokenizer = loaded.tokenizer
         self.stop_ids = set(loaded.source.stop_ids)
@@ -124,8 +128,8 @@ class Engine:
 
     def _float_model(self, loaded: LoadedModel, options: EngineOptions, compute):
         """The shared float32 Transformer with the runtime pieces swapped in: the path for
-        `--weights fp32/q8`, a GPU device and the hybrid split (which still slice float rows).
-        Sets the weights and LM head in use."""
+        `--weights fp32/q8` and a GPU device (with or without a hybrid split). Sets the
+        weights and LM head in use."""
         if self.hybrid is None:
             use_body(loaded.model, "fp32")  # an earlier engine's q8 body off
             restore_dense(loaded.model)
@@ -137,8 +141,10 @@ class Engine:
             model.head = HostLMHead(model.head)
         return model
 
-    def _split_ffn(self, loaded: LoadedModel, options: EngineOptions) -> HybridModel | None:
-        """Split FFN layers by the GPU-tier plan (None: no split)."""
+    def _split_ffn(self, loaded: LoadedModel, options: EngineOptions,
+                   blocks: QuantModel | None) -> HybridModel | None:
+        """Split FFN layers by the GPU-tier plan (None: no split): rows from the file's
+        `blocks` when the engine runs on them, else from the float32 model's FFNs."""
         profile, path = None, options.profile
         if path == "auto":  # the one `ember profile` wrote for this model, if any
             found = default_profile_path(self.loaded.source.fingerprint)
@@ -152,8 +158,6 @@ class Engine:
         self.profile_quality = None if profile is None else _profile_quality(profile)
         if options.gpu_budget is None and options.split == "auto" and profile is None:
             return None
-        model = loaded.model
-        use_body(model, "fp32")  # an earlier engine's q8 body off: split the float32 FFNs
         if options.gpu_budget is None and options.split != "auto":
             raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
         kv_bytes = self.kv_plan.device_blocks * self.kv_plan.block_bytes
@@ -163,14 +167,19 @@ class Engine:
             budget, split = options.gpu_budget, options.split
         predictors = None if profile is None else profile_predictors(profile, self.loaded.config)
         sparse = predictors is not None and options.ffn_mode != "dense"
-        hybrid = build_hybrid(
-            model, budget, self.device, kv_bytes, split,
-            resolve_cold_dtype(options.cold_dtype, options.weights),
+        how = dict(
+            split=split, cold_dtype=resolve_cold_dtype(options.cold_dtype, options.weights),
             preferred=None if profile is None else profile.placement,
             neuron_order=None if profile is None else profile.neuron_order(),
             predictor_bytes=0 if predictors is None else predictors.nbytes,
             choose=None if profile is None else profile_chooser(profile, predictors, sparse,
                                                                      self.loaded.config))
+        if blocks is not None:
+            hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, self.device,
+                                kv_bytes, **how)
+        else:
+            use_body(loaded.model, "fp32")  # an earlier engine's q8 body off: float FFNs
+            hybrid = build_hybrid(loaded.model, budget, self.device, kv_bytes, **how)
         if sparse:
             attach_predictors(hybrid, predictors, profile.bias)
         return hybrid

@@ -24,9 +24,10 @@ from torch import nn
 
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
 from ember.kernels.sparse_ffn import SparseFFNWeights, dense_ffn, sparse_ffn
-from ember.models.transformer import FeedForward, activate
+from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
+from .ffn_rows import as_rows
 
 # x (T, hidden) on the host -> cold-local neuron indices to compute (sorted int64), or None
 # for all of them.
@@ -64,28 +65,24 @@ class HybridFFN(nn.Module):
         object.__setattr__(self, "source", None)
 
     @classmethod
-    def split(cls, ffn: FeedForward, layer: int, hot_idx: np.ndarray, gpu: torch.device,
+    def split(cls, ffn, layer: int, hot_idx: np.ndarray, gpu: torch.device,
               worker: CpuWorker, cold_dtype: str = "fp32",
               selector: Selector | None = None) -> "HybridFFN":
-        """Slice a dense FeedForward ((in, out) weights on the host) into its two homes."""
-        size = ffn.up.shape[1]
+        """Slice one FFN layer into its two homes. `ffn`: a float FeedForward ((in, out)
+        weights on the host) or a row source (offload/ffn_rows.py: the file's blocks)."""
+        rows = as_rows(ffn)
+        size = rows.ffn_size
         hot_idx = np.asarray(hot_idx, dtype=np.int64)
         mask = np.ones(size, dtype=bool)
         mask[hot_idx] = False
         cold_idx = np.flatnonzero(mask).astype(np.int64)
-
-        def rows(weight_in_out, idx):  # (in, out) columns -> neuron-major rows (n, hidden)
-            return None if weight_in_out is None else weight_in_out[:, idx].t()
-
         hot = cold = None
         if hot_idx.size:
-            h = torch.from_numpy(hot_idx)
-            hot = HotFFNWeights.from_rows(rows(ffn.gate, h), rows(ffn.up, h),
-                                          ffn.down[h], ffn.activation, gpu)
+            gate, up, down_nm = rows.neuron_rows(torch.from_numpy(hot_idx))
+            hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu)
         if cold_idx.size:
-            c = torch.from_numpy(cold_idx)
-            cold = SparseFFNWeights.from_rows(rows(ffn.gate, c), rows(ffn.up, c), ffn.down[c],
-                                              ffn.activation, cold_dtype)
+            gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
+            cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation, cold_dtype)
         return cls(layer, size, hot_idx, cold_idx, hot, cold, worker, selector)
 
     # -- the per-token path -------------------------------------------------------------
@@ -129,11 +126,12 @@ class HybridFFN(nn.Module):
     def _compensate(self, out: torch.Tensor) -> torch.Tensor:
         return out if self.bias is None else out + self.bias
 
-    def dense_fallback(self) -> FeedForward | None:
-        """The dense module to run instead, when this layer computes every neuron on the host
-        anyway (nothing hot, no selector): it may have a faster dense path (the Q8_0 body's)
-        than the neuron bundles."""
-        if self.hot is None and self.selector is None and isinstance(self.source, FeedForward):
+    def dense_fallback(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The dense twin to run instead (`source`: the float FeedForward, or the file's
+        blocks), when this layer computes every neuron on the host anyway (nothing hot, no
+        selector): it has a faster dense path (the Q8_0 body's, or the file's blocks) than
+        the neuron bundles."""
+        if self.hot is None and self.selector is None:
             return self.source
         return None
 
@@ -153,6 +151,14 @@ class HybridFFN(nn.Module):
 
     def host_bytes(self) -> int:
         return 0 if self.cold is None else self.cold.nbytes()
+
+    def down_nm_bytes(self) -> int:
+        """Bytes of the neuron-major down rows both sides hold: derived from the file's
+        (hidden, ffn) down, not a view of it (the hot tier's fp32 rows, the cold bundles'
+        int8 rows and scales or fp32 rows)."""
+        hot = 0 if self.hot is None else self.hot.down.numel() * self.hot.down.element_size()
+        cold = 0 if self.cold is None else self.cold.nbytes() // self.cold.nrows
+        return hot + cold
 
 
 def masked_rows_ffn(x: torch.Tensor, w: SparseFFNWeights, mask: torch.Tensor) -> torch.Tensor:

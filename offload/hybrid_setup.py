@@ -1,9 +1,14 @@
 """Turn a loaded dense model into a hybrid one: plan the GPU tier, split every FFN layer.
 
-The engine calls `build_hybrid` before moving anything to a device: FFN layers are sliced on
-the host straight into their homes (hot rows to the GPU tier, cold rows stay in host RAM),
-then attention and norms go to the tier the plan chose. The dense FFN modules are kept on
-the host (not on any device) so another engine can split the same loaded model differently.
+`split_ffns` plans the GPU tier and slices each FFN layer straight into its homes (hot rows
+to the GPU tier, cold rows stay in host RAM), one layer at a time, from the file's blocks
+(an engine on them, offload/quant_model.py) or from the float32 model's FFNs; it changes
+nothing it reads, so engines on one file stay independent.
+
+`build_hybrid` is the legacy path on the float32 `Transformer` (`--weights fp32/q8`, a GPU
+device): it installs the split layers in the model's blocks before anything moves to a
+device, keeping each dense FFN on the host as the layer's `source` so another engine can
+split the same loaded model differently (`restore_dense`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from ember.kernels import q8_matmul
 from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
+from .ffn_rows import as_rows
 from .hybrid_ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 
@@ -41,6 +47,7 @@ class HybridModel:
     layers: list[HybridFFN]
     worker: CpuWorker
     gpu: torch.device  # the GPU tier's device (the CPU when there is no GPU)
+    cold_dtype: str = "fp32"  # the cold bundles' rows: "fp32" or "int8"
 
     @property
     def attention_device(self) -> torch.device:
@@ -60,6 +67,9 @@ class HybridModel:
             "gpu_ffn_bytes": sum(layer.gpu_bytes() for layer in self.layers),
             "gpu_ffn_bytes_per_layer": [layer.gpu_bytes() for layer in self.layers],
             "host_ffn_bytes": sum(layer.host_bytes() for layer in self.layers),
+            "host_ffn_dtype": self.cold_dtype,
+            # Of both sides' bytes: down made neuron-major (derived from the file, not a view).
+            "down_neuron_major_bytes": sum(layer.down_nm_bytes() for layer in self.layers),
             "computed_fraction_per_layer": [None if c is None else round(c, 4) for c in computed],
             "sparsity": None if not known else round(1 - sum(known) / len(known), 4),
         }
@@ -82,7 +92,24 @@ def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_byt
                  split: str = "auto", cold_dtype: str = "fp32", preferred=None,
                  neuron_order=None, selectors: list[Selector | None] | None = None,
                  predictor_bytes: int = 0, choose=None) -> HybridModel:
-    """Plan `budget` bytes of GPU tier and split the model's FFN layers accordingly.
+    """Split the float32 model's FFN layers (`split_ffns`) and install them in its blocks:
+    the legacy path, on a shared Transformer (`restore_dense` undoes it)."""
+    restore_dense(model)
+    dense = [dense_ffn_of(block) for block in model.blocks]
+    hybrid = split_ffns(model.cfg, dense, budget, gpu, kv_pool_bytes, split, cold_dtype,
+                        preferred, neuron_order, selectors, predictor_bytes, choose)
+    for block, layer in zip(model.blocks, hybrid.layers):
+        block.ffn = layer
+    return hybrid
+
+
+def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: int,
+               split: str = "auto", cold_dtype: str = "fp32", preferred=None,
+               neuron_order=None, selectors: list[Selector | None] | None = None,
+               predictor_bytes: int = 0, choose=None) -> HybridModel:
+    """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
+    shared: `ffns` are per layer float FeedForwards or row sources (offload/ffn_rows.py, e.g.
+    the file's blocks), read and left as they are.
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
     if cold_dtype not in COLD_CHOICES:
@@ -91,21 +118,21 @@ def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_byt
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "
                           f"{', '.join(COLD_CHOICES)}")
     cold_dtype = resolve_cold_dtype(cold_dtype)
-    restore_dense(model)
-    cfg = model.cfg
     sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes)
     plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
     worker = CpuWorker()
     layers = []
-    for i, block in enumerate(model.blocks):
-        dense = dense_ffn_of(block)
-        hybrid = HybridFFN.split(dense, i, plan.placement.hot[i], gpu, worker, cold_dtype,
-                                 None if selectors is None else selectors[i])
-        # A plain attribute, not a submodule: `.to(device)` never moves the dense copy.
-        object.__setattr__(hybrid, "source", dense)
-        block.ffn = hybrid
+    for i, ffn in enumerate(ffns):
+        rows = as_rows(ffn)
+        try:  # one layer's derived rows at a time (the file's down, made neuron-major)
+            hybrid = HybridFFN.split(rows, i, plan.placement.hot[i], gpu, worker, cold_dtype,
+                                     None if selectors is None else selectors[i])
+        finally:
+            rows.release()
+        # A plain attribute, not a submodule: `.to(device)` never moves the dense twin.
+        object.__setattr__(hybrid, "source", rows.dense)
         layers.append(hybrid)
-    return HybridModel(plan, layers, worker, gpu)
+    return HybridModel(plan, layers, worker, gpu, cold_dtype)
 
 
 class HostLMHead(torch.nn.Module):

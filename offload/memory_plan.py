@@ -56,6 +56,21 @@ def neuron_bytes(hidden: int, gated: bool) -> int:
     return (3 if gated else 2) * hidden * FP32
 
 
+def cold_neuron_bytes(hidden: int, gated: bool, cold_dtype: str) -> int:
+    """Host bytes of one cold neuron's bundle (kernels/ffn_bundles.py): its gate (if any), up
+    and down rows, int8 with an fp32 scale each or fp32. Derived from the file (its down made
+    neuron-major), so charged on top of the mapped file."""
+    per_row = hidden + 4 if cold_dtype == "int8" else hidden * FP32
+    return (3 if gated else 2) * per_row
+
+
+def host_ffn_bytes(cfg: ModelConfig, placement: Placement, cold_dtype: str) -> int:
+    """Host RAM the cold neurons' bundles take under `placement`."""
+    per = cold_neuron_bytes(cfg.hidden_size, cfg.gated, cold_dtype)
+    return sum((placement.ffn_sizes[i] - placement.hot_count(i)) * per
+               for i in range(placement.n_layers))
+
+
 def workspace_bytes(cfg: ModelConfig, chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
     """Activations of one prefill chunk through one layer: the tier's working space."""
     width = 2 * cfg.hidden_size + (2 if cfg.gated else 1) * cfg.ffn_size
@@ -103,8 +118,9 @@ class MemoryPlan:
             **self.placement.summary(),
         }
 
-    def describe(self) -> list[str]:
-        """Human-readable lines for `ember info --gpu-budget` and `generate --verbose`."""
+    def describe(self, host_ffn: tuple[int, str] | None = None) -> list[str]:
+        """Human-readable lines for `ember info --gpu-budget` and `generate --verbose`;
+        `host_ffn`: (bytes, dtype) of the cold bundles, when known, for one more line."""
         lines = [f"GPU tier budget {format_size(self.budget)} ({self.split}): "
                  f"{format_size(self.gpu_bytes)} planned"]
         present = {"workspace": True, "attention": True, "kv_pool": True,
@@ -117,6 +133,10 @@ class MemoryPlan:
                      "per layer " + " ".join(f"{f:.0%}" for f in fractions))
         lines.append(f"  hot FFN neurons: {self.placement.total_hot_fraction():.1%} overall, "
                      + per_layer)
+        if host_ffn is not None:
+            lines.append(f"  cold FFN rows in host RAM: {format_size(host_ffn[0])} of "
+                         f"{host_ffn[1]} bundles, derived from the file (down made "
+                         "neuron-major), beside its mapped weights")
         return lines
 
 

@@ -258,20 +258,22 @@ def _check_with_recall_escalation(loaded, profile: Profile, predictor_set, colle
 
 def check_quality(loaded: LoadedModel, artifact: Path, held_out: list[int],
                   options: ProfileOptions, say: Say) -> dict:
-    """Stage 6: the artifact loaded as `--profile` loads it, against the dense model on the
-    held-out tokens: perplexity, top-1 agreement (teacher-forced), greedy continuation match
+    """Stage 6: the artifact loaded as `--profile` loads it, against a dense engine (the
+    same runtime, every neuron computed) on the held-out tokens: perplexity, top-1 agreement (teacher-forced), greedy continuation match
     and the measured sparsity of decoding."""
     from ember.predictors.passes import score
 
     from .engine import Engine, EngineOptions
     from .sampler import GREEDY
 
-    model, bos = loaded.model, loaded.tokenizer.bos_id
+    bos = loaded.tokenizer.bos_id
     length = segment_length(loaded.config, options)
-    restore_dense(model)
-    dense_scores = score(model, held_out, length, bos)
+    restore_dense(loaded.model)
     prompt = ([bos] if bos is not None else []) + held_out[:32]
+    # Both sides scored on the engines' own models (the file's blocks where the engine runs
+    # on them): the ratio then measures the sparsity alone, not also the weights' format.
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=options.n_ctx))
+    dense_scores = score(dense.model, held_out, length, bos)
     dense_ids = dense.generate(prompt, sampling=GREEDY, max_tokens=options.check_tokens,
                                ignore_eos=True).token_ids
     say("check", "dense reference done")
@@ -280,7 +282,7 @@ def check_quality(loaded: LoadedModel, artifact: Path, held_out: list[int],
     try:
         for layer in sparse.hybrid.layers:
             layer.sparse_rows = True
-        sparse_scores = score(model, held_out, length, bos)
+        sparse_scores = score(sparse.model, held_out, length, bos)
         for layer in sparse.hybrid.layers:
             layer.sparse_rows = False
         sparse.hybrid.reset_counters()

@@ -111,7 +111,8 @@ def use_body(model: Transformer, choice: str = "auto") -> str:
         ffn = block.ffn
         if type(ffn) is not FeedForward:  # a split FFN: its dense twin, where it runs one
             ffn = getattr(ffn, "dense_fallback", lambda: None)()
-        if ffn is not None and ffn.fast is None and _fits(ffn.gate, ffn.up, ffn.down):
+        if (isinstance(ffn, FeedForward) and ffn.fast is None
+                and _fits(ffn.gate, ffn.up, ffn.down)):
             ffn.fast = BlockFeedForward(ffn)
         if block.fast is None and fused_block.applies(block):
             block.fast = fused_block.FusedBlock(block)

@@ -8,9 +8,10 @@ one exception is a tensor of a type without a native kernel (Q2_K, Q3_K, IQ*...)
 requantized to Q8_0 once, reported by `derived` and logged.
 
 A decoded token, a prompt chunk and a speculative tree's rows all go through one call per pass
-(`kernels.decoder_step`); the float32 `Transformer` (models/transformer.py) is the reference
-this is tested against. Same interface as it where the runner needs one: `hidden`, `logits`,
-`embed`, `new_cache`, `cfg`, `device`.
+(`kernels.decoder_step`), unless an engine split the FFNs (hot rows on the GPU tier, cold ones
+for the sparse kernel, sliced from these blocks: `use_ffns`); the float32 `Transformer`
+(models/transformer.py) is the reference this is tested against. Same interface as it where
+the runner needs one: `hidden`, `logits`, `embed`, `new_cache`, `cfg`, `device`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from ember.kernels import block_matmul as bm
 from ember.kernels import decoder_step, q8_matmul
-from ember.kernels.fused_ops import rms_norm
+from ember.kernels.fused_ops import residual_norm, rms_norm
 from ember.models.config import ModelConfig
 from ember.models.kv import ContiguousKVCache, KVCache
 from ember.models.loader import ModelSource
@@ -30,6 +31,8 @@ from ember.models.rotary import Rotary
 from ember.models.transformer import softcap
 from ember.models.tree_rows import TreeRows, tree_positions
 from ember.models.weights import QTensor, WeightStore
+
+from .ffn_rows import FileFFNRows
 
 log = logging.getLogger("ember.runtime")
 
@@ -83,13 +86,14 @@ class BlockLMHead:
 
 
 class QuantModel:
-    # Every op is row by row in a fixed order: a row's result does not depend on how many
-    # rows share the pass, so speculative tree rows can be verified in one pass.
-    batch_invariant = True
-
     def __init__(self, source: ModelSource):
         cfg, w = source.config, source.weights
         self.cfg, self.device = cfg, CPU
+        # Every op is row by row in a fixed order: a row's result does not depend on how
+        # many rows share the pass, so speculative tree rows can be verified in one pass.
+        # (Not so once the FFNs are split: see `use_ffns`.)
+        self.batch_invariant = True
+        self.ffns: list | None = None  # per layer FFN modules replacing the blocks' own
         self.derived: dict[str, int] = {}  # tensors requantized at load: name -> bytes
         h = cfg.hidden_size
         self.embedding = w.get("token_embd.weight", (cfg.vocab_size, h))
@@ -111,6 +115,25 @@ class QuantModel:
             log.warning("ember: %s tensors are not read natively; %d of them were requantized "
                         "to Q8_0 at load (%.1f MB)", "/".join(kinds), len(self.derived),
                         sum(self.derived.values()) / 1e6)
+
+    def ffn_rows(self) -> list[FileFFNRows]:
+        """Each layer's FFN in the file's blocks, as a hybrid split reads its rows."""
+        return [FileFFNRows(layer.gate_up, layer.down, layer.activation) for layer in self.layers]
+
+    def use_ffns(self, ffns: list) -> None:
+        """From now on each layer's FFN is `ffns[i]` (h (T, hidden) -> (T, hidden): a
+        HybridFFN, hot rows on the GPU tier and cold rows on the host): attention still runs
+        on the file's blocks, one C++ call per layer, and the FFN in between. Called once, by
+        the engine that built this model, before it runs.
+
+        The hybrid FFN is not batch-invariant (its hot side is a float matmul, and a T-row
+        pass computes every cold neuron where one row computes the predicted ones), so
+        speculative tree rows then go through one at a time, each exactly as decoded."""
+        if len(ffns) != len(self.layers):
+            raise ValueError(f"{len(ffns)} FFNs for {len(self.layers)} layers")
+        self.ffns = list(ffns)
+        self.batch_invariant = False
+        self._attention = decoder_step.layer_attention(self.layers)
 
     def _layer(self, w: WeightStore, i: int) -> decoder_step.DecoderLayer:
         cfg, p, h, hd = self.cfg, f"blk.{i}.", self.cfg.hidden_size, self.cfg.head_dim
@@ -161,10 +184,22 @@ class QuantModel:
         if tree is None:
             cache.reserve(T)
         slots, cos, sin = self._row_inputs(start, T, cache, tree)
-        x = self._run(self.embed(ids), *cache.pools(), slots, cos, sin)
+        if self.ffns is None:
+            x = self._run(self.embed(ids), *cache.pools(), slots, cos, sin)
+        else:
+            x = self._layer_by_layer(self.embed(ids), *cache.pools(), slots, cos, sin)
         if tree is None:
             cache.commit(T)
         return rms_norm(x, self.output_norm, self.cfg.rms_eps)
+
+    def _layer_by_layer(self, x, k_pool, v_pool, slots, cos, sin) -> torch.Tensor:
+        """The split model's pass: per layer, attention in C++ then the layer's own FFN and
+        the residual step (what DecoderStep does after its own FFN)."""
+        for i, (layer, ffn) in enumerate(zip(self.layers, self.ffns)):
+            mid, h = self._attention(i, x, k_pool, v_pool, slots[i], cos[i], sin[i])
+            x = residual_norm(mid, ffn(h).contiguous(), layer.post_ffn_norm, None,
+                              layer.eps)[0]
+        return x
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -202,9 +237,22 @@ class QuantModel:
         """Bytes of weights one decode step reads: every projection of every layer and the LM
         head, as stored (norms and the embedding row are under 0.1%)."""
         total = self.head.stored.nbytes
-        for layer in self.layers:
-            total += sum(t.nbytes for t in (*layer.qkv, layer.wo, *layer.gate_up, layer.down))
+        for i, layer in enumerate(self.layers):
+            total += sum(t.nbytes for t in (*layer.qkv, layer.wo))
+            if self.ffns is None:
+                total += sum(t.nbytes for t in (*layer.gate_up, layer.down))
+            else:  # a split layer: both sides in full (a dense step; sparse ones read less)
+                total += split_ffn_bytes(self.ffns[i])
         return total
+
+
+def split_ffn_bytes(ffn) -> int:
+    """Bytes a HybridFFN reads for a dense token: its dense twin's (the file's blocks) when
+    it runs that, else its hot rows and cold bundles."""
+    dense = ffn.dense_fallback()
+    if dense is not None:
+        return dense.nbytes
+    return ffn.gpu_bytes() + ffn.host_bytes()
 
 
 def file_bytes_per_token(cfg: ModelConfig, weights: WeightStore) -> int:

@@ -2,11 +2,12 @@
 machine is a clear error with the numbers instead of an OOM kill halfway through loading.
 
 Needed: the weights as the engine will hold them (the file's own bytes, memory-mapped, when it
-runs on the file's blocks; 4 bytes a parameter when it builds the float32 model: `--weights
-fp32/q8`, a GPU device, the hybrid split), the KV pools the engine will allocate (`plan_kv`:
-the device pool and the host pool for swapped-out conversations), and a fixed allowance for
-the runtime. On a CUDA device the weights and the device pool must also fit in free GPU
-memory; host RAM still holds the fp32 weights while they are built.
+runs on the file's blocks, plus the FFN rows a hybrid split derives from them; 4 bytes a
+parameter when it builds the float32 model: `--weights fp32/q8`, a GPU device), the KV pools
+the engine will allocate (`plan_kv`: the device pool and the host pool for swapped-out
+conversations), and a fixed allowance for the runtime. On a CUDA device the weights and the
+device pool must also fit in free GPU memory; host RAM still holds the fp32 weights while
+they are built.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
         weights, held = memory["weights_fp32_bytes"], "as fp32"
     else:
         weights, held = memory["weights_bytes"], "as stored in the file"
+        split = split_rows_bytes(source, options, device)
+        if split:
+            weights += split
+            held += f" + {split / GIB:.2f} GiB of FFN rows the hybrid split derives"
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
     host_need = weights + host_kv + (0 if on_gpu else device_kv) + RUNTIME_ALLOWANCE
@@ -65,17 +70,42 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
             _require(f"GPU memory on {device}", weights + device_kv, free, detail)
 
 
-def builds_float_model(source: ModelSource, options, device: torch.device) -> bool:
-    """Whether an engine with `options` builds the float32 model instead of running on the
-    file's blocks (see Engine.__init__)."""
+def splits_ffns(source: ModelSource, options) -> bool:
+    """Whether an engine with `options` splits its FFNs (a GPU-tier budget or split, or a
+    profile, given or found for this model)."""
     from .profile_artifact import default_profile_path
-    from .quant_model import runs_on_file_blocks
 
     profile = options.profile
     if profile == "auto":
         profile = profile if default_profile_path(source.fingerprint).is_file() else None
-    hybrid = (options.gpu_budget is not None or options.split != "auto" or profile is not None)
-    return hybrid or not runs_on_file_blocks(options, device)
+    return options.gpu_budget is not None or options.split != "auto" or profile is not None
+
+
+def builds_float_model(source: ModelSource, options, device: torch.device) -> bool:
+    """Whether an engine with `options` builds the float32 model instead of running on the
+    file's blocks (see Engine.__init__); a hybrid split on the file's blocks does not."""
+    from .quant_model import runs_on_file_blocks
+
+    return not runs_on_file_blocks(options, device)
+
+
+def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
+    """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
+    (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
+    float hot rows (within --gpu-budget). 0 without a split."""
+    from .hybrid_setup import resolve_cold_dtype
+    from .memory_plan import cold_neuron_bytes, neuron_bytes
+
+    if not splits_ffns(source, options):
+        return 0
+    cfg = source.config
+    neurons = cfg.n_layers * cfg.ffn_size
+    cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated,
+                                       resolve_cold_dtype(options.cold_dtype, options.weights))
+    hot = 0
+    if device.type == "cpu" and options.gpu_budget is not None:
+        hot = min(options.gpu_budget, neurons * neuron_bytes(cfg.hidden_size, cfg.gated))
+    return cold + hot
 
 
 def _require(what: str, need: int, available: int, detail: str) -> None:

@@ -278,11 +278,15 @@ def test_generate_with_gpu_budget_reports_the_split(capsys, tiny_gemma_gguf):
     assert len(hybrid["hot_fraction_per_layer"]) == 6 and 0 < hybrid["hot_fraction"] < 1
     assert hybrid["gpu_bytes"] <= 1_000_000
     assert result["token_ids"] == dense["token_ids"] and dense["hybrid"] is None
+    # What the split derived from the file: the cold bundles, and down made neuron-major.
+    assert hybrid["host_ffn_bytes"] > 0 and hybrid["host_ffn_dtype"] in ("int8", "fp32")
+    assert 0 < hybrid["down_neuron_major_bytes"] < hybrid["host_ffn_bytes"] + hybrid["gpu_bytes"]
 
 
 def test_info_prints_the_gpu_plan_and_rejects_impossible_budgets(capsys, tiny_gemma_gguf):
     code, out, _ = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "2MB")
     assert code == 0 and "GPU tier budget" in out and "hot FFN neurons" in out
+    assert "cold FFN rows in host RAM" in out  # derived bytes, beside the mapped file
     code, _, err = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "10KB")
     assert code == 2 and "below the minimum" in err
     code, _, err = _cli(capsys, "generate", "x", "--model", str(tiny_gemma_gguf),

@@ -111,9 +111,24 @@ def test_retuned_predictors_reach_the_higher_recall(tiny_models, text_file):
             assert q.recall >= 0.99 and p.threshold <= old
 
 
-def test_profile_over_budget_escalates_recall(tmp_path, tiny_models, text_file):
+def test_profile_over_budget_escalates_recall(tmp_path, tiny_models, text_file, monkeypatch):
+    from ember.offload import profiler
+
     loaded = load_model(tiny_models["llama-relu_glu"][2])
     messages = []
+    # Dense and sparse are scored on the same runtime, so where the profiler made no
+    # predictors the ratio is exactly 1 and meets any budget: the first check is made to
+    # miss, as one with costly predictors would.
+    real, checks = profiler.check_quality, []
+
+    def first_misses(*args):
+        quality = real(*args)
+        checks.append(quality)
+        if len(checks) == 1:
+            quality = {**quality, "ppl_ratio": 2.0, "meets_quality_budget": False}
+        return quality
+
+    monkeypatch.setattr(profiler, "check_quality", first_misses)
     report = run_profile(loaded, tmp_path / "p.safetensors",
                          ProfileOptions(texts=(str(text_file),), epochs=1, quality_budget=1e-9),
                          lambda stage, msg: messages.append(msg))

@@ -50,11 +50,12 @@ def test_round_trip(tmp_path, relu_model):
 
 def test_engine_runs_sparse_from_a_profile(tmp_path, relu_model):
     ids = relu_model.tokenizer.encode("the cat sat", add_bos=True)
-    dense = Engine(relu_model, EngineOptions(device="cpu", n_ctx=64, weights="q8"))  # as hybrid
+    dense = Engine(relu_model, EngineOptions(device="cpu", n_ctx=64))  # the file's blocks
     want = dense.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True).token_ids
     # A predictor that says "everything is active" must compute what dense does (float32 host
-    # rows against the Q8_0 dense body: the same sums up to rounding, so logits, not this
-    # random model's near-tie greedy tokens, are compared)...
+    # rows against the file's blocks, which the split engine's attention also runs on: the
+    # same sums up to rounding, so logits, not this random model's near-tie greedy tokens,
+    # are compared)...
     every = _profile(relu_model, -1e30).save(tmp_path / "all.safetensors")
     eng = Engine(relu_model, EngineOptions(device="cpu", n_ctx=64, profile=str(every),
                                            cold_dtype="fp32"))

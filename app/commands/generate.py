@@ -83,6 +83,10 @@ def _print_hybrid(hybrid: dict) -> None:
     print(f"ember: {hybrid['hot_fraction']:.1%} of FFN neurons hot on the GPU tier "
           f"({hybrid['gpu_tier_device']}, {hybrid['gpu_bytes'] / 2**20:.1f} MiB{of}){measured}",
           file=sys.stderr)
+    print(f"ember: cold FFN rows {hybrid['host_ffn_bytes'] / 2**20:.1f} MiB in host RAM "
+          f"({hybrid['host_ffn_dtype']}); down made neuron-major for the split: "
+          f"{hybrid['down_neuron_major_bytes'] / 2**20:.1f} MiB of both sides' rows",
+          file=sys.stderr)
     check = (hybrid.get("profile") or {}).get("check")
     if check:
         print(f"ember: profile check on held-out text: perplexity x{check['ppl_ratio']:.3f} of "

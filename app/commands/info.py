@@ -17,7 +17,8 @@ def run(args) -> int:
     s = summarize(source, args.ctx_size)
     plan = _gpu_plan(source.config, args)
     if plan is not None:
-        s["gpu_plan"] = plan.to_dict()
+        rows, dtype = _host_rows(source.config, plan)
+        s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype}
     if args.json:
         print_json(s)
         return 0
@@ -38,10 +39,19 @@ def run(args) -> int:
           f"{_mib(m['weights_bytes'])} + KV cache {_mib(m['kv_cache_bytes'])} at "
           f"{m['kv_cache_ctx']} tokens")
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
-          "--weights fp32, a GPU device or --gpu-budget)")
+          "--weights fp32/q8 or a GPU device)")
     if plan is not None:
-        print("\n".join("  " + line for line in plan.describe()))
+        print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
     return 0
+
+
+def _host_rows(cfg, plan) -> tuple[int, str]:
+    """(bytes, dtype) of the cold FFN bundles an engine with default options derives: int8
+    with the C++ kernels (asking whether they are built would build them, and `info` must
+    stay quick)."""
+    from ember.offload.memory_plan import host_ffn_bytes
+
+    return host_ffn_bytes(cfg, plan.placement, "int8"), "int8"
 
 
 def _gpu_plan(cfg, args):

@@ -151,6 +151,8 @@ def sample_hybrid_report(n_layers: int = KV_LAYERS, ffn_size: int = 2048,
         "gpu_ffn_bytes": sum(hot) * neuron,
         "gpu_ffn_bytes_per_layer": [h * neuron for h in hot],
         "host_ffn_bytes": sum(ffn_size - h for h in hot) * neuron,
+        "host_ffn_dtype": "fp32",
+        "down_neuron_major_bytes": n_layers * ffn_size * neuron // 3,
         "computed_fraction_per_layer": computed,
         "sparsity": round(1 - sum(computed) / n_layers, 4) if measured else None,
     }

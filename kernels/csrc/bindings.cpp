@@ -72,5 +72,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("activation"), py::arg("post_ffn_norm"), py::arg("eps"), py::arg("scale"))
       .def("run", &DecoderStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
            py::arg("slots"), py::arg("cos"), py::arg("sin"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def("run_attention", &DecoderStep::run_attention, py::arg("layer"), py::arg("x"),
+           py::arg("k_pool"), py::arg("v_pool"), py::arg("read_slots"), py::arg("cos"),
+           py::arg("sin"), py::call_guard<py::gil_scoped_release>());
 }

@@ -100,3 +100,12 @@ at::Tensor DecoderStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
     }
     return x;
 }
+
+std::tuple<at::Tensor, at::Tensor> DecoderStep::run_attention(
+    int64_t layer, at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
+    const std::vector<at::Tensor>& read_slots, at::Tensor cos, at::Tensor sin) const {
+    TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(layers_.size()), "layer ", layer,
+                " out of range (", layers_.size(), " layers)");
+    return attention(layers_[layer], x, k_pool, v_pool, read_slots, cos.contiguous(),
+                     sin.contiguous());
+}

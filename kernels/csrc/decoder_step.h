@@ -10,6 +10,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 class DecoderStep {
@@ -32,6 +33,13 @@ class DecoderStep {
     at::Tensor run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
                    const std::vector<std::vector<at::Tensor>>& slots,
                    const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin) const;
+    // Layer `layer`'s attention sub-layer alone, for a runtime that computes the FFN itself
+    // (the hybrid split, offload/quant_model.py): returns (x + post-normed attention, the
+    // FFN's normed input). Same arguments as one layer of run().
+    std::tuple<at::Tensor, at::Tensor> run_attention(int64_t layer, at::Tensor x,
+                                                     at::Tensor k_pool, at::Tensor v_pool,
+                                                     const std::vector<at::Tensor>& read_slots,
+                                                     at::Tensor cos, at::Tensor sin) const;
 
   private:
     struct Layer {
