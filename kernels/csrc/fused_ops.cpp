@@ -16,6 +16,7 @@
 #include <ATen/ops/square.h>
 #include <c10/util/Optional.h>
 
+#include "attention_math.h"
 #include "ops.h"
 
 #include <algorithm>
@@ -210,35 +211,46 @@ void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::
     // thread's heads. Head by head, each key was a jump of a whole row (16 KiB on a 7B model)
     // and a cache miss the prefetchers could not foresee: ~10 ms of a 7B token at 192 tokens
     // of context. Each head's arithmetic is the same sequence whatever the thread or the
-    // order of heads (its scores, max, sum and output in slot order), so the bits do not
-    // depend on the split.
+    // order of heads (its scores, max, sum and output in slot order; attention_math.h), so
+    // the bits do not depend on the split.
     at::parallel_for(0, nh, 1, [&](int64_t h0, int64_t h1) {
         const int64_t n = h1 - h0;
-        std::vector<float> scores(n * S), m(n, -INFINITY), inv(n);
+        std::vector<float> scores(n * S), inv(n);
+        std::vector<int64_t> kv_off(n);  // head -> its KV head's offset in a slot's row
+        for (int64_t i = 0; i < n; ++i) kv_off[i] = (h0 + i) / group * hd;  // (no division per key)
         const float sc = (float)scale;
-        for (int64_t s = 0; s < S; ++s) {
-            const float* kr = kp + sp[s] * row;
+        int64_t s = 0;  // the keys' scores, four at a time (attention_math.h)
+        for (; s + 4 <= S; s += 4) {
+            const float* kr[4] = {kp + sp[s] * row, kp + sp[s + 1] * row, kp + sp[s + 2] * row,
+                                  kp + sp[s + 3] * row};
             for (int64_t h = h0; h < h1; ++h) {
-                const float v = dot(qp + h * hd, kr + h / group * hd, hd) * sc;
-                scores[(h - h0) * S + s] = v;
-                m[h - h0] = std::max(m[h - h0], v);
+                const int64_t off = kv_off[h - h0];
+                const float* k[4] = {kr[0] + off, kr[1] + off, kr[2] + off, kr[3] + off};
+                ember_attention::scores4(qp + h * hd, k, hd, sc, scores.data() + (h - h0) * S + s);
             }
         }
+        for (; s < S; ++s)
+            for (int64_t h = h0; h < h1; ++h)
+                scores[(h - h0) * S + s] =
+                    ember_attention::score1(qp + h * hd, kp + sp[s] * row + kv_off[h - h0], hd, sc);
         for (int64_t i = 0; i < n; ++i) {
             float* si = scores.data() + i * S;
-            float total = 0.f;
-            for (int64_t s = 0; s < S; ++s) total += si[s] = std::exp(si[s] - m[i]);
-            inv[i] = 1.f / total;
+            const float m = *std::max_element(si, si + S);
+            inv[i] = 1.f / ember_attention::exp_shifted(si, S, m);
             std::fill(op + (h0 + i) * hd, op + (h0 + i + 1) * hd, 0.f);
         }
-        for (int64_t s = 0; s < S; ++s) {
-            const float* vrow = vp + sp[s] * row;
+        // Values in runs of keys: each head's output stays in registers for a run, and the
+        // run's value rows (up to 16 pool rows) stay in cache while the heads pass over them.
+        constexpr int64_t RUN = 16;
+        float p[RUN];
+        const float* v[RUN];
+        for (int64_t j0 = 0; j0 < S; j0 += RUN) {
+            const int64_t m = std::min(RUN, S - j0);
             for (int64_t h = h0; h < h1; ++h) {
-                const float* vr = vrow + h / group * hd;
-                const float p = scores[(h - h0) * S + s] * inv[h - h0];
-                float* oh = op + h * hd;
-#pragma omp simd
-                for (int64_t i = 0; i < hd; ++i) oh[i] += p * vr[i];
+                const float* ph = scores.data() + (h - h0) * S + j0;
+                for (int64_t j = 0; j < m; ++j)
+                    p[j] = ph[j] * inv[h - h0], v[j] = vp + sp[j0 + j] * row + kv_off[h - h0];
+                ember_attention::accumulate(op + h * hd, p, v, m, hd);
             }
         }
     });
