@@ -175,8 +175,11 @@ class Engine:
             choose=None if profile is None else profile_chooser(profile, predictors, sparse,
                                                                      self.loaded.config))
         if blocks is not None:
+            # Layers no predictor gates compute every cold neuron: with nothing hot they run
+            # on the file's blocks, with no bundles derived.
+            gates = predictors.predict if sparse else [None] * len(blocks.layers)
             hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, self.device,
-                                kv_bytes, **how)
+                                kv_bytes, ungated=[g is None for g in gates], **how)
         else:
             use_body(loaded.model, "fp32")  # an earlier engine's q8 body off: float FFNs
             hybrid = build_hybrid(loaded.model, budget, self.device, kv_bytes, **how)

@@ -67,9 +67,13 @@ class HybridFFN(nn.Module):
     @classmethod
     def split(cls, ffn, layer: int, hot_idx: np.ndarray, gpu: torch.device,
               worker: CpuWorker, cold_dtype: str = "fp32",
-              selector: Selector | None = None) -> "HybridFFN":
+              selector: Selector | None = None, bundles: bool = True) -> "HybridFFN":
         """Slice one FFN layer into its two homes. `ffn`: a float FeedForward ((in, out)
-        weights on the host) or a row source (offload/ffn_rows.py: the file's blocks)."""
+        weights on the host) or a row source (offload/ffn_rows.py: the file's blocks).
+
+        bundles=False: no cold bundles when nothing is hot, for a layer no selector will
+        gate; it runs its dense twin (`source`) and the bundles would be derived bytes
+        never read."""
         rows = as_rows(ffn)
         size = rows.ffn_size
         hot_idx = np.asarray(hot_idx, dtype=np.int64)
@@ -80,7 +84,7 @@ class HybridFFN(nn.Module):
         if hot_idx.size:
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(hot_idx))
             hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu)
-        if cold_idx.size:
+        if cold_idx.size and (bundles or hot_idx.size or selector is not None):
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
             cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation, cold_dtype)
         return cls(layer, size, hot_idx, cold_idx, hot, cold, worker, selector)

@@ -106,10 +106,13 @@ def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_byt
 def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: int,
                split: str = "auto", cold_dtype: str = "fp32", preferred=None,
                neuron_order=None, selectors: list[Selector | None] | None = None,
-               predictor_bytes: int = 0, choose=None) -> HybridModel:
+               predictor_bytes: int = 0, choose=None,
+               ungated: list[bool] | None = None) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
     shared: `ffns` are per layer float FeedForwards or row sources (offload/ffn_rows.py, e.g.
-    the file's blocks), read and left as they are.
+    the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
+    selector, so with nothing hot it runs its dense twin and needs no cold bundles (None:
+    every layer gets them, for callers that attach selectors later).
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
     if cold_dtype not in COLD_CHOICES:
@@ -126,7 +129,8 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
         rows = as_rows(ffn)
         try:  # one layer's derived rows at a time (the file's down, made neuron-major)
             hybrid = HybridFFN.split(rows, i, plan.placement.hot[i], gpu, worker, cold_dtype,
-                                     None if selectors is None else selectors[i])
+                                     None if selectors is None else selectors[i],
+                                     bundles=ungated is None or not ungated[i])
         finally:
             rows.release()
         # A plain attribute, not a submodule: `.to(device)` never moves the dense twin.

@@ -186,6 +186,10 @@ def test_a_sparse_profile_runs_on_the_file_blocks(tmp_path, tiny_q4_k_m):
         try:
             assert isinstance(eng.model, QuantModel)
             assert eng.hybrid.layers[1].selector is not None
+            if budget is None:  # nothing hot: layer 0, ungated, runs on the file's blocks
+                assert eng.hybrid.layers[0].cold is None and eng.hybrid.layers[0].hot is None
+                assert eng.hybrid.layers[0].dense_fallback() is not None
+                assert eng.hybrid.layers[1].cold is not None
             _greedy(eng)
             assert eng.hybrid_report()["sparsity"] == 0.0
             assert _rel_err(_logits(eng.model), want) < 0.2
