@@ -14,6 +14,8 @@ import json
 import os
 import time
 
+from ember.models.atomic import atomic_write_text
+
 REPORT_ENV = "EMBER_REPORT_TIMINGS"
 
 
@@ -52,5 +54,4 @@ class TimingsReport:
         self.times.setdefault(f"{name}_s", seconds_since_start())
 
     def write(self, **extra) -> None:
-        with open(self.path, "w", encoding="utf-8") as f:
-            json.dump(self.times | extra, f)
+        atomic_write_text(self.path, json.dumps(self.times | extra))

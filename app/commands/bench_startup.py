@@ -125,20 +125,22 @@ def _read_file(path: Path) -> float:
 def _measure(cmd: list[str]) -> dict:
     """Run `cmd` to completion: wall time, the kernel's peak RSS, its timings report and its
     standard output."""
-    with tempfile.TemporaryDirectory(prefix="ember-startup-") as tmp:
+    # The child's output goes to anonymous temporary files (no pipes to drain while waiting
+    # for it with wait4, which is what gives its own peak RSS).
+    with tempfile.TemporaryDirectory(prefix="ember-startup-") as tmp, \
+            tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         report_path = os.path.join(tmp, "timings.json")
-        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         env = os.environ | {REPORT_ENV: report_path}
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            t = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    env=env)
-            _, status, usage = os.wait4(proc.pid, 0)
-            wall = time.perf_counter() - t
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-        stdout = Path(out_path).read_text(errors="replace")
+        out.seek(0)
+        stdout = out.read().decode(errors="replace")
         if proc.returncode != 0:
-            stderr = Path(err_path).read_text(errors="replace")
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
             raise EmberError(f"`{_short(cmd)}` failed (exit {proc.returncode}): "
                              f"{_last_line(stderr)}")
         timings = json.loads(Path(report_path).read_text()) if os.path.exists(report_path) else {}
