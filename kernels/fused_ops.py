@@ -82,14 +82,15 @@ def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
 
 
 def attend_slots_reference(q, k_pool, v_pool, slots, scale) -> torch.Tensor:
-    keys, values = k_pool.index_select(0, slots), v_pool.index_select(0, slots)
+    """Pools of float32 or float16 (the file-blocks runtime's), computed in float32."""
+    keys, values = k_pool.index_select(0, slots).float(), v_pool.index_select(0, slots).float()
     return attend(q[None], keys, values, None, None, None, scale)
 
 
 def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  slots: torch.Tensor, scale: float) -> torch.Tensor:
     """One query row q (n_heads, hd) against the pool rows `slots` of k_pool/v_pool
-    (rows, n_kv_heads, hd), read in place: (1, n_heads * hd)."""
+    (rows, n_kv_heads, hd; float32 or float16), read in place: (1, n_heads * hd)."""
     module = cpu_extension.load()
     if module is None:
         return attend_slots_reference(q, k_pool, v_pool, slots, scale)

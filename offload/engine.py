@@ -29,7 +29,7 @@ from .lm_head import choose_lm_head
 from .memory_plan import SPLITS
 from .profile_artifact import default_profile_path, load_profile
 from .quant_body import BODY_CHOICES, use_body
-from .quant_model import QuantModel, runs_on_file_blocks
+from .quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from .paged_kv import PagedKVCache
 from .resources import builds_float_model, memory_check
 from .runner import Runner
@@ -100,8 +100,9 @@ class Engine:
         self.loaded = loaded
         self.device = resolve_device(options.device)
         n_ctx = min(options.n_ctx, loaded.config.context_length)
+        self.kv_dtype = kv_dtype(options, self.device)
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
-                               options.kv_block_size)
+                               options.kv_block_size, self.kv_dtype.itemsize)
         # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
         # hybrid split slices its FFN rows from them too.
         blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, self.device) else None
@@ -117,7 +118,8 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.stop_ids = set(loaded.source.stop_ids)
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
-                               self.kv_plan.block_size, compute, DEFAULT_ROLLBACK_MARGIN)
+                               self.kv_plan.block_size, compute, DEFAULT_ROLLBACK_MARGIN,
+                               self.kv_dtype)
         self.runner = Runner(self.model, self.kv, n_ctx)
         self.options = options
         self.drafter, self.tree_widths = make_drafter(self, options)

@@ -58,13 +58,13 @@ class KVStats:
 class PagedKVCache:
     def __init__(self, config: ModelConfig, device_blocks: int, host_blocks: int = 0,
                  block_size: int = 16, device: torch.device | str = "cpu",
-                 rollback_margin: int = 64):
+                 rollback_margin: int = 64, dtype: torch.dtype = torch.float32):
         if block_size < 1 or device_blocks < 1 or host_blocks < 0:
             raise ValueError("block_size and device_blocks must be >= 1, host_blocks >= 0")
         dims = (block_size, config.n_kv_heads, config.head_dim)
         pin = torch.device(device).type == "cuda"
-        self.device_pool = KVPool(device_blocks, *dims, device=device)
-        self.host_pool = KVPool(host_blocks, *dims, device="cpu", pin=pin)
+        self.device_pool = KVPool(device_blocks, *dims, device=device, dtype=dtype)
+        self.host_pool = KVPool(host_blocks, *dims, device="cpu", dtype=dtype, pin=pin)
         self.block_size = block_size
         self.n_layers = config.n_layers
         self.windows = [config.window(i) for i in range(config.n_layers)]

@@ -52,6 +52,22 @@ def runs_on_file_blocks(options, device: torch.device) -> bool:
             and applies())
 
 
+# K and V in half precision on this runtime (its attention converts them on load): half the
+# bytes a long context reads and holds, as llama.cpp's default f16 cache. The float32
+# reference keeps float32.
+KV_DTYPE = torch.float16
+
+
+def kv_dtype(options=None, device: torch.device = CPU) -> torch.dtype:
+    """K/V element type of an engine with `options` (EngineOptions; None: the defaults) on
+    `device`: KV_DTYPE where it runs on the file's blocks, float32 otherwise."""
+    if options is None:
+        blocks = device.type == "cpu" and applies()
+    else:
+        blocks = runs_on_file_blocks(options, device)
+    return KV_DTYPE if blocks else torch.float32
+
+
 def readable(w: WeightStore, name: str, shape: tuple[int, int], derived: dict[str, int]) -> QTensor:
     """Tensor `name` itself when the kernel reads its type; else a Q8_0 copy (or float32 when
     its rows are not whole Q8_0 blocks), recorded in `derived` (name -> bytes). A type Ember
@@ -86,6 +102,8 @@ class BlockLMHead:
 
 
 class QuantModel:
+    kv_dtype = KV_DTYPE  # what its caches hold (new_cache; the engine's paged cache)
+
     def __init__(self, source: ModelSource):
         cfg, w = source.config, source.weights
         self.cfg, self.device = cfg, CPU
@@ -173,7 +191,7 @@ class QuantModel:
         return rows * self.cfg.embed_scale
 
     def new_cache(self, max_len: int) -> ContiguousKVCache:
-        return ContiguousKVCache(self.cfg, max_len, device=CPU)
+        return ContiguousKVCache(self.cfg, max_len, device=CPU, dtype=self.kv_dtype)
 
     @torch.inference_mode()
     def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:

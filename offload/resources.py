@@ -23,6 +23,7 @@ from ember.models.summary import summarize
 
 from .device import resolve_device
 from .kv_plan import plan_kv
+from .quant_model import kv_dtype
 
 GIB = 1 << 30
 # Activations, logits, torch's own buffers and the tokenizer: well under this for the default
@@ -44,7 +45,7 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
     cfg = source.config
     n_ctx = min(options.n_ctx, cfg.context_length)
     pools = plan_kv(cfg, n_ctx, options.kv_budget, options.kv_host_budget,
-                    options.kv_block_size).to_dict()
+                    options.kv_block_size, kv_dtype(options, device).itemsize).to_dict()
     memory = summarize(source, n_ctx)["memory"]
     if builds_float_model(source, options, device):
         weights, held = memory["weights_fp32_bytes"], "as fp32"

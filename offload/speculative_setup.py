@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from ember.models.errors import ConfigError
 
 from .drafters import LookupDrafter, ModelDrafter, SelfDrafter, check_same_tokenizer
@@ -50,7 +52,8 @@ def _draft_runner(engine, path: str):
         choose_lm_head(model, "auto")
         use_body(model, "auto")  # draft numerics need not match anything: the fastest body
     n_ctx = min(engine.n_ctx, loaded.config.context_length)
-    plan = plan_kv(loaded.config, n_ctx, None, 0, engine.kv_plan.block_size)
+    dtype = getattr(model, "kv_dtype", torch.float32)  # what the draft model's attention reads
+    plan = plan_kv(loaded.config, n_ctx, None, 0, engine.kv_plan.block_size, dtype.itemsize)
     kv = PagedKVCache(loaded.config, plan.device_blocks, plan.host_blocks, plan.block_size,
-                      engine.model.device, DEFAULT_ROLLBACK_MARGIN)
+                      engine.model.device, DEFAULT_ROLLBACK_MARGIN, dtype)
     return Runner(model, kv, n_ctx)

@@ -35,8 +35,8 @@ def report(tiny_q4_k_m):
 def test_report_sizes_and_prompt(report, tiny_q4_k_m):
     cfg, _, path = tiny_q4_k_m
     assert report["file_bytes"] == os.path.getsize(path)
-    # One 64-token context of float32 K and V on every layer.
-    assert report["kv_cache_bytes"] == 2 * cfg.n_layers * 64 * cfg.n_kv_heads * cfg.head_dim * 4
+    # One 64-token context of K and V on every layer, float16 as the CPU runtime holds them.
+    assert report["kv_cache_bytes"] == 2 * cfg.n_layers * 64 * cfg.n_kv_heads * cfg.head_dim * 2
     assert report["file_plus_kv_bytes"] == report["file_bytes"] + report["kv_cache_bytes"]
     assert report["prompt_tokens"] == 16 and len(report["prompt_ids"]) == 16
     assert report["ember"]["prompt_ids_match"] is True

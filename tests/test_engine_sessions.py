@@ -4,10 +4,12 @@ dropped, and the tokens are the same as with no paging at all."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ember.models.loader import load_model
 from ember.offload.engine import Engine, EngineOptions
 from ember.offload.kv_plan import blocks_for_one_sequence
+from ember.offload.quant_model import kv_dtype
 from ember.offload.sampler import GREEDY
 
 N_CTX = 96
@@ -15,7 +17,8 @@ N_CTX = 96
 
 def _engine(path, device_blocks=None, host_blocks=None):
     loaded = load_model(path)
-    bb = 2 * 16 * loaded.config.n_kv_heads * loaded.config.head_dim * 4
+    value_bytes = kv_dtype(EngineOptions(device="cpu"), torch.device("cpu")).itemsize
+    bb = 2 * 16 * loaded.config.n_kv_heads * loaded.config.head_dim * value_bytes
     opts = EngineOptions(device="cpu", n_ctx=N_CTX,
                          kv_budget=None if device_blocks is None else device_blocks * bb,
                          kv_host_budget=None if host_blocks is None else host_blocks * bb)

@@ -36,7 +36,10 @@ def test_the_need_counts_weights_kv_pools_and_the_allowance(monkeypatch, tiny_ge
     weights = summarize(source, 256)["memory"]["weights_fp32_bytes"]
     from ember.offload.kv_plan import plan_kv
 
-    pools = plan_kv(source.config, 256).to_dict()
+    from ember.offload.quant_model import kv_dtype
+
+    cpu = resources.resolve_device("cpu")
+    pools = plan_kv(source.config, 256, value_bytes=kv_dtype(options, cpu).itemsize).to_dict()
     need = weights + pools["device_bytes"] + pools["host_bytes"] + resources.RUNTIME_ALLOWANCE
     _available(monkeypatch, need)
     resources.check_memory(source, options, resources.resolve_device("cpu"))  # just fits

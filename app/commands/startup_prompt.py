@@ -38,6 +38,7 @@ def prompt_of_length(encode, n: int, text: str = PROSE_TEXT) -> str:
 def prepare(path: str, n_tokens: int, n_ctx: int) -> dict:
     from ember.models.loader import open_model
     from ember.offload.kv_plan import plan_kv
+    from ember.offload.quant_model import kv_dtype
 
     source = open_model(path)
     cfg, tokenizer = source.config, source.tokenizer
@@ -47,11 +48,11 @@ def prepare(path: str, n_tokens: int, n_ctx: int) -> dict:
 
     prompt = prompt_of_length(encode, n_tokens)
     ctx = min(n_ctx, cfg.context_length)
-    kv = plan_kv(cfg, ctx)
+    kv = plan_kv(cfg, ctx, value_bytes=kv_dtype().itemsize)  # what `generate` on the CPU holds
     return {"prompt": prompt, "prompt_ids": encode(prompt), "n_ctx": ctx,
             "file_bytes": os.path.getsize(path), "name": cfg.name,
             "architecture": cfg.architecture,
-            # One full context, float32 K and V: the device pool an engine allocates.
+            # One full context of K and V: the device pool an engine allocates.
             "kv_cache_bytes": kv.min_device_blocks * kv.block_bytes}
 
 

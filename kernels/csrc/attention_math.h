@@ -16,12 +16,20 @@
 #include <cstdint>
 #include <cstring>
 
+#include <c10/util/Half.h>
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define EMBER_ATTENTION_AVX2 1
 #endif
 
 namespace ember_attention {
+
+// K/V pool elements: float32, or IEEE half (the file-blocks runtime's pools: half the bytes a
+// long context reads, as llama.cpp's f16 cache). Half converts exactly to float on load.
+using half_t = c10::Half;
+inline float value(float v) { return v; }
+inline float value(half_t v) { return static_cast<float>(v); }
 
 // exp(x) for x <= 0 (softmax shifted by its max): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a
 // degree-7 polynomial (the classic single-precision minimax fit, ~1 ulp), times 2^n by
@@ -83,10 +91,16 @@ inline float exp_shifted(float* v, int64_t n, float m) {
 }
 
 #ifdef EMBER_ATTENTION_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const half_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // q . k in 8 lanes (hd % 8 == 0): one fma chain.
-inline __m256 lanes_dot(const float* q, const float* k, int64_t hd) {
-    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
-    for (int64_t i = 8; i < hd; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), s);
+template <class T>
+inline __m256 lanes_dot(const float* q, const T* k, int64_t hd) {
+    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(q), load8(k));
+    for (int64_t i = 8; i < hd; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), s);
     return s;
 }
 
@@ -100,18 +114,19 @@ inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
 
 // Scores of keys k[0..3] (each hd values) against q, times scale, into out[0..3]. Each key's
 // lanes are lanes_dot's (a product, then an fma chain), with q's values loaded once for all four.
-inline void scores4(const float* q, const float* const k[4], int64_t hd, float scale, float* out) {
+template <class T>
+inline void scores4(const float* q, const T* const k[4], int64_t hd, float scale, float* out) {
 #ifdef EMBER_ATTENTION_AVX2
     if (hd % 8 == 0) {
         __m256 qv = _mm256_loadu_ps(q);
-        __m256 a = _mm256_mul_ps(qv, _mm256_loadu_ps(k[0])), b = _mm256_mul_ps(qv, _mm256_loadu_ps(k[1]));
-        __m256 c = _mm256_mul_ps(qv, _mm256_loadu_ps(k[2])), d = _mm256_mul_ps(qv, _mm256_loadu_ps(k[3]));
+        __m256 a = _mm256_mul_ps(qv, load8(k[0])), b = _mm256_mul_ps(qv, load8(k[1]));
+        __m256 c = _mm256_mul_ps(qv, load8(k[2])), d = _mm256_mul_ps(qv, load8(k[3]));
         for (int64_t i = 8; i < hd; i += 8) {
             qv = _mm256_loadu_ps(q + i);
-            a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a);
-            b = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), b);
-            c = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), c);
-            d = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), d);
+            a = _mm256_fmadd_ps(qv, load8(k[0] + i), a);
+            b = _mm256_fmadd_ps(qv, load8(k[1] + i), b);
+            c = _mm256_fmadd_ps(qv, load8(k[2] + i), c);
+            d = _mm256_fmadd_ps(qv, load8(k[3] + i), d);
         }
         _mm_storeu_ps(out, _mm_mul_ps(reduce4(a, b, c, d), _mm_set1_ps(scale)));
         return;
@@ -119,13 +134,14 @@ inline void scores4(const float* q, const float* const k[4], int64_t hd, float s
 #endif
     for (int j = 0; j < 4; ++j) {
         float d = 0.f;
-        for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], k[j][i], d);
+        for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], value(k[j][i]), d);
         out[j] = d * scale;
     }
 }
 
 // One key's score, the same bits as in any lane of scores4.
-inline float score1(const float* q, const float* k, int64_t hd, float scale) {
+template <class T>
+inline float score1(const float* q, const T* k, int64_t hd, float scale) {
 #ifdef EMBER_ATTENTION_AVX2
     if (hd % 8 == 0) {
         const __m256 a = lanes_dot(q, k, hd);
@@ -133,34 +149,35 @@ inline float score1(const float* q, const float* k, int64_t hd, float scale) {
     }
 #endif
     float d = 0.f;
-    for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], k[i], d);
+    for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], value(k[i]), d);
     return d * scale;
 }
 
 // o (hd values) += sum over j of p[j] * v[j] (each hd values), in j order, one fma per value
 // and key. With the output in registers for a run of keys (a head dim the code is unrolled
 // for) or in memory (any other): the same operations either way for a given head dim.
-template <int HD>
-inline void accumulate_fixed(float* o, const float* p, const float* const* v, int64_t n) {
+template <int HD, class T>
+inline void accumulate_fixed(float* o, const float* p, const T* const* v, int64_t n) {
 #ifdef EMBER_ATTENTION_AVX2
     __m256 acc[HD / 8];
     for (int i = 0; i < HD / 8; ++i) acc[i] = _mm256_loadu_ps(o + 8 * i);
     for (int64_t j = 0; j < n; ++j) {
         const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < HD / 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v[j] + 8 * i), acc[i]);
+        for (int i = 0; i < HD / 8; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(v[j] + 8 * i), acc[i]);
     }
     for (int i = 0; i < HD / 8; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
 #else
     for (int64_t j = 0; j < n; ++j)
-        for (int i = 0; i < HD; ++i) o[i] = std::fma(p[j], v[j][i], o[i]);
+        for (int i = 0; i < HD; ++i) o[i] = std::fma(p[j], value(v[j][i]), o[i]);
 #endif
 }
 
-inline void accumulate(float* o, const float* p, const float* const* v, int64_t n, int64_t hd) {
+template <class T>
+inline void accumulate(float* o, const float* p, const T* const* v, int64_t n, int64_t hd) {
     if (hd == 64) return accumulate_fixed<64>(o, p, v, n);
     if (hd == 128) return accumulate_fixed<128>(o, p, v, n);
     for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < hd; ++i) o[i] = std::fma(p[j], v[j][i], o[i]);
+        for (int64_t i = 0; i < hd; ++i) o[i] = std::fma(p[j], value(v[j][i]), o[i]);
 }
 
 }  // namespace ember_attention

@@ -4,6 +4,8 @@
 
 #include <ATen/ops/empty.h>
 
+#include <c10/util/Half.h>
+
 #include <cstring>
 #include <tuple>
 
@@ -38,11 +40,13 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
     const int64_t T = x.size(0), hd = l.head_dim;
     TORCH_CHECK(static_cast<int64_t>(read_slots.size()) == T,
                 "decoder_step needs read slots for each of its ", T, " rows");
+    const bool half = k_pool.scalar_type() == at::kHalf;
     TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(1) == l.n_kv && k_pool.size(2) == hd &&
-                    k_pool.scalar_type() == at::kFloat && k_pool.is_contiguous() &&
-                    v_pool.sizes() == k_pool.sizes() && v_pool.scalar_type() == at::kFloat &&
-                    v_pool.is_contiguous(),
-                "k_pool/v_pool must be contiguous float32 (rows, n_kv, head_dim)");
+                    (half || k_pool.scalar_type() == at::kFloat) && k_pool.is_contiguous() &&
+                    v_pool.sizes() == k_pool.sizes() &&
+                    v_pool.scalar_type() == k_pool.scalar_type() && v_pool.is_contiguous(),
+                "k_pool/v_pool must be contiguous float32 or float16 (rows, n_kv, head_dim), "
+                "both of one dtype");
     std::vector<int64_t> own(T);
     for (int64_t t = 0; t < T; ++t) {
         const at::Tensor& s = read_slots[t];
@@ -57,12 +61,16 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
                   l.eps);
     const int64_t width = qkv.size(1), kv = l.n_kv * hd, q_cols = l.n_heads * hd;
     const float* base = qkv.data_ptr<float>();
-    float* kp = k_pool.data_ptr<float>();
-    float* vp = v_pool.data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
         const float* row = base + t * width + q_cols;
-        std::memcpy(kp + own[t] * kv, row, kv * sizeof(float));
-        std::memcpy(vp + own[t] * kv, row + kv, kv * sizeof(float));
+        if (half) {  // rounded to nearest, as torch's .half()
+            at::Half* kp = k_pool.data_ptr<at::Half>() + own[t] * kv;
+            at::Half* vp = v_pool.data_ptr<at::Half>() + own[t] * kv;
+            for (int64_t i = 0; i < kv; ++i) kp[i] = at::Half(row[i]), vp[i] = at::Half(row[kv + i]);
+        } else {
+            std::memcpy(k_pool.data_ptr<float>() + own[t] * kv, row, kv * sizeof(float));
+            std::memcpy(v_pool.data_ptr<float>() + own[t] * kv, row + kv, kv * sizeof(float));
+        }
     }
     auto o = at::empty({T, q_cols}, x.options());
     for (int64_t t = 0; t < T; ++t) {

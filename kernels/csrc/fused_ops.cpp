@@ -177,34 +177,12 @@ void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
     }
 }
 
-// One query row's attention over keys and values read in place from a paged KV pool:
-// q (n_heads, hd); k_pool, v_pool (P, n_kv, hd) (every block of every layer, flat);
-// slots (S,) the pool rows of the keys this row sees, in position order. Returns
-// (1, n_heads * hd): softmax(scale * q.k) @ v per head, heads grouped over the kv heads.
-// Replaces gathering the keys into a new tensor (two index_selects per layer) and a
-// scaled_dot_product_attention call with its transposes. Plain decoding and each row of a
-// speculative tree go through this same function, so their results agree bit for bit.
-// attend_slots, writing its (n_heads * hd) result at `op` (an attention step's output row).
-void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                       const at::Tensor& slots, double scale, float* op) {
-    TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
-                "q must be a contiguous float32 (n_heads, head_dim) tensor");
-    TORCH_CHECK(k_pool.dim() == 3 && k_pool.scalar_type() == at::kFloat &&
-                    k_pool.is_contiguous() && v_pool.sizes() == k_pool.sizes() &&
-                    v_pool.scalar_type() == at::kFloat && v_pool.is_contiguous() &&
-                    k_pool.device().is_cpu() && v_pool.device().is_cpu(),
-                "k_pool and v_pool must be contiguous float32 (P, n_kv, head_dim) CPU tensors");
-    TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && slots.is_contiguous(),
-                "slots must be a contiguous int64 vector");
-    const int64_t nh = q.size(0), hd = q.size(1), nkv = k_pool.size(1), P = k_pool.size(0);
-    const int64_t S = slots.size(0);
-    TORCH_CHECK(k_pool.size(2) == hd && nkv > 0 && nh % nkv == 0,
-                "head sizes do not match: q ", q.sizes(), ", pool ", k_pool.sizes());
-    TORCH_CHECK(S > 0, "a query must see at least one key");
-    const int64_t* sp = slots.data_ptr<int64_t>();
-    for (int64_t s = 0; s < S; ++s) TORCH_CHECK_INDEX(sp[s] >= 0 && sp[s] < P, "slot out of range");
-    const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(),
-                *vp = v_pool.data_ptr<float>();
+namespace {
+
+// attend_slots_into's work on pools of T (float or half), arguments checked.
+template <class T>
+void attend(const float* qp, const T* kp, const T* vp, const int64_t* sp, int64_t S, int64_t nh,
+            int64_t nkv, int64_t hd, double scale, float* op) {
     const int64_t group = nh / nkv, row = nkv * hd;  // a slot's K (or V): all KV heads
     // Query heads in parallel (they share nothing but the key/value rows they read). Slots are
     // the outer loop: each slot's K (then V) row is read once, front to back, for all of the
@@ -221,11 +199,11 @@ void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::
         const float sc = (float)scale;
         int64_t s = 0;  // the keys' scores, four at a time (attention_math.h)
         for (; s + 4 <= S; s += 4) {
-            const float* kr[4] = {kp + sp[s] * row, kp + sp[s + 1] * row, kp + sp[s + 2] * row,
-                                  kp + sp[s + 3] * row};
+            const T* kr[4] = {kp + sp[s] * row, kp + sp[s + 1] * row, kp + sp[s + 2] * row,
+                              kp + sp[s + 3] * row};
             for (int64_t h = h0; h < h1; ++h) {
                 const int64_t off = kv_off[h - h0];
-                const float* k[4] = {kr[0] + off, kr[1] + off, kr[2] + off, kr[3] + off};
+                const T* k[4] = {kr[0] + off, kr[1] + off, kr[2] + off, kr[3] + off};
                 ember_attention::scores4(qp + h * hd, k, hd, sc, scores.data() + (h - h0) * S + s);
             }
         }
@@ -243,7 +221,7 @@ void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::
         // run's value rows (up to 16 pool rows) stay in cache while the heads pass over them.
         constexpr int64_t RUN = 16;
         float p[RUN];
-        const float* v[RUN];
+        const T* v[RUN];
         for (int64_t j0 = 0; j0 < S; j0 += RUN) {
             const int64_t m = std::min(RUN, S - j0);
             for (int64_t h = h0; h < h1; ++h) {
@@ -254,6 +232,45 @@ void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::
             }
         }
     });
+}
+
+}  // namespace
+
+// One query row's attention over keys and values read in place from a paged KV pool:
+// q (n_heads, hd); k_pool, v_pool (P, n_kv, hd) (every block of every layer, flat);
+// slots (S,) the pool rows of the keys this row sees, in position order. Returns
+// (1, n_heads * hd): softmax(scale * q.k) @ v per head, heads grouped over the kv heads.
+// Replaces gathering the keys into a new tensor (two index_selects per layer) and a
+// scaled_dot_product_attention call with its transposes. Plain decoding and each row of a
+// speculative tree go through this same function, so their results agree bit for bit.
+// attend_slots, writing its (n_heads * hd) result at `op` (an attention step's output row).
+// Pools are float32 or float16 (the file-blocks runtime's), converted to float on load.
+void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                       const at::Tensor& slots, double scale, float* op) {
+    TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
+                "q must be a contiguous float32 (n_heads, head_dim) tensor");
+    TORCH_CHECK(k_pool.dim() == 3 &&
+                    (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf) &&
+                    k_pool.is_contiguous() && v_pool.sizes() == k_pool.sizes() &&
+                    v_pool.scalar_type() == k_pool.scalar_type() && v_pool.is_contiguous() &&
+                    k_pool.device().is_cpu() && v_pool.device().is_cpu(),
+                "k_pool and v_pool must be contiguous float32 or float16 (P, n_kv, head_dim) CPU "
+                "tensors of one dtype");
+    TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+                "slots must be a contiguous int64 vector");
+    const int64_t nh = q.size(0), hd = q.size(1), nkv = k_pool.size(1), P = k_pool.size(0);
+    const int64_t S = slots.size(0);
+    TORCH_CHECK(k_pool.size(2) == hd && nkv > 0 && nh % nkv == 0,
+                "head sizes do not match: q ", q.sizes(), ", pool ", k_pool.sizes());
+    TORCH_CHECK(S > 0, "a query must see at least one key");
+    const int64_t* sp = slots.data_ptr<int64_t>();
+    for (int64_t s = 0; s < S; ++s) TORCH_CHECK_INDEX(sp[s] >= 0 && sp[s] < P, "slot out of range");
+    if (k_pool.scalar_type() == at::kHalf)
+        attend<ember_attention::half_t>(q.data_ptr<float>(), k_pool.data_ptr<at::Half>(),
+                                        v_pool.data_ptr<at::Half>(), sp, S, nh, nkv, hd, scale, op);
+    else
+        attend<float>(q.data_ptr<float>(), k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), sp,
+                      S, nh, nkv, hd, scale, op);
 }
 
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
