@@ -116,8 +116,8 @@ def test_an_engine_runs_on_the_file_blocks_and_never_builds_the_float_model(tiny
     assert not loaded.float_model_built
     # its KV cache in half precision, planned at 2 bytes a value; the float32 reference's in float32
     assert engine.kv.device_pool.k.dtype == torch.float16 == engine.kv.host_pool.v.dtype
-    cfg = loaded.config
-    assert engine.kv_plan.block_bytes == 2 * engine.kv_plan.block_size * cfg.n_kv_heads * cfg.head_dim * 2
+    cfg, plan = loaded.config, engine.kv_plan
+    assert plan.block_bytes == 2 * plan.block_size * cfg.n_kv_heads * cfg.head_dim * 2
     reference = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, weights="fp32"))
     assert reference.kv.device_pool.k.dtype == torch.float32
 
