@@ -193,6 +193,3 @@ def dense_ffn(x: torch.Tensor, weights: SparseFFNWeights, backend: str = "auto")
     """Every neuron active (same kernel, no index list)."""
     return _run(x, weights, None, backend)
 
-
-def fast_path_available() -> bool:
-    return cpu_extension.load() is not None

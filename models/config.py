@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# FFN activations. The first group is gated (down(act(gate x) * up x)); the ReLU family gives
-# exact activation sparsity, which the hybrid engine exploits later.
+# FFN activations. The first group is gated (down(act(gate x) * up x)).
 GATED_ACTIVATIONS = ("gelu_glu", "silu_glu", "relu_glu", "drelu")
 PLAIN_ACTIVATIONS = ("relu", "relu2")  # down(act(up x)), no gate (OPT-style MLP)
 ACTIVATIONS = GATED_ACTIVATIONS + PLAIN_ACTIVATIONS
-EXACT_SPARSE_ACTIVATIONS = ("relu_glu", "drelu", "relu", "relu2")
 
 
 @dataclass(frozen=True)
@@ -79,10 +77,6 @@ class ModelConfig:
     @property
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
-
-    @property
-    def exact_sparsity(self) -> bool:
-        return self.activation in EXACT_SPARSE_ACTIVATIONS
 
     def window(self, layer: int) -> int | None:
         return self.sliding_window[layer] if self.sliding_window else None

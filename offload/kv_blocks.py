@@ -85,10 +85,3 @@ class KVPool:
         self.k.index_copy_(0, d, src.k.index_select(0, s).to(self.k.device, non_blocking=True))
         self.v.index_copy_(0, d, src.v.index_select(0, s).to(self.v.device, non_blocking=True))
 
-
-def blocks_for_budget(budget_bytes: int, block_bytes: int, what: str) -> int:
-    n = budget_bytes // block_bytes
-    if n < 1:
-        raise EmberError(f"{what} of {budget_bytes} bytes holds no KV block "
-                         f"(one block needs {block_bytes} bytes); raise it")
-    return n

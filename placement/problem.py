@@ -136,12 +136,6 @@ class PlacementProblem:
         """Fewest groups whose neurons reach min_hot (0 when min_hot is 0)."""
         return int(np.searchsorted(self._groups[layer].hot_counts, self.min_hot[layer]))
 
-    def with_group_size(self, group_size: int) -> "PlacementProblem":
-        """The same problem with another group size."""
-        return PlacementProblem(self.freqs, self.neuron_bytes, self.gpu_ms_per_neuron,
-                                self.cpu_ms_per_active, self.budget_bytes, self.gpu_base_ms,
-                                self.cpu_base_ms, self.split_ms, self.min_hot, group_size)
-
 
 def default_group_size(ffn_sizes, max_groups: int = 20_000) -> int:
     """A power-of-two group size giving at most about `max_groups` groups in all.

@@ -45,10 +45,6 @@ class Predictor:
         """x (T, hidden) -> (T, ffn) bool: the neurons to compute."""
         return self.logits(x) > self.threshold
 
-    def active_indices(self, x: torch.Tensor) -> torch.Tensor:
-        """x (1, hidden) -> sorted int64 indices of the neurons to compute for that token."""
-        return self.predict(x)[0].nonzero().flatten()
-
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.w1, self.b1, self.w2, self.b2))
