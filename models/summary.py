@@ -33,7 +33,7 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
             n *= d
         elements += n
     n_ctx = min(n_ctx, cfg.context_length)
-    kv_bytes = 2 * cfg.n_layers * n_ctx * cfg.n_kv_heads * cfg.head_dim * 4
+    kv_values = 2 * cfg.n_layers * n_ctx * cfg.n_kv_heads * cfg.head_dim  # K and V, one context
     return {
         "path": str(src.path),
         "format": src.format,
@@ -58,15 +58,17 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
         "lm_head_bytes_per_token": stored["embeddings"] if cfg.tied_embeddings else stored["lm_head"],
         "file_bytes": w.total_bytes(),
         # The engine runs on the file's own blocks, memory-mapped: the file is what it holds
-        # of the weights (the float32 model, 4 bytes a parameter, only for `--weights fp32`,
-        # a GPU device or the hybrid split). KV cache: float32, one full context.
+        # of the weights, and its KV cache is float16 (one full context here). The float32
+        # model (4 bytes a parameter, for `--weights fp32/q8` or a GPU device) keeps a float32
+        # KV cache.
         "memory": {
             "weights_bytes": w.total_bytes(),
             "weights_fp32_bytes": elements * 4,
-            "kv_cache_bytes": kv_bytes,
+            "kv_cache_bytes": kv_values * 2,
+            "kv_cache_fp32_bytes": kv_values * 4,
             "kv_cache_ctx": n_ctx,
-            "total_bytes": w.total_bytes() + kv_bytes,
-            "total_fp32_bytes": elements * 4 + kv_bytes,
+            "total_bytes": w.total_bytes() + kv_values * 2,
+            "total_fp32_bytes": elements * 4 + kv_values * 4,
         },
         "fingerprint": src.fingerprint,
     }

@@ -36,7 +36,7 @@ def run(args) -> int:
     m = s["memory"]
     # An upper bound: the paged KV cache only takes the blocks a conversation fills.
     print(f"  memory (max)    {_mib(m['total_bytes'])} = the file's weights, mapped, "
-          f"{_mib(m['weights_bytes'])} + KV cache {_mib(m['kv_cache_bytes'])} at "
+          f"{_mib(m['weights_bytes'])} + KV cache (float16) {_mib(m['kv_cache_bytes'])} at "
           f"{m['kv_cache_ctx']} tokens")
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
           "--weights fp32/q8 or a GPU device)")
