@@ -211,6 +211,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler="profile")
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and completions, "
+                                    "streamed or not) on this machine")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; "
+                        "0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (default: 8080)")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /health "
+                        "(default: $EMBER_API_KEY if set, which keeps it out of `ps`)")
+    p.add_argument("--model-name", metavar="NAME",
+                   help="the model id clients send (default: the model file's name)")
+    p.add_argument("--max-queue", type=int, default=8, metavar="N",
+                   help="requests that may wait while one runs; more are answered 429 "
+                        "(default: 8)")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="tokens generated for a request that sets no max_tokens (default: "
+                        "the rest of the context)")
+    p.add_argument("--log-level", default="info", choices=("warning", "info", "debug"),
+                   help="server log, one line per request at info (default: info)")
+    _engine_options(p)
+    _speculation_options(p)
+    p.set_defaults(handler="serve")
+
     p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
     _engine_options(p)
     _speculation_options(p)

@@ -1,0 +1,233 @@
+"""Request bodies of the OpenAI API, read and checked into a `GenerationRequest`.
+
+Every field Ember does not implement is answered with a 400 naming it, never ignored: a client
+asking for n=3 or for tools must learn that it will not get them. Fields that only label a
+request (`user`, `metadata`, `store`) are accepted and unused. A few llama.cpp-server fields
+are accepted as extensions (top_k, min_p, repeat_penalty, ignore_eos).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ember.models.chat_format import ChatMessage
+from ember.models.errors import ConfigError
+from ember.offload.sampler import SamplingParams
+
+# Sampling defaults are Ember's own (llama.cpp's): top_k 40 and min_p 0.05 stay on unless
+# the request turns them off, whatever temperature it sets.
+_SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")
+_COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "ignore_eos",
+           "user", "metadata", "store", *_SAMPLING}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
+COMPLETION_FIELDS = _COMMON | {"prompt"}
+MAX_STOP_STRINGS = 8
+
+# name -> the values that ask for nothing (any other is a feature Ember lacks)
+_NEUTRAL = {"n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,),
+            "echo": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
+            "logit_bias": ({},), "suffix": ("",), "tools": ([],), "tool_choice": ("none",),
+            "functions": ([],), "function_call": ("none",), "parallel_tool_calls": (True, False),
+            "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
+            "prediction": (), "reasoning_effort": (), "web_search_options": (),
+            "service_tier": ("auto", "default")}
+# name -> (accepted, what the message says)
+_RANGES = {"temperature": (lambda v: 0 <= v <= 2, "between 0 and 2 (0 is greedy)"),
+           "top_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 turns it off)"),
+           "min_p": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
+           "repeat_penalty": (lambda v: v > 0, "> 0 (1 turns it off)")}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            status, message, param, code, type)
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class GenerationRequest:
+    """One checked request: a conversation (chat) or a prompt (completion) and how to sample."""
+
+    kind: str  # "chat" or "completion"
+    messages: list[ChatMessage] = field(default_factory=list)  # chat
+    prompt: str | list[int] = ""  # completion: text, or token ids as given
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: the server's default
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
+    ignore_eos: bool = False
+
+
+def parse_chat(body, model_id: str) -> GenerationRequest:
+    _check_fields(body, CHAT_FIELDS, model_id)
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise _bad("give max_tokens or max_completion_tokens, not both", "max_tokens")
+    request = GenerationRequest("chat", messages=_messages(body.get("messages")))
+    if "max_completion_tokens" in body:
+        request.max_tokens = _int(body, "max_completion_tokens", low=1)
+    return _common(body, request)
+
+
+def parse_completion(body, model_id: str) -> GenerationRequest:
+    _check_fields(body, COMPLETION_FIELDS, model_id)
+    return _common(body, GenerationRequest("completion", prompt=_prompt(body.get("prompt"))))
+
+
+def _check_fields(body, allowed: set[str], model_id: str) -> None:
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    for name, value in body.items():
+        if name in _NEUTRAL:
+            if value is not None and value not in _NEUTRAL[name]:
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                raise _bad(f"{name}={shown} is not supported by Ember (it gives one text "
+                           "completion per request: no tools, logprobs, penalties or "
+                           "structured output)", name, "unsupported_parameter")
+        elif name not in allowed:
+            raise _bad(f"Unrecognized request argument supplied: {name}", name,
+                       "unknown_parameter")
+    model = body.get("model")
+    if model is not None and model != model_id:
+        raise ApiError(404, f"The model {model!r} does not exist; this server runs "
+                            f"{model_id!r} (see GET /v1/models)", param="model",
+                       code="model_not_found")
+
+
+def _messages(value) -> list[ChatMessage]:
+    if not isinstance(value, list) or not value:
+        raise _bad("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"{where} must be an object with role and content", where)
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise _bad(f"{where}: {', '.join(sorted(extra))} not supported (no tool calls)",
+                       f"{where}.{sorted(extra)[0]}", "unsupported_parameter")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise _bad(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}",
+                       f"{where}.role")
+        out.append(ChatMessage(_ROLES[role], _content(m.get("content"), f"{where}.content")))
+    return out
+
+
+def _content(value, where: str) -> str:
+    """A string, or a list of text parts joined (images and audio are not supported)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise _bad(f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                           "are supported", where, "unsupported_parameter")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise _bad(f"{where} must be a string or a list of text parts", where)
+
+
+def _prompt(value) -> str | list[int]:
+    """Text, one text in a list, or one list of token ids (several prompts: not supported)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str) and value:
+        return value
+    if (isinstance(value, list) and value
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in value)):
+        return list(value)
+    raise _bad("prompt must be a non-empty string or one list of token ids (one prompt per "
+               "request)", "prompt")
+
+
+def _common(body: dict, request: GenerationRequest) -> GenerationRequest:
+    if "max_tokens" in body:
+        request.max_tokens = _int(body, "max_tokens", low=1)
+    request.stop = _stop(body.get("stop"))
+    request.stream = _bool(body, "stream")
+    request.ignore_eos = _bool(body, "ignore_eos")
+    options = body.get("stream_options")
+    if options is not None:
+        if not request.stream:
+            raise _bad("stream_options is only allowed with stream: true", "stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise _bad("stream_options supports only include_usage", "stream_options")
+        request.include_usage = _bool(options, "include_usage", "stream_options.include_usage")
+    request.sampling = _sampling(body)
+    return request
+
+
+def _sampling(body: dict) -> SamplingParams:
+    given = {}
+    for name in _RANGES:
+        if body.get(name) is not None:
+            given[name] = _number(body, name)
+    if body.get("top_k") is not None:
+        given["top_k"] = _int(body, "top_k", low=0)
+    if body.get("seed") is not None:
+        given["seed"] = _int(body, "seed", low=-2**63, high=2**64 - 1)  # torch's seed range
+    try:
+        return SamplingParams(**given)
+    except ConfigError as exc:  # the ranges above are SamplingParams' own; kept as a net
+        raise _bad(str(exc)) from None
+
+
+def _stop(value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if (not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise _bad(f"stop must be a non-empty string or a list of up to {MAX_STOP_STRINGS}",
+                   "stop")
+    return tuple(stops)
+
+
+def _int(body: dict, name: str, low: int | None = None, high: int | None = None) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad(f"{name} must be an integer, got {value!r}", name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise _bad(f"{name} must be {_range(low, high)}, got {value}", name)
+    return value
+
+
+def _number(body: dict, name: str) -> float:
+    value = body.get(name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _bad(f"{name} must be a number, got {value!r}", name)
+    accepted, says = _RANGES[name]
+    if not accepted(value):  # NaN fails too
+        raise _bad(f"{name} must be {says}, got {value}", name)
+    return float(value)
+
+
+def _bool(body: dict, name: str, param: str | None = None) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"{param or name} must be true or false, got {value!r}", param or name)
+    return value
+
+
+def _range(low, high) -> str:
+    return f">= {low}" if high is None else f"between {low} and {high}"
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)

@@ -1,0 +1,95 @@
+"""OpenAI's response objects: whole completions, streamed chunks, usage, the model list.
+
+Beside OpenAI's fields, each completion carries Ember's `timings` (as llama.cpp's server does):
+prefill and decode speed, time waiting in the queue, and how many prompt tokens came from a
+reused KV cache (also in usage.prompt_tokens_details.cached_tokens).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .worker import Finished
+
+# Engine finish reasons -> OpenAI's: an end-of-turn token or a stop string is "stop"; running
+# out of max_tokens or of context is "length".
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+                  "cancelled": "stop"}
+
+
+@dataclass
+class Reply:
+    """The identity every object of one response shares."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        if not self.id:
+            prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+            self.id = f"{prefix}-{uuid.uuid4().hex}"
+
+    def _head(self, object_name: str) -> dict:
+        return {"id": self.id, "object": object_name, "created": self.created,
+                "model": self.model, "system_fingerprint": None}
+
+    def whole(self, result: Finished) -> dict:
+        """The non-streamed response."""
+        done = result.done
+        finish = FINISH_REASONS[done.finish_reason]
+        if self.kind == "chat":
+            body = self._head("chat.completion")
+            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
+                      "logprobs": None, "finish_reason": finish}
+        else:
+            body = self._head("text_completion")
+            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
+        body["choices"] = [choice]
+        body["usage"] = usage(result)
+        body["timings"] = timings(result)
+        return body
+
+    def chunk(self, text: str | None = None, finish: str | None = None,
+              first: bool = False) -> dict:
+        """One streamed chunk: a text delta, or (with `finish`) the last one, empty."""
+        if self.kind == "chat":
+            body = self._head("chat.completion.chunk")
+            delta = {} if text is None else {"content": text}
+            if first:
+                delta = {"role": "assistant", "content": text or ""}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            body = self._head("text_completion")
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        body["choices"] = [choice]
+        return body
+
+    def usage_chunk(self, result: Finished) -> dict:
+        """The last chunk when stream_options.include_usage is set: no choices, usage."""
+        object_name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(object_name), "choices": [], "usage": usage(result),
+                "timings": timings(result)}
+
+
+def usage(result: Finished) -> dict:
+    prompt, completion = len(result.done.prompt_token_ids), len(result.done.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+
+
+def timings(result: Finished) -> dict:
+    t = result.done.timings
+    prefilled = t.prompt_tokens - result.cached_tokens
+    return {**t.to_dict(), "queued_s": result.queued_s, "cached_tokens": result.cached_tokens,
+            "prefilled_tokens": prefilled,
+            # over the tokens actually computed, not the reused ones
+            "prefill_tokens_per_s": prefilled / t.prefill_s if t.prefill_s > 0 else 0.0}
+
+
+def model_card(model_id: str, created: int) -> dict:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "ember"}
