@@ -65,9 +65,16 @@ def test_settings_screen_with_an_error(snap_compare, tmp_path):
     async def bad_value(pilot):
         await _settle(pilot)
         await pilot.press("ctrl+s")
-        pilot.app.screen.query_one("#top_p").value = "2"
+        screen = pilot.app.screen
+        screen.query_one("#top_p").value = "2"
         await pilot.pause()  # the change event first, then the click (matters on busy CPUs)
         await pilot.click("#save")
+        # On a loaded machine the error can land a few frames later (a fresh-clone CI run
+        # caught the screen before it): wait for it.
+        for _ in range(500):  # at most ~5 s; then the snapshot shows what went wrong
+            if str(screen.query_one("#error").render()):
+                break
+            await pilot.pause(0.01)
         await pilot.pause()
 
     assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=bad_value)
