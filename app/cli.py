@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from ember.models.chat_format import CHAT_FORMATS  # a plain module: no torch behind it
+
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH",
@@ -67,6 +69,13 @@ def _speculation_options(p: argparse.ArgumentParser) -> None:
                         "(default: a chain sized for the drafter; it adapts to acceptance)")
 
 
+def _chat_format_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-format", default="auto", choices=CHAT_FORMATS,
+                   help="how a conversation is written for the model: auto (the file's chat "
+                        "template, else a plain User:/Assistant: transcript that base models "
+                        "follow), template, transcript, or a family's instruction format")
+
+
 def _sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256, metavar="N")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy")
@@ -95,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user turn in the model's chat format")
     p.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
+    _chat_format_option(p)
+    p.add_argument("--no-special", action="store_true",
+                   help="read special tokens written in the prompt (<start_of_turn>, ...) as "
+                        "plain text (default: they become the tokens they name)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.set_defaults(handler="generate")
@@ -232,12 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server log, one line per request at info (default: info)")
     _engine_options(p)
     _speculation_options(p)
+    _chat_format_option(p)
     p.set_defaults(handler="serve")
 
     p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
     _engine_options(p)
     _speculation_options(p)
     p.add_argument("--system", metavar="TEXT", help="system prompt for new conversations")
+    _chat_format_option(p)
     p.set_defaults(handler="chat")
     return parser
 

@@ -1,17 +1,41 @@
-"""Turn a conversation into prompt text.
+"""Turn a conversation into prompt text, in one of several chat formats.
 
-The model file's own `tokenizer.chat_template` (Jinja) is used when present, rendered in a
-sandbox because templates come from downloaded files. Otherwise the family's turn format is
-used: the default model is a base model and ships no template.
-The result is tokenized with special tokens parsed; BOS is added by the tokenizer, so a
-template's leading BOS text is removed here.
+- "template": the model file's own `tokenizer.chat_template` (Jinja), rendered in a sandbox
+  because templates come from downloaded files.
+- "transcript": for base models (a file without a template, such as the default Gemma 3
+  270M): a plain-text conversation a base model continues sensibly, opened by a short
+  preamble with two example exchanges (part of the format, never shown as conversation).
+  The reply ends where the model starts the next user line.
+- a family's instruction format ("gemma", "llama3", "chatml", "inst"), only when asked.
+
+"auto" picks the template when the file has one, else the transcript. The result is
+tokenized with special tokens parsed; BOS is added by the tokenizer, so a template's leading
+BOS text is removed here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from .errors import ModelFormatError
+from .errors import ConfigError, ModelFormatError
+
+FAMILY_FORMATS = ("gemma", "llama3", "chatml", "inst")
+CHAT_FORMATS = ("auto", "template", "transcript", *FAMILY_FORMATS)
+
+# The marker token each family format needs in the vocabulary ("inst" is plain text).
+_FORMAT_TOKENS = {"gemma": "<start_of_turn>", "llama3": "<|start_header_id|>",
+                  "chatml": "<|im_start|>"}
+
+# Tokens that mark non-text content (images) in vocabularies that file them as ordinary
+# user-defined tokens: a reply never shows them as text.
+NON_TEXT_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>", "[multimodal]")
+
+_PREAMBLE = ("A chat between a curious user and a helpful assistant. The assistant replies "
+             "briefly, accurately and to the point.")
+_EXAMPLES = (("What is the capital of Japan?", "The capital of Japan is Tokyo."),
+             ("Give me two colours of the rainbow.", "Red and blue."))
+_USER, _ASSISTANT = "User:", "Assistant:"
 
 
 @dataclass(frozen=True)
@@ -20,17 +44,56 @@ class ChatMessage:
     content: str
 
 
-def render_chat(messages: list[ChatMessage], *, template: str | None, family: str,
-                bos_text: str = "", eos_text: str = "", has_token=lambda t: False) -> str:
-    """Prompt text for `messages`, ending where the assistant's reply should begin."""
-    if template:
+@dataclass(frozen=True)
+class ChatFormat:
+    """A resolved chat format: its name and the strings that end the assistant's reply
+    (the stop strings never appear in the reply; end-of-turn tokens stop it too)."""
+
+    name: str
+    stop_strings: tuple[str, ...] = ()
+    # The prompt ends with "Assistant:", so the reply opens with a space nobody should see.
+    strip_leading_space: bool = False
+
+
+def resolve_chat_format(choice: str, *, has_template: bool,
+                        has_token: Callable[[str], bool] = lambda t: False) -> ChatFormat:
+    """The format `choice` ("auto", "template", "transcript" or a family) means for a model.
+
+    Raises ConfigError for an unknown choice, "template" on a file without one, or a family
+    format whose turn tokens the vocabulary lacks.
+    """
+    if choice not in CHAT_FORMATS:
+        raise ConfigError(f"unknown --chat-format {choice!r}; choose one of "
+                          f"{', '.join(CHAT_FORMATS)}")
+    if choice == "auto":
+        choice = "template" if has_template else "transcript"
+    if choice == "template" and not has_template:
+        raise ConfigError("--chat-format template: this model file has no chat template (a base "
+                          "model); use transcript or a family format such as gemma")
+    token = _FORMAT_TOKENS.get(choice)
+    if token is not None and not has_token(token):
+        raise ConfigError(f"--chat-format {choice} needs the {token} token, which this model's "
+                          "vocabulary lacks")
+    if choice == "transcript":
+        return ChatFormat("transcript", (f"\n{_USER}", f"\n{_ASSISTANT}", "\n\n"),
+                          strip_leading_space=True)
+    return ChatFormat(choice)
+
+
+def render_chat(messages: list[ChatMessage], fmt: ChatFormat | str, *, template: str | None = None,
+                bos_text: str = "", eos_text: str = "") -> str:
+    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin."""
+    name = fmt.name if isinstance(fmt, ChatFormat) else fmt
+    if name == "template":
+        if not template:
+            raise ConfigError("the template chat format needs the model's chat template")
         text = _render_template(template, messages, bos_text, eos_text)
-    elif family == "gemma3":
-        text = _gemma_turns(messages)
-    elif has_token("<|start_header_id|>"):
-        text = _llama3_turns(messages)
     else:
-        text = _inst_turns(messages)
+        renderers = {"transcript": _transcript, "gemma": _gemma_turns, "llama3": _llama3_turns,
+                     "chatml": _chatml_turns, "inst": _inst_turns}
+        if name not in renderers:
+            raise ConfigError(f"unknown chat format {name!r}")
+        text = renderers[name](messages)
     if bos_text and text.startswith(bos_text):
         text = text[len(bos_text):]
     return text
@@ -54,6 +117,24 @@ def _render_template(template: str, messages, bos_text: str, eos_text: str) -> s
         raise ModelFormatError("<chat template>", f"the model's chat template failed: {exc}") from None
 
 
+def _transcript(messages) -> str:
+    # A system prompt replaces the preamble; the examples
+    # stay, since they are what teaches a base model the turn shape and the reply length.
+    system = "\n\n".join(m.content.strip() for m in messages if m.role == "system")
+    turns = [f"{_USER} {q}\n{_ASSISTANT} {a}" for q, a in _EXAMPLES]
+    for m in messages:
+        if m.role == "user":
+            turns.append(f"{_USER} {_one_paragraph(m.content)}")
+        elif m.role == "assistant":
+            turns[-1] += f"\n{_ASSISTANT} {_one_paragraph(m.content)}"
+    return f"{system or _PREAMBLE}\n\n" + "\n\n".join(turns) + f"\n{_ASSISTANT}"
+
+
+def _one_paragraph(text: str) -> str:
+    """A turn's text without blank lines, which would read as the end of the turn."""
+    return "\n".join(line for line in text.strip().splitlines() if line.strip())
+
+
 def _gemma_turns(messages) -> str:
     # Gemma has no system role: the system prompt opens the first user turn.
     system = "\n\n".join(m.content for m in messages if m.role == "system")
@@ -72,6 +153,11 @@ def _gemma_turns(messages) -> str:
 def _llama3_turns(messages) -> str:
     parts = [f"<|start_header_id|>{m.role}<|end_header_id|>\n\n{m.content}<|eot_id|>" for m in messages]
     return "".join(parts) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def _chatml_turns(messages) -> str:
+    parts = [f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages]
+    return "".join(parts) + "<|im_start|>assistant\n"
 
 
 def _inst_turns(messages) -> str:

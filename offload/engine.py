@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-from ember.models.chat_format import ChatMessage, render_chat
+from ember.models.chat_format import (CHAT_FORMATS, NON_TEXT_TOKENS, ChatFormat, ChatMessage,
+                                      render_chat, resolve_chat_format)
 from ember.models.errors import ConfigError
 from ember.models.loader import LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
@@ -67,8 +68,14 @@ class EngineOptions:
     speculate: str = "off"
     tree: str | None = None
     draft_model: str | None = None
+    # How `encode_chat` writes a conversation: "auto" (the file's template, else a transcript
+    # a base model continues), "template", "transcript" or a family format ("gemma", ...).
+    chat_format: str = "auto"
 
     def __post_init__(self):
+        if self.chat_format not in CHAT_FORMATS:
+            raise ConfigError(f"unknown --chat-format {self.chat_format!r}; choose one of "
+                              f"{', '.join(CHAT_FORMATS)}")
         if self.speculate not in SPECULATE_CHOICES:
             raise ConfigError(f"unknown --speculate {self.speculate!r}; choose one of "
                               f"{', '.join(SPECULATE_CHOICES)}")
@@ -117,6 +124,12 @@ class Engine:
             self.model = self._float_model(loaded, options, compute)
         self.tokenizer = loaded.tokenizer
         self.stop_ids = set(loaded.source.stop_ids)
+        # Image markers some vocabularies file as text: generated, they are never shown.
+        self.hidden_ids = {i for t in NON_TEXT_TOKENS
+                           if (i := self.tokenizer.id_of(t)) is not None}
+        self.chat_format = resolve_chat_format(
+            options.chat_format, has_template=bool(loaded.source.chat_template),
+            has_token=lambda t: self.tokenizer.id_of(t) is not None)
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
                                self.kv_plan.block_size, compute, DEFAULT_ROLLBACK_MARGIN,
                                self.kv_dtype)
@@ -235,15 +248,15 @@ class Engine:
     def encode(self, text: str, parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_bos=True, parse_special=parse_special)
 
-    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
-        src = self.loaded.source
+    def encode_chat(self, messages: list[ChatMessage]) -> "ChatPrompt":
+        """The conversation in this engine's chat format, as token ids that carry the
+        format (so `stream()` ends the reply at its stop strings)."""
         text = render_chat(
-            messages, template=src.chat_template, family=src.config.architecture,
+            messages, self.chat_format, template=self.loaded.source.chat_template,
             bos_text=self._token_text(self.tokenizer.bos_id),
             eos_text=self._token_text(self.tokenizer.eos_id),
-            has_token=lambda t: self.tokenizer.id_of(t) is not None,
         )
-        return self.encode(text, parse_special=True)
+        return ChatPrompt(self.encode(text, parse_special=True), self.chat_format)
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokenizer.token_text(token_id)
@@ -258,8 +271,9 @@ class Engine:
         `session` names the conversation whose KV cache to extend (one per chat); a prompt
         that starts with what the session already holds prefills only the rest.
 
-        Stops at an end-of-sequence/end-of-turn token (unless `ignore_eos`), a `stop` string,
-        `max_tokens`, a full context, or when `cancel` is set (checked before every token).
+        Stops at an end-of-sequence/end-of-turn token (unless `ignore_eos`), a `stop` string
+        (a `ChatPrompt` adds its format's), `max_tokens`, a full context, or when `cancel` is
+        set (checked before every token). Control and image-marker tokens show no text.
         """
         if max_tokens < 1:
             raise ConfigError(f"max tokens must be at least 1, got {max_tokens}")
@@ -272,7 +286,9 @@ class Engine:
             raise ConfigError(f"token id {bad} is outside the model's vocabulary of {vocab} "
                               "(does the tokenizer belong to this model?)")
         timings = Timings(prompt_tokens=len(prompt_ids))
-        decoder, stops = StreamDecoder(self.tokenizer), StopStrings(list(stop))
+        fmt = prompt_ids.format if isinstance(prompt_ids, ChatPrompt) else ChatFormat("none")
+        decoder = StreamDecoder(self.tokenizer)
+        stops = StopStrings([*stop, *fmt.stop_strings], strip_leading=fmt.strip_leading_space)
         generated: list[int] = []
         text = ""
         finish = "length"
@@ -288,7 +304,7 @@ class Engine:
                 timings.ttft_s = now - start
             timings.decode_s = now - start - timings.ttft_s
             generated.append(token)
-            delta = stops.push(decoder.push(token))
+            delta = stops.push("" if token in self.hidden_ids else decoder.push(token))
             text += delta
             yield TokenEvent(token, delta)
             if stops.stopped:
@@ -347,6 +363,14 @@ class Engine:
             if isinstance(event, DoneEvent):
                 done = event
         return done
+
+
+class ChatPrompt(list):
+    """Prompt token ids from `encode_chat`, with the chat format that wrote them."""
+
+    def __init__(self, ids, format: ChatFormat):
+        super().__init__(ids)
+        self.format = format
 
 
 def _profile_quality(profile) -> dict:

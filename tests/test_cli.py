@@ -141,3 +141,43 @@ def test_bench_decode_refuses_a_prompt_longer_than_its_text(capsys, tiny_gemma_g
     code, _, err = _run(capsys, "bench", "decode", "--model", str(tiny_gemma_gguf),
                         "--text", "prose", "--prompt-tokens", "100000")
     assert code == 2 and "--prompt-tokens" in err, err
+
+
+def test_generate_parses_special_tokens_in_the_prompt_unless_no_special(capsys, tiny_gemma_gguf):
+    sot = synthetic.CONTROL.index("<start_of_turn>")
+    args = ["generate", "<start_of_turn>the", "--model", str(tiny_gemma_gguf), "--json",
+            "--max-tokens", "1", "--temperature", "0"]
+    parsed = json.loads(_run(capsys, *args)[1])["prompt_token_ids"]
+    assert parsed[:2] == [2, sot]
+    literal = json.loads(_run(capsys, *args, "--no-special")[1])["prompt_token_ids"]
+    assert sot not in literal and len(literal) > len(parsed)
+
+
+def test_generate_chat_names_its_format(capsys, tiny_gemma_gguf):
+    base = ["generate", "hi", "--model", str(tiny_gemma_gguf), "--json", "--max-tokens", "2",
+            "--temperature", "0", "--chat"]
+    assert json.loads(_run(capsys, *base)[1])["chat_format"] == "transcript"
+    out = json.loads(_run(capsys, *base, "--chat-format", "gemma")[1])
+    sot = synthetic.CONTROL.index("<start_of_turn>")
+    assert out["chat_format"] == "gemma" and out["prompt_token_ids"].count(sot) == 2
+
+
+def test_chat_format_flag_errors_are_one_line(capsys, tiny_gemma_gguf):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "hi", "--chat", "--chat-format", "alpaca"])
+    assert exc.value.code == 2 and "invalid choice: 'alpaca'" in capsys.readouterr().err
+    code, _, err = _run(capsys, "generate", "hi", "--model", str(tiny_gemma_gguf),
+                        "--chat-format", "gemma")
+    assert code == 2 and "--chat-format needs --chat" in err
+    code, _, err = _run(capsys, "generate", "hi", "--model", str(tiny_gemma_gguf), "--chat",
+                        "--chat-format", "chatml")
+    assert code == 2 and "needs the <|im_start|> token" in err
+
+
+def test_info_names_the_chat_format(capsys, tiny_gemma_gguf):
+    code, out, _ = _run(capsys, "info", "--model", str(tiny_gemma_gguf), "--json")
+    chat = json.loads(out)["chat_format"]
+    assert chat["auto"] == "transcript" and "gemma" in chat["available"]
+    assert "chatml" not in chat["available"]
+    _, out, _ = _run(capsys, "info", "--model", str(tiny_gemma_gguf))
+    assert "chat format     transcript (no chat template in the file" in out

@@ -97,12 +97,76 @@ def test_prompt_filling_the_context_is_an_error(engine):
         _events(engine, [2] * 128, max_tokens=1)
 
 
-def test_chat_format_gemma_turns(engine):
-    ids = engine.encode_chat([ChatMessage("system", "Be brief."), ChatMessage("user", "hi")])
+def test_chat_on_a_file_without_template_is_a_transcript(engine):
+    assert engine.chat_format.name == "transcript"
+    ids = engine.encode_chat([ChatMessage("user", "hi")])
+    assert ids.format is engine.chat_format and ids[0] == engine.tokenizer.bos_id
     text = engine.tokenizer.decode(ids)
-    sot, eot = engine.tokenizer.id_of("<start_of_turn>"), engine.tokenizer.id_of("<end_of_turn>")
-    assert ids[0] == engine.tokenizer.bos_id and ids.count(sot) == 2 and ids.count(eot) == 1
+    assert text.endswith("User: hi\nAssistant:") and text.count("User: ") == 3
+
+
+def test_gemma_turns_when_asked(engine):
+    gemma = Engine(engine.loaded, EngineOptions(device="cpu", n_ctx=128, chat_format="gemma"))
+    ids = gemma.encode_chat([ChatMessage("system", "Be brief."), ChatMessage("user", "hi")])
+    text = gemma.tokenizer.decode(ids)
+    sot, eot = gemma.tokenizer.id_of("<start_of_turn>"), gemma.tokenizer.id_of("<end_of_turn>")
+    assert ids[0] == gemma.tokenizer.bos_id and ids.count(sot) == 2 and ids.count(eot) == 1
     assert "Be brief." in text and "hi" in text
+
+
+def test_unknown_or_impossible_chat_formats_are_config_errors(engine):
+    with pytest.raises(ConfigError, match="unknown --chat-format"):
+        EngineOptions(chat_format="alpaca")
+    with pytest.raises(ConfigError, match="no chat template"):
+        Engine(engine.loaded, EngineOptions(device="cpu", n_ctx=128, chat_format="template"))
+
+
+def test_a_chat_prompt_stops_at_its_format_stop_strings_without_leaking(engine):
+    from ember.models.chat_format import ChatFormat
+    from ember.offload.engine import ChatPrompt
+
+    ids = engine.encode("the")
+    free = engine.generate(ids, sampling=GREEDY, max_tokens=16, ignore_eos=True)
+    stop = free.text[len(free.text) // 2:][:3]
+    assert stop.strip(), free.text  # a visible stop string in the free-running text
+    prompt = ChatPrompt(ids, ChatFormat("test", (stop,), strip_leading_space=True))
+    events = _events(engine, prompt, max_tokens=16, ignore_eos=True)
+    done = events[-1]
+    assert done.finish_reason == "stop" and stop not in done.text
+    assert done.text == free.text[:free.text.index(stop)].lstrip(" \t")
+    assert "".join(e.text for e in events[:-1]) == done.text
+
+
+def test_image_markers_and_control_tokens_print_no_text(engine):
+    ids = engine.encode("the")
+    free = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True)
+    hidden = free.token_ids[0]
+    engine.hidden_ids = {hidden}
+    try:
+        done = engine.generate(ids, sampling=GREEDY, max_tokens=8, ignore_eos=True)
+    finally:
+        engine.hidden_ids = set()
+    assert done.token_ids == free.token_ids
+    assert done.text == engine.tokenizer.decode(t for t in free.token_ids if t != hidden)
+    assert engine.tokenizer.token_bytes(engine.tokenizer.id_of("<end_of_turn>")) == b""
+
+
+def test_every_family_end_of_turn_token_in_the_vocabulary_stops(engine):
+    from types import SimpleNamespace
+
+    from ember.models.loader import ModelSource
+    from ember.models.tokenizer import Tokenizer, VocabSpec
+
+    ends = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>"]
+    tokens = ["<unk>", "<s>", "</s>", *ends, "<|im_start|>", "a", "b"]
+    types = [2, 3, 3, 3, 3, 3, 3, 1, 1]
+    tok = Tokenizer.from_vocab(VocabSpec(tokens=tokens, token_types=types, bos_id=1, eos_id=2,
+                                         unk_id=0))
+    stop_ids = ModelSource.stop_ids.fget(SimpleNamespace(tokenizer=tok))
+    assert {tok.id_of(t) for t in ["</s>", *ends]} <= set(stop_ids)
+    assert tok.id_of("a") not in stop_ids
+    # The engine's own set comes from its file's vocabulary: EOS and Gemma's end of turn.
+    assert {engine.tokenizer.eos_id, engine.tokenizer.id_of("<end_of_turn>")} <= engine.stop_ids
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(engine):

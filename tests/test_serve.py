@@ -33,7 +33,10 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 def engine(tiny_gemma_gguf):
     from ember.offload.engine import Engine, EngineOptions
 
-    engine = Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=256, threads=1))
+    # Gemma's turns, not the transcript a file without a template gets: the transcript's
+    # preamble alone is ~230 tokens of the tiny model's character-level vocabulary.
+    engine = Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=256, threads=1,
+                                                        chat_format="gemma"))
     yield engine
     engine.close()
 

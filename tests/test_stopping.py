@@ -25,3 +25,18 @@ def test_earliest_of_several_stops_wins():
 
 def test_no_stops_passes_everything():
     assert _run([], ["a", "b"]) == ("ab", False)
+
+
+def test_leading_spaces_are_dropped_when_asked():
+    s = StopStrings(["\nUser:"], strip_leading=True)
+    shown = "".join(s.push(d) for d in [" ", " Paris", " is", "\nUser:"])
+    assert (shown + s.flush(), s.stopped) == ("Paris is", True)
+
+
+def test_a_stop_string_at_the_very_start_ends_with_an_empty_reply():
+    s = StopStrings(["\n\n"], strip_leading=True)
+    assert s.push(" \n") == "" and s.push("\nmore") == "" and s.stopped
+
+
+def test_leading_spaces_stay_by_default():
+    assert _run(["END"], [" a"]) == (" a", False)

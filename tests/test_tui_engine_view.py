@@ -290,8 +290,10 @@ def test_backend_reports_speculation_from_a_real_engine(tiny_gemma_gguf):
     from ember.models.loader import load_model
     from ember.offload.engine import Engine, EngineOptions
 
+    # Gemma's turns, not the transcript a file without a template gets: the transcript's
+    # preamble alone is ~230 tokens of the tiny model's character-level vocabulary.
     engine = Engine(load_model(tiny_gemma_gguf),
-                    EngineOptions(device="cpu", n_ctx=128, speculate="lookup"))
+                    EngineOptions(device="cpu", n_ctx=128, speculate="lookup", chat_format="gemma"))
     backend = EngineBackend.from_engine(engine, "tiny")
     before = backend.stats()
     assert before["speculate"] == "lookup" and before["speculation"] is None

@@ -23,7 +23,9 @@ from ember.offload.engine import Engine, EngineOptions
 def tiny_engine(tmp_path):
     cfg = synthetic.tiny_config("gemma3")
     path = synthetic.write_gguf(tmp_path / "t.gguf", cfg, synthetic.tiny_weights(cfg, 0))
-    return Engine(load_model(path), EngineOptions(device="cpu", n_ctx=128))
+    # Gemma's turns, not the transcript a file without a template gets: the transcript's
+    # preamble alone is ~230 tokens of the tiny model's character-level vocabulary.
+    return Engine(load_model(path), EngineOptions(device="cpu", n_ctx=128, chat_format="gemma"))
 
 
 async def _until(condition, timeout=20.0):

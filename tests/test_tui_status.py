@@ -68,3 +68,14 @@ def test_kv_parts_from_engine_kv_usage():
           "host_blocks_free": 1683, "swaps_out": 2, "swaps_in": 1, "dropped": 1}
     assert [text for _, text in kv_parts(kv)] == ["KV 312/1803 dev", "120 host",
                                                   "3 swaps, 1 dropped"]
+
+
+@pytest.mark.asyncio
+async def test_status_names_the_chat_format_when_ready_and_after_a_reply(tmp_path):
+    engine = FakeEngine(["ok"], chat_format="transcript")
+    app = make_app(tmp_path / "chat.db", engine)
+    async with app.run_test(size=(160, 24)) as pilot:
+        await ready(pilot)
+        assert "ready" in status_text(app) and "transcript chat" in status_text(app)
+        await send(pilot, "hello")
+        assert status_text(app).endswith(" · transcript chat")

@@ -34,7 +34,8 @@ def load_engine(args):
                             ffn_mode=getattr(args, "ffn_mode", "auto"),
                             speculate=getattr(args, "speculate", "off"),
                             tree=getattr(args, "tree", None),
-                            draft_model=getattr(args, "draft_model", None))
+                            draft_model=getattr(args, "draft_model", None),
+                            chat_format=getattr(args, "chat_format", "auto"))
     print("ember: loading model…", file=sys.stderr, flush=True)
     return Engine.load(model_path(args), options)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 from ..process_clock import TimingsReport
+from ember.models.errors import EmberError
+
 from .common import load_engine, print_json, read_prompt
 
 
@@ -14,6 +16,10 @@ def run(args) -> int:
     from ember.offload.sampler import SamplingParams
 
     prompt = read_prompt(args.prompt)
+    if args.system and not args.chat:
+        raise EmberError("--system needs --chat (a system prompt belongs to a conversation)")
+    if args.chat_format != "auto" and not args.chat:
+        raise EmberError("--chat-format needs --chat")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
     engine = load_engine(args)
@@ -21,7 +27,8 @@ def run(args) -> int:
         messages = [ChatMessage("system", args.system)] if args.system else []
         ids = engine.encode_chat(messages + [ChatMessage("user", prompt)])
     else:
-        ids = engine.encode(prompt)
+        # As llama.cpp: "<start_of_turn>" written in a prompt is that token, unless asked not.
+        ids = engine.encode(prompt, parse_special=not args.no_special)
     report = TimingsReport.from_env()  # EMBER_REPORT_TIMINGS=path: `ember bench startup`
     done = None
     for event in engine.stream(ids, sampling=sampling, max_tokens=args.max_tokens,
@@ -41,6 +48,7 @@ def run(args) -> int:
             "token_ids": done.token_ids,
             "prompt_token_ids": done.prompt_token_ids,
             "finish_reason": done.finish_reason,
+            "chat_format": engine.chat_format.name if args.chat else None,
             "ttft_s": t.ttft_s,
             "prefill_tokens_per_s": t.prefill_tokens_per_s,
             "decode_tokens_per_s": t.decode_tokens_per_s,

@@ -15,6 +15,7 @@ def run(args) -> int:
 
     source = open_model(model_path(args))
     s = summarize(source, args.ctx_size)
+    s["chat_format"] = _chat_formats(source)
     plan = _gpu_plan(source.config, args)
     if plan is not None:
         rows, dtype = _host_rows(source.config, plan)
@@ -31,6 +32,9 @@ def run(args) -> int:
              if s["sliding_window"] else ""))
     print(f"  vocabulary      {s['vocab_size']:,}" + ("  (tied LM head)" if s["tied_embeddings"] else ""))
     print(f"  context         {s['context_length']:,} tokens")
+    chat = s["chat_format"]
+    also = ", ".join(f for f in chat["available"] if f != chat["auto"])
+    print(f"  chat format     {chat['auto']} ({chat['why']}); --chat-format also takes {also}")
     print("  quant types     " + ", ".join(f"{k} x{v}" for k, v in sorted(s["quant_types"].items())))
     print("  stored bytes    " + ", ".join(f"{k} {_mib(v)}" for k, v in s["stored_bytes"].items()))
     m = s["memory"]
@@ -43,6 +47,29 @@ def run(args) -> int:
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
     return 0
+
+
+def _chat_formats(source) -> dict:
+    """The chat format `--chat-format auto` picks for this file, why, and every format
+    the file can be given."""
+    from ember.models.chat_format import CHAT_FORMATS, resolve_chat_format
+    from ember.models.errors import ConfigError
+
+    has_template = bool(source.chat_template)
+    has_token = lambda t: source.tokenizer.id_of(t) is not None  # noqa: E731
+
+    def works(name: str) -> bool:
+        try:
+            resolve_chat_format(name, has_template=has_template, has_token=has_token)
+            return True
+        except ConfigError:
+            return False
+
+    why = ("the file's chat template" if has_template else
+           "no chat template in the file: a base model")
+    return {"auto": resolve_chat_format("auto", has_template=has_template,
+                                        has_token=has_token).name,
+            "why": why, "available": [f for f in CHAT_FORMATS if f != "auto" and works(f)]}
 
 
 def _host_rows(cfg, plan) -> tuple[int, str]:

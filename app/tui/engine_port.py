@@ -48,7 +48,8 @@ class EnginePort(Protocol):
         - "hybrid": `Engine.hybrid_report()` (the GPU-tier plan, hot fraction per layer,
           measured FFN sparsity), None for a dense engine;
         - "speculate": the drafter asked for ("off", "self", ...), "speculation": the last
-          reply's `SpecStats.to_dict()` (acceptance), None before one or when off.
+          reply's `SpecStats.to_dict()` (acceptance), None before one or when off;
+        - "chat_format": how conversations are written for the model ("transcript", ...).
 
         Keys the engine does not have are left out.
         """
@@ -99,6 +100,8 @@ class EngineBackend:
             stats["speculate"] = options.speculate
         if hasattr(engine, "speculation"):
             stats["speculation"] = engine.speculation
+        if hasattr(engine, "chat_format"):
+            stats["chat_format"] = engine.chat_format.name
         return stats
 
     def stream_reply(self, messages, settings, cancel, session="default"):

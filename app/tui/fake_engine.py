@@ -32,7 +32,8 @@ class FakeEngine:
                  load_gate: threading.Event | None = None, n_ctx: int = 4096,
                  name: str = "fake model", kv_device_blocks: int = 1803,
                  kv_host_blocks: int = 1803, hybrid: dict | None = None,
-                 speculate: str = "off", speculation: dict | None = None):
+                 speculate: str = "off", speculation: dict | None = None,
+                 chat_format: str | None = None):
         self.name = name
         self.replies = list(replies or ["Hello! How can I help?"])
         self.token_delay = token_delay
@@ -46,6 +47,7 @@ class FakeEngine:
         self.hybrid = hybrid  # what stats() reports as the hybrid report (None: dense)
         self.speculate = speculate
         self.speculation = speculation  # SpecStats.to_dict()-shaped, or None
+        self.chat_format = chat_format  # reported by stats() when set ("transcript", ...)
         self._n_ctx = n_ctx
         self.kv_capacity = {"device": kv_device_blocks, "host": kv_host_blocks}
         self._kv: dict[str, tuple[str, int]] = {}  # session -> (tier, blocks), least recent first
@@ -97,7 +99,8 @@ class FakeEngine:
         """Shaped like `EngineBackend.stats()`: the KV pools as `Engine.kv_usage()` reports them."""
         used = {tier: self._used(tier) for tier in ("device", "host")}
         counts = self._kv_counts
-        return {"lm_head": "q8_0", "hybrid": self.hybrid, "speculate": self.speculate,
+        chat = {"chat_format": self.chat_format} if self.chat_format else {}
+        return {**chat, "lm_head": "q8_0", "hybrid": self.hybrid, "speculate": self.speculate,
                 "speculation": self.speculation, "kv": {
             "block_size": KV_BLOCK_TOKENS, "block_bytes": KV_BLOCK_BYTES,
             "device_blocks_used": used["device"],

@@ -1,7 +1,8 @@
 """One line under the chat: model state (with loading progress), then after each reply tokens/s,
 time to first token, context used / max, speculation acceptance (tokens per verification),
-measured FFN sparsity, the hot fraction on the GPU tier and the KV cache (blocks on device /
-host, swaps so far); the engine figures appear only when the engine has them.
+measured FFN sparsity, the hot fraction on the GPU tier, the KV cache (blocks on device /
+host, swaps so far) and the chat format ("transcript chat"); the engine figures appear only
+when the engine has them.
 
 After a reply the line is built from ranked parts and the least important are left out until it
 fits the bar (again whenever the terminal is resized), so 80 columns keep what matters most.
@@ -70,6 +71,8 @@ class StatusBar(Horizontal):
         kv = engine_stats.get("kv")
         if kv:
             parts += kv_parts(kv)
+        if engine_stats.get("chat_format"):
+            parts.append((11, f"{engine_stats['chat_format']} chat"))
         self._set_parts(parts)
 
     def on_resize(self) -> None:
@@ -125,8 +128,10 @@ def hybrid_parts(report: dict | None) -> list[tuple[int, str]]:
 
 
 def setup_parts(engine_stats: dict) -> list[str]:
-    """How the engine runs, for the "ready" line: the FFN split and the drafter, if any."""
-    parts = [text for _, text in hybrid_parts(engine_stats.get("hybrid"))]
+    """How the engine runs, for the "ready" line: the chat format, the FFN split and the
+    drafter, if any."""
+    parts = [f"{engine_stats['chat_format']} chat"] if engine_stats.get("chat_format") else []
+    parts += [text for _, text in hybrid_parts(engine_stats.get("hybrid"))]
     speculate = engine_stats.get("speculate")
     if speculate and speculate != "off":
         parts.append(f"speculate {speculate}")
