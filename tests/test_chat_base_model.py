@@ -66,3 +66,49 @@ def test_control_and_image_tokens_are_special_and_silent(default_engine):
     assert ids[:2] == [tok.bos_id, 105] and ids[-1] == 106
     assert tok.id_of("<start_of_image>") in default_engine.hidden_ids
     assert {1, 106} <= default_engine.stop_ids  # <eos>, <end_of_turn>
+
+
+def test_chat_app_port_answers_a_follow_up_in_the_same_conversation(default_engine):
+    """The chat app's engine port (what `ember chat` runs): two turns of one conversation,
+    each ending by itself, the second prefilling only its new turn."""
+    import threading
+
+    from ember.app.tui.engine_port import EngineBackend
+    from ember.app.tui.settings import ChatSettings
+
+    backend = EngineBackend.from_engine(default_engine, "default")
+    assert backend.stats()["chat_format"] == "transcript"
+    settings = ChatSettings(temperature=0.0, max_tokens=MAX_TOKENS)
+    messages = [ChatMessage("user", "What is the capital of France?")]
+    first = list(backend.stream_reply(messages, settings, threading.Event(), session="c1"))[-1]
+    assert first.finish_reason == "stop" and "paris" in first.text.lower()
+    messages += [ChatMessage("assistant", first.text),
+                 ChatMessage("user", "What do bees make?")]
+    second = list(backend.stream_reply(messages, settings, threading.Event(), session="c1"))
+    done = second[-1]
+    assert done.finish_reason == "stop" and "honey" in done.text.lower()
+    assert "".join(e.text for e in second[:-1]) == done.text  # the streamed text, no stop string
+    # The transcript only grows: the first turn's cache is reused, the new turn prefilled.
+    assert default_engine.runner.last_prefill_tokens < len(done.prompt_token_ids) // 4
+
+
+def test_serve_chat_completion_stops_at_the_transcript_turn(default_engine):
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from ember.app.serve.server import create_app
+    from ember.app.serve.worker import EngineWorker
+
+    worker = EngineWorker(default_engine, max_queue=2)
+    try:
+        client = TestClient(create_app(worker, "gemma"))
+        body = client.post("/v1/chat/completions", json={
+            "model": "gemma", "temperature": 0, "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "user", "content": "Who wrote Romeo and Juliet?"}]}).json()
+    finally:
+        worker.close()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop", body
+    assert "shakespeare" in choice["message"]["content"].lower()
+    assert "User:" not in choice["message"]["content"]
