@@ -127,9 +127,7 @@ class Engine:
         # Image markers some vocabularies file as text: generated, they are never shown.
         self.hidden_ids = {i for t in NON_TEXT_TOKENS
                            if (i := self.tokenizer.id_of(t)) is not None}
-        self.chat_format = resolve_chat_format(
-            options.chat_format, has_template=bool(loaded.source.chat_template),
-            has_token=lambda t: self.tokenizer.id_of(t) is not None)
+        self.chat_format = self.resolve_chat_format(options.chat_format)
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
                                self.kv_plan.block_size, compute, DEFAULT_ROLLBACK_MARGIN,
                                self.kv_dtype)
@@ -248,15 +246,23 @@ class Engine:
     def encode(self, text: str, parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_bos=True, parse_special=parse_special)
 
-    def encode_chat(self, messages: list[ChatMessage]) -> "ChatPrompt":
-        """The conversation in this engine's chat format, as token ids that carry the
-        format (so `stream()` ends the reply at its stop strings)."""
+    def resolve_chat_format(self, choice: str) -> ChatFormat:
+        """What a --chat-format choice means for this model (ConfigError if it cannot be)."""
+        return resolve_chat_format(choice, has_template=bool(self.loaded.source.chat_template),
+                                   has_token=lambda t: self.tokenizer.id_of(t) is not None)
+
+    def encode_chat(self, messages: list[ChatMessage],
+                    chat_format: str | None = None) -> "ChatPrompt":
+        """The conversation in this engine's chat format (or in `chat_format`, a
+        --chat-format choice), as token ids that carry the format (so `stream()` ends the
+        reply at its stop strings)."""
+        fmt = self.chat_format if chat_format is None else self.resolve_chat_format(chat_format)
         text = render_chat(
-            messages, self.chat_format, template=self.loaded.source.chat_template,
+            messages, fmt, template=self.loaded.source.chat_template,
             bos_text=self._token_text(self.tokenizer.bos_id),
             eos_text=self._token_text(self.tokenizer.eos_id),
         )
-        return ChatPrompt(self.encode(text, parse_special=True), self.chat_format)
+        return ChatPrompt(self.encode(text, parse_special=True), fmt)
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokenizer.token_text(token_id)

@@ -409,3 +409,19 @@ async def test_each_conversation_streams_in_its_own_engine_session(tmp_path):
         await send(pilot, "second")
     assert len(set(engine.sessions)) == 2
     assert all(s.startswith("conversation-") for s in engine.sessions)
+
+
+@pytest.mark.asyncio
+async def test_chat_format_set_in_settings_reaches_the_engine(tmp_path):
+    engine = FakeEngine(["ok"])
+    app = make_app(tmp_path / "chat.db", engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        screen = app.screen
+        screen.query_one("#chat_format").value = "chatml"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is not screen)
+        await send(pilot, "hi")
+        assert engine.last_settings.chat_format == "chatml"

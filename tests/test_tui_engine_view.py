@@ -303,3 +303,23 @@ def test_backend_reports_speculation_from_a_real_engine(tiny_gemma_gguf):
     spec = backend.stats()["speculation"]
     assert spec["verifications"] >= 1
     assert speculation_parts(spec) == [(3, f"spec {spec['mean_accepted_length']:.1f} tok/step")]
+
+
+def test_backend_writes_a_conversation_in_its_settings_chat_format(tiny_gemma_gguf):
+    from ember.app.tui.settings import ChatSettings
+    from ember.models.chat_format import ChatMessage
+    from ember.models.errors import ConfigError
+    from ember.models.loader import load_model
+    from ember.offload.engine import Engine, EngineOptions
+
+    engine = Engine(load_model(tiny_gemma_gguf),
+                    EngineOptions(device="cpu", n_ctx=256, chat_format="gemma"))
+    backend = EngineBackend.from_engine(engine, "tiny")
+    assert backend.stats()["chat_format"] == "gemma"  # the engine's, before any reply
+    msgs = [ChatMessage("user", "hi")]
+    events = list(backend.stream_reply(msgs, ChatSettings(max_tokens=2, chat_format="transcript"),
+                                       threading.Event()))
+    assert engine.tokenizer.decode(events[-1].prompt_token_ids).endswith("User: hi\nAssistant:")
+    assert backend.stats()["chat_format"] == "transcript"
+    with pytest.raises(ConfigError, match="no chat template"):
+        list(backend.stream_reply(msgs, ChatSettings(chat_format="template"), threading.Event()))

@@ -92,6 +92,15 @@ def test_settings_form_parsing():
     assert ChatSettings.from_form(form) == ChatSettings()
     assert ChatSettings.from_form({**form, "seed": " 9 ", "top_p": "1"}) == \
         ChatSettings(seed=9, top_p=1.0)
+    assert form["chat_format"] == ""  # blank: the format `ember chat` was started with
+    assert ChatSettings.from_form({**form, "chat_format": " Gemma "}).chat_format == "gemma"
+
+
+def test_settings_chat_format_is_stored_and_a_bad_stored_one_ignored():
+    s = ChatSettings(chat_format="transcript")
+    assert ChatSettings.from_json(s.to_json()) == s
+    assert ChatSettings.from_json('{"chat_format": "alpaca", "top_k": 3}') == ChatSettings(top_k=3)
+    assert ChatSettings.from_json('{"chat_format": 7}') == ChatSettings()
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -103,6 +112,7 @@ def test_settings_form_parsing():
     ("repeat_penalty", "0", "repeat penalty must be > 0"),
     ("max_tokens", "0", "max tokens must be at least 1"),
     ("seed", "x", "seed must be a whole number"),
+    ("chat_format", "alpaca", "chat format must be blank or one of auto, template, transcript"),
 ])
 def test_settings_form_errors_name_the_field(field, value, message):
     form = {**ChatSettings().as_form(), field: value}

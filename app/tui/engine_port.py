@@ -49,7 +49,8 @@ class EnginePort(Protocol):
           measured FFN sparsity), None for a dense engine;
         - "speculate": the drafter asked for ("off", "self", ...), "speculation": the last
           reply's `SpecStats.to_dict()` (acceptance), None before one or when off;
-        - "chat_format": how conversations are written for the model ("transcript", ...).
+        - "chat_format": how the latest reply's conversation was written for the model
+          ("transcript", ...; before one, the engine's default).
 
         Keys the engine does not have are left out.
         """
@@ -65,6 +66,7 @@ class EngineBackend:
         self._model_path = model_path
         self._options = dict(device=device, n_ctx=n_ctx, threads=threads, **options)
         self._engine = engine
+        self._chat_format: str | None = None  # the format of the latest reply's prompt
 
     @classmethod
     def from_engine(cls, engine, name: str = "model") -> "EngineBackend":
@@ -101,14 +103,15 @@ class EngineBackend:
         if hasattr(engine, "speculation"):
             stats["speculation"] = engine.speculation
         if hasattr(engine, "chat_format"):
-            stats["chat_format"] = engine.chat_format.name
+            stats["chat_format"] = self._chat_format or engine.chat_format.name
         return stats
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         # Each turn re-encodes the whole conversation; the engine's session for it keeps the
         # KV cache of the shared prefix (swapped to host RAM while another conversation runs),
         # so only the new turn is prefilled.
-        prompt_ids = self._engine.encode_chat(messages)
+        prompt_ids = self._engine.encode_chat(messages, settings.chat_format or None)
+        self._chat_format = prompt_ids.format.name
         yield from self._engine.stream(prompt_ids, sampling=settings.sampling(),
                                        max_tokens=settings.max_tokens, cancel=cancel,
                                        session=session)

@@ -1,4 +1,4 @@
-"""Per-conversation generation settings: sampling knobs plus the reply length.
+"""Per-conversation generation settings: sampling knobs, the reply length and the chat format.
 
 Stored as JSON with each conversation. Validation reuses `SamplingParams` (imported lazily:
 it pulls in torch, and the UI should appear before torch has finished importing).
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
+from ember.models.chat_format import CHAT_FORMATS
 from ember.models.errors import ConfigError
 
 DEFAULT_MAX_TOKENS = 512
@@ -31,6 +32,7 @@ class ChatSettings:
     repeat_penalty: float = 1.0
     max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int | None = None
+    chat_format: str = ""  # a --chat-format choice; "" = the one `ember chat` was started with
 
     def sampling(self):
         """The engine's `SamplingParams` for these settings (raises ConfigError if out of range)."""
@@ -42,6 +44,9 @@ class ChatSettings:
     def validate(self) -> None:
         if self.max_tokens < 1:
             raise SettingError("max_tokens", f"max tokens must be at least 1, got {self.max_tokens}")
+        if self.chat_format and self.chat_format not in CHAT_FORMATS:
+            raise SettingError("chat_format", f"chat format must be blank or one of "
+                               f"{', '.join(CHAT_FORMATS)}; got {self.chat_format!r}")
         try:
             self.sampling()
         except ConfigError as exc:
@@ -67,7 +72,10 @@ class ChatSettings:
         known = {f.name: f for f in fields(cls)}
         kwargs = {}
         for name, value in data.items():
-            if name in known and (value is None or isinstance(value, (int, float))):
+            if name == "chat_format":
+                if isinstance(value, str) and value in ("", *CHAT_FORMATS):
+                    kwargs[name] = value
+            elif name in known and (value is None or isinstance(value, (int, float))):
                 kwargs[name] = value
         return cls(**kwargs)
 
@@ -83,6 +91,9 @@ class ChatSettings:
         for f in fields(cls):
             raw = form.get(f.name, "").strip()
             label = f.name.replace("_", " ")
+            if f.name == "chat_format":
+                kwargs[f.name] = raw.lower()
+                continue
             if f.name == "seed" and raw == "":
                 kwargs[f.name] = None  # blank seed: a fresh random draw each reply
                 continue

@@ -1,4 +1,4 @@
-"""The settings screen: system prompt and sampling for the current conversation.
+"""The settings screen: system prompt, sampling and chat format for the current conversation.
 
 Invalid values keep the screen open with the reason shown under the fields and the offending
 field focused; nothing is saved until every field is valid.
@@ -23,7 +23,11 @@ FIELDS = {
     "repeat_penalty": "Repeat penalty (1 = off)",
     "max_tokens": "Max tokens per reply",
     "seed": "Seed (blank = random)",
+    "chat_format": "Chat format",
 }
+
+# What a blank field means, where that is not in the label.
+PLACEHOLDERS = {"chat_format": "as started (--chat-format)"}
 
 
 class SettingsScreen(ModalScreen[tuple[str, ChatSettings] | None]):
@@ -59,7 +63,8 @@ class SettingsScreen(ModalScreen[tuple[str, ChatSettings] | None]):
                             placeholder="(none)")
                 for name, label in FIELDS.items():
                     yield Label(label)
-                    yield Input(form[name], id=name, compact=True)
+                    yield Input(form[name], id=name, compact=True,
+                                placeholder=PLACEHOLDERS.get(name, ""))
             yield Label("", id="error", markup=False)
             with Horizontal():
                 yield Button("Save", variant="primary", id="save")
