@@ -12,6 +12,7 @@ swaps, drops, and time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import sys
@@ -20,12 +21,14 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 
 from ember.models.chat_format import ChatMessage
 from ember.models.default_model import default_model_path
 from ember.models.loader import load_model
 from ember.offload.engine import Engine, EngineOptions
 from ember.offload.kv_plan import plan_kv
+from ember.offload.quant_model import kv_dtype
 from ember.offload.sampler import SamplingParams
 
 USER_LINES = [
@@ -45,10 +48,14 @@ def _tiny_model(folder: Path) -> Path:
 def swapping_engine(loaded, n_ctx: int, threads: int | None = None) -> Engine:
     """An engine whose device KV pool holds about one full conversation (host: two), so
     round-robin turns swap and, once the host fills, drop and recompute."""
-    plan = plan_kv(loaded.config, n_ctx)
-    return Engine(loaded, EngineOptions(
-        device="cpu", n_ctx=n_ctx, threads=threads,
-        kv_budget=plan.min_device_blocks * plan.block_bytes,
+    options = EngineOptions(device="cpu", n_ctx=n_ctx, threads=threads,
+                            # the family format: short turns (a base model's transcript
+                            # preamble alone would nearly fill a tiny model's context)
+                            chat_format="gemma")
+    value_bytes = kv_dtype(options, torch.device("cpu")).itemsize
+    plan = plan_kv(loaded.config, n_ctx, value_bytes=value_bytes)
+    return Engine(loaded, dataclasses.replace(
+        options, kv_budget=plan.min_device_blocks * plan.block_bytes,
         kv_host_budget=2 * plan.min_device_blocks * plan.block_bytes))
 
 

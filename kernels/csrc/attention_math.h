@@ -90,6 +90,16 @@ inline float exp_shifted(float* v, int64_t n, float m) {
     return total;
 }
 
+// n half values to float (exact).
+inline void to_float(const half_t* x, int64_t n, float* out) {
+    int64_t i = 0;
+#ifdef EMBER_ATTENTION_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+#endif
+    for (; i < n; ++i) out[i] = static_cast<float>(x[i]);
+}
+
 #ifdef EMBER_ATTENTION_AVX2
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const half_t* p) {
@@ -154,30 +164,41 @@ inline float score1(const float* q, const T* k, int64_t hd, float scale) {
 }
 
 // o (hd values) += sum over j of p[j] * v[j] (each hd values), in j order, one fma per value
-// and key. With the output in registers for a run of keys (a head dim the code is unrolled
-// for) or in memory (any other): the same operations either way for a given head dim.
-template <int HD, class T>
-inline void accumulate_fixed(float* o, const float* p, const T* const* v, int64_t n) {
+// and key. The output is held in registers (128, 64, then 8 values at a time, then one) while
+// the run of keys passes: the same fma sequence for every value whatever the head dim.
 #ifdef EMBER_ATTENTION_AVX2
-    __m256 acc[HD / 8];
-    for (int i = 0; i < HD / 8; ++i) acc[i] = _mm256_loadu_ps(o + 8 * i);
+// Columns c..c+8W of o over the run of keys, in W registers.
+template <int W, class T>
+inline void accumulate_columns(float* o, const float* p, const T* const* v, int64_t n, int64_t c) {
+    __m256 acc[W];
+    for (int i = 0; i < W; ++i) acc[i] = _mm256_loadu_ps(o + c + 8 * i);
     for (int64_t j = 0; j < n; ++j) {
         const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < HD / 8; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(v[j] + 8 * i), acc[i]);
+        for (int i = 0; i < W; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(v[j] + c + 8 * i), acc[i]);
     }
-    for (int i = 0; i < HD / 8; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
-#else
-    for (int64_t j = 0; j < n; ++j)
-        for (int i = 0; i < HD; ++i) o[i] = std::fma(p[j], value(v[j][i]), o[i]);
-#endif
+    for (int i = 0; i < W; ++i) _mm256_storeu_ps(o + c + 8 * i, acc[i]);
 }
+#endif
 
 template <class T>
 inline void accumulate(float* o, const float* p, const T* const* v, int64_t n, int64_t hd) {
-    if (hd == 64) return accumulate_fixed<64>(o, p, v, n);
-    if (hd == 128) return accumulate_fixed<128>(o, p, v, n);
-    for (int64_t j = 0; j < n; ++j)
-        for (int64_t i = 0; i < hd; ++i) o[i] = std::fma(p[j], value(v[j][i]), o[i]);
+    int64_t c = 0;
+#ifdef EMBER_ATTENTION_AVX2
+    // 128 columns at once where they come (one pass over a 7B head's values, not two: two
+    // passes over 16 rows 16 KiB apart cost ~2x at long contexts), then 64, then 8.
+    for (; c + 128 <= hd; c += 128) accumulate_columns<16>(o, p, v, n, c);
+    for (; c + 64 <= hd; c += 64) accumulate_columns<8>(o, p, v, n, c);
+    for (; c + 8 <= hd; c += 8) {
+        __m256 acc = _mm256_loadu_ps(o + c);
+        for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v[j] + c), acc);
+        _mm256_storeu_ps(o + c, acc);
+    }
+#endif
+    for (; c < hd; ++c) {
+        float acc = o[c];
+        for (int64_t j = 0; j < n; ++j) acc = std::fma(p[j], value(v[j][c]), acc);
+        o[c] = acc;
+    }
 }
 
 }  // namespace ember_attention

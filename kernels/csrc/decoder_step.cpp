@@ -11,6 +11,25 @@
 
 #include "ops.h"
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// n floats to IEEE half, rounded to nearest even (F16C eight at a time where built for it).
+void to_half(const float* x, int64_t n, at::Half* out) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; ++i) out[i] = at::Half(x[i]);
+}
+
+}  // namespace
+
 void DecoderStep::add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
                             std::vector<int64_t> qkv_types, int64_t n_heads, int64_t n_kv,
                             int64_t head_dim, c10::optional<at::Tensor> q_norm,
@@ -63,10 +82,9 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
     const float* base = qkv.data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
         const float* row = base + t * width + q_cols;
-        if (half) {  // rounded to nearest, as torch's .half()
-            at::Half* kp = k_pool.data_ptr<at::Half>() + own[t] * kv;
-            at::Half* vp = v_pool.data_ptr<at::Half>() + own[t] * kv;
-            for (int64_t i = 0; i < kv; ++i) kp[i] = at::Half(row[i]), vp[i] = at::Half(row[kv + i]);
+        if (half) {  // rounded to nearest even, as torch's .half()
+            to_half(row, kv, k_pool.data_ptr<at::Half>() + own[t] * kv);
+            to_half(row + kv, kv, v_pool.data_ptr<at::Half>() + own[t] * kv);
         } else {
             std::memcpy(k_pool.data_ptr<float>() + own[t] * kv, row, kv * sizeof(float));
             std::memcpy(v_pool.data_ptr<float>() + own[t] * kv, row + kv, kv * sizeof(float));
