@@ -279,7 +279,8 @@ class Engine:
 
         Stops at an end-of-sequence/end-of-turn token (unless `ignore_eos`), a `stop` string
         (a `ChatPrompt` adds its format's), `max_tokens`, a full context, or when `cancel` is
-        set (checked before every token). Control and image-marker tokens show no text.
+        set (checked before each prompt chunk and every token). Control and image-marker tokens
+        show no text.
         """
         if max_tokens < 1:
             raise ConfigError(f"max tokens must be at least 1, got {max_tokens}")
@@ -338,8 +339,11 @@ class Engine:
                 self.speculation = stats.to_dict()
             return
         t0 = time.perf_counter()
-        logits = self.runner.prefill(session, list(prompt_ids))
+        logits = self.runner.prefill(session, list(prompt_ids), cancel)
         timings.prefill_s = time.perf_counter() - t0
+        if logits is None:  # cancelled between prompt chunks
+            yield None, "cancelled"
+            return
         history = list(prompt_ids)
         for i in range(max_tokens):
             if cancel is not None and cancel.is_set():

@@ -9,6 +9,7 @@ session the cache had to drop is recomputed from its tokens, transparently.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -53,10 +54,13 @@ class Runner:
         if name in self.sessions:
             self.kv.free(self.sessions.pop(name).seq_id)
 
-    def prefill(self, name: str, ids: list[int]) -> torch.Tensor:
+    def prefill(self, name: str, ids: list[int],
+                cancel: threading.Event | None = None) -> torch.Tensor | None:
         """Make session `name` hold exactly `ids`; returns the logits after the last one.
 
-        Reuses the longest common prefix with what the session already holds.
+        Reuses the longest common prefix with what the session already holds. With `cancel`,
+        checked before each chunk: once it is set, returns None, the session holding the
+        chunks already done (a later prompt extending them reuses them).
         """
         if not ids:
             raise ConfigError("the prompt is empty")
@@ -75,6 +79,8 @@ class Runner:
         hidden = None
         self.last_prefill_tokens = len(ids) - keep
         for lo in range(keep, len(ids), self.prefill_chunk):
+            if cancel is not None and cancel.is_set():
+                return None
             chunk = ids[lo: lo + self.prefill_chunk]
             hidden = self.model.hidden(self._tensor(chunk), self.kv.view(s.seq_id))
             s.tokens.extend(chunk)

@@ -142,8 +142,11 @@ def speculative_steps(runner: Runner, session: str, drafter, sizer: TreeSizer, s
                       cancel, stats: SpecStats):
     """Yield (token, None) per generated token, then (None, finish_reason) if it ends early."""
     t0 = time.perf_counter()
-    logits = runner.prefill(session, list(prompt_ids))
+    logits = runner.prefill(session, list(prompt_ids), cancel)
     timings.prefill_s = time.perf_counter() - t0
+    if logits is None:  # cancelled between prompt chunks
+        yield None, "cancelled"
+        return
     drafter.start(runner, session, list(prompt_ids))
     history = list(prompt_ids)
     queue = [sampler(logits, history)]

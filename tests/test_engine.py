@@ -82,6 +82,39 @@ def test_cancel_stops_before_next_token(engine):
     assert seen[-1].finish_reason == "cancelled" and len(seen[-1].token_ids) == 3
 
 
+@pytest.mark.parametrize("speculate", ["off", "lookup"])
+def test_cancel_stops_a_long_prompt_between_chunks(tiny_models, speculate):
+    """A client that leaves during a long prefill stops it at the next prompt chunk; the
+    session keeps the chunks already done, and a later prompt reuses them."""
+    from ember.models.loader import load_model
+
+    engine = Engine(load_model(tiny_models["gemma3"][2]),
+                    EngineOptions(device="cpu", n_ctx=128, speculate=speculate))
+    engine.runner.prefill_chunk = 8
+    model, cancel, passes = engine.runner.model, threading.Event(), []
+    pass_rows = model.hidden
+
+    def hidden(ids, cache, *args, **kwargs):  # the client leaves during the second chunk
+        passes.append(len(ids))
+        if len(passes) == 2:
+            cancel.set()
+        return pass_rows(ids, cache, *args, **kwargs)
+
+    model.hidden = hidden
+    try:
+        prompt = list(range(3, 43))  # five chunks of 8
+        done = _events(engine, prompt, max_tokens=4, cancel=cancel)[-1]
+        assert done.finish_reason == "cancelled" and done.token_ids == []
+        assert passes == [8, 8]
+        assert engine.runner.sessions["default"].tokens == prompt[:16]
+        passes.clear()
+        cancel.clear()
+        done = _events(engine, prompt, max_tokens=1)[-1]
+        assert passes[0] == 8 and sum(passes[:3]) == 24  # the rest only: 16 tokens reused
+    finally:
+        del model.hidden
+
+
 def test_context_full_finishes_with_context(tiny_models):
     from ember.models.loader import load_model
 
