@@ -26,10 +26,9 @@
 namespace ember_attention {
 
 // K/V pool elements: float32, or IEEE half (the file-blocks runtime's pools: half the bytes a
-// long context reads, as llama.cpp's f16 cache). Half converts exactly to float on load.
+// long context reads, as llama.cpp's f16 cache). A half row is converted to float once
+// (to_float) and then goes through the same float code.
 using half_t = c10::Half;
-inline float value(float v) { return v; }
-inline float value(half_t v) { return static_cast<float>(v); }
 
 // exp(x) for x <= 0 (softmax shifted by its max): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a
 // degree-7 polynomial (the classic single-precision minimax fit, ~1 ulp), times 2^n by
@@ -101,16 +100,10 @@ inline void to_float(const half_t* x, int64_t n, float* out) {
 }
 
 #ifdef EMBER_ATTENTION_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const half_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 // q . k in 8 lanes (hd % 8 == 0): one fma chain.
-template <class T>
-inline __m256 lanes_dot(const float* q, const T* k, int64_t hd) {
-    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(q), load8(k));
-    for (int64_t i = 8; i < hd; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), s);
+inline __m256 lanes_dot(const float* q, const float* k, int64_t hd) {
+    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+    for (int64_t i = 8; i < hd; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), s);
     return s;
 }
 
@@ -124,19 +117,18 @@ inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
 
 // Scores of keys k[0..3] (each hd values) against q, times scale, into out[0..3]. Each key's
 // lanes are lanes_dot's (a product, then an fma chain), with q's values loaded once for all four.
-template <class T>
-inline void scores4(const float* q, const T* const k[4], int64_t hd, float scale, float* out) {
+inline void scores4(const float* q, const float* const k[4], int64_t hd, float scale, float* out) {
 #ifdef EMBER_ATTENTION_AVX2
     if (hd % 8 == 0) {
         __m256 qv = _mm256_loadu_ps(q);
-        __m256 a = _mm256_mul_ps(qv, load8(k[0])), b = _mm256_mul_ps(qv, load8(k[1]));
-        __m256 c = _mm256_mul_ps(qv, load8(k[2])), d = _mm256_mul_ps(qv, load8(k[3]));
+        __m256 a = _mm256_mul_ps(qv, _mm256_loadu_ps(k[0])), b = _mm256_mul_ps(qv, _mm256_loadu_ps(k[1]));
+        __m256 c = _mm256_mul_ps(qv, _mm256_loadu_ps(k[2])), d = _mm256_mul_ps(qv, _mm256_loadu_ps(k[3]));
         for (int64_t i = 8; i < hd; i += 8) {
             qv = _mm256_loadu_ps(q + i);
-            a = _mm256_fmadd_ps(qv, load8(k[0] + i), a);
-            b = _mm256_fmadd_ps(qv, load8(k[1] + i), b);
-            c = _mm256_fmadd_ps(qv, load8(k[2] + i), c);
-            d = _mm256_fmadd_ps(qv, load8(k[3] + i), d);
+            a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a);
+            b = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), b);
+            c = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), c);
+            d = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), d);
         }
         _mm_storeu_ps(out, _mm_mul_ps(reduce4(a, b, c, d), _mm_set1_ps(scale)));
         return;
@@ -144,14 +136,13 @@ inline void scores4(const float* q, const T* const k[4], int64_t hd, float scale
 #endif
     for (int j = 0; j < 4; ++j) {
         float d = 0.f;
-        for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], value(k[j][i]), d);
+        for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], k[j][i], d);
         out[j] = d * scale;
     }
 }
 
 // One key's score, the same bits as in any lane of scores4.
-template <class T>
-inline float score1(const float* q, const T* k, int64_t hd, float scale) {
+inline float score1(const float* q, const float* k, int64_t hd, float scale) {
 #ifdef EMBER_ATTENTION_AVX2
     if (hd % 8 == 0) {
         const __m256 a = lanes_dot(q, k, hd);
@@ -159,7 +150,7 @@ inline float score1(const float* q, const T* k, int64_t hd, float scale) {
     }
 #endif
     float d = 0.f;
-    for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], value(k[i]), d);
+    for (int64_t i = 0; i < hd; ++i) d = std::fma(q[i], k[i], d);
     return d * scale;
 }
 
@@ -168,20 +159,19 @@ inline float score1(const float* q, const T* k, int64_t hd, float scale) {
 // the run of keys passes: the same fma sequence for every value whatever the head dim.
 #ifdef EMBER_ATTENTION_AVX2
 // Columns c..c+8W of o over the run of keys, in W registers.
-template <int W, class T>
-inline void accumulate_columns(float* o, const float* p, const T* const* v, int64_t n, int64_t c) {
+template <int W>
+inline void accumulate_columns(float* o, const float* p, const float* const* v, int64_t n, int64_t c) {
     __m256 acc[W];
     for (int i = 0; i < W; ++i) acc[i] = _mm256_loadu_ps(o + c + 8 * i);
     for (int64_t j = 0; j < n; ++j) {
         const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < W; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(v[j] + c + 8 * i), acc[i]);
+        for (int i = 0; i < W; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v[j] + c + 8 * i), acc[i]);
     }
     for (int i = 0; i < W; ++i) _mm256_storeu_ps(o + c + 8 * i, acc[i]);
 }
 #endif
 
-template <class T>
-inline void accumulate(float* o, const float* p, const T* const* v, int64_t n, int64_t hd) {
+inline void accumulate(float* o, const float* p, const float* const* v, int64_t n, int64_t hd) {
     int64_t c = 0;
 #ifdef EMBER_ATTENTION_AVX2
     // 128 columns at once where they come (one pass over a 7B head's values, not two: two
@@ -190,13 +180,13 @@ inline void accumulate(float* o, const float* p, const T* const* v, int64_t n, i
     for (; c + 64 <= hd; c += 64) accumulate_columns<8>(o, p, v, n, c);
     for (; c + 8 <= hd; c += 8) {
         __m256 acc = _mm256_loadu_ps(o + c);
-        for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(v[j] + c), acc);
+        for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + c), acc);
         _mm256_storeu_ps(o + c, acc);
     }
 #endif
     for (; c < hd; ++c) {
         float acc = o[c];
-        for (int64_t j = 0; j < n; ++j) acc = std::fma(p[j], value(v[j][c]), acc);
+        for (int64_t j = 0; j < n; ++j) acc = std::fma(p[j], v[j][c], acc);
         o[c] = acc;
     }
 }

@@ -368,6 +368,32 @@ struct KQuant {
         }
     }
 
+    // Token tok's float step for block b, given the block's integer sum in 8 lanes (isum):
+    // Q6_K's offset (32 * sum_j sc_j * x's per-16 sums, one vpmaddwd) comes off, then
+    // acc += isum * (d * d_x), and for Q4_K/Q5_K acc -= msum * (dmin * d_x), both sums folded
+    // and converted together. The same instructions on every path (avx512.h calls it too).
+    static inline float step(const XQuant& a, __m256i isum, __m256i sc16, __m128i mn, float d,
+                             float dmin, int64_t tok, int64_t b, float acc) {
+        const int64_t K = a.K;
+        if constexpr (TYPE == Q6_K) {
+            const __m256i off = _mm256_madd_epi16(load(a.sk16 + tok * (K / 16) + b * 16), sc16);
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
+        }
+        const float dx = a.dk[tok * (K / 256) + b];
+        const __m128i i4 = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+        if constexpr (TYPE == Q6_K) {
+            const __m128i i2 = _mm_add_epi32(i4, _mm_unpackhi_epi64(i4, i4));
+            const __m128 f = _mm_cvtepi32_ps(_mm_add_epi32(i2, _mm_shuffle_epi32(i2, 1)));
+            return std::fma(_mm_cvtss_f32(f), d * dx, acc);
+        } else {
+            const __m128i m4 = _mm_madd_epi16(load128(a.sk32 + tok * (K / 32) + b * 8), mn);
+            const __m128i h = _mm_hadd_epi32(i4, _mm_sub_epi32(_mm_setzero_si128(), m4));
+            const __m128 f = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
+            acc = std::fma(_mm_cvtss_f32(f), d * dx, acc);
+            return std::fma(_mm_cvtss_f32(_mm_movehdup_ps(f)), dmin * dx, acc);
+        }
+    }
+
     template <int TT>
     static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t t0, float* y, int64_t ldy) {
@@ -404,25 +430,9 @@ struct KQuant {
                         const __m256i p1 = _mm256_madd_epi16(_mm256_hadd_epi16(s[2], s[3]), sc[1]);
                         const __m256i p2 = _mm256_madd_epi16(_mm256_hadd_epi16(s[4], s[5]), sc[2]);
                         const __m256i p3 = _mm256_madd_epi16(_mm256_hadd_epi16(s[6], s[7]), sc[3]);
-                        // offset: 32 * sum_j sc_j * sum16_j, 16 sub-blocks in one vpmaddwd
-                        const __m256i off = _mm256_madd_epi16(load(a.sk16 + tok * (K / 16) + b * 16),
-                                                              sc16);
-                        isum = _mm256_sub_epi32(_mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
-                                                _mm256_slli_epi32(off, 5));
+                        isum = _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
                     }
-                    const float dx = a.dk[tok * nb + b];
-                    const __m128i i4 = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
-                    if constexpr (TYPE == Q6_K) {
-                        const __m128i i2 = _mm_add_epi32(i4, _mm_unpackhi_epi64(i4, i4));
-                        const __m128 f = _mm_cvtepi32_ps(_mm_add_epi32(i2, _mm_shuffle_epi32(i2, 1)));
-                        acc[t] = std::fma(_mm_cvtss_f32(f), d * dx, acc[t]);
-                    } else {  // both sums in one fold, [isum, -msum] converted together
-                        const __m128i m4 = _mm_madd_epi16(load128(a.sk32 + tok * (K / 32) + b * 8), mn);
-                        const __m128i h = _mm_hadd_epi32(i4, _mm_sub_epi32(_mm_setzero_si128(), m4));
-                        const __m128 f = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
-                        acc[t] = std::fma(_mm_cvtss_f32(f), d * dx, acc[t]);
-                        acc[t] = std::fma(_mm_cvtss_f32(_mm_movehdup_ps(f)), dmin * dx, acc[t]);
-                    }
+                    acc[t] = step(a, isum, sc16, mn, d, dmin, tok, b, acc[t]);
                 }
             }
             for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r] = acc[t];

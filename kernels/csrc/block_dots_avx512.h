@@ -101,7 +101,7 @@ struct Small {
 // vpdpwssd against their scales add sc * (pair of lanes) into the block's sum. Lane order after
 // vpackssdw of vectors i, i+1: [i 0-3, i+1 0-3 | i 4-7, i+1 4-7]; for Q4_K/Q5_K each vector is
 // one 32-value sub-block, for Q6_K two 16-value ones (lanes 0-3 and 4-7), which gives
-// avx2::KQuant's own Q6_K scale layout. Then the same folds and float steps as the AVX2 path.
+// avx2::KQuant's own Q6_K scale layout. Then the AVX2 path's own float step (avx2::KQuant::step).
 template <int TYPE>
 struct KQuant {
     using Base = avx2::KQuant<TYPE>;
@@ -143,23 +143,7 @@ struct KQuant {
                         const __m256i p1 = dot4(zero, q[2 * c + 1], load(xq + 64 * c + 32));
                         isum = _mm256_dpwssd_epi32(isum, _mm256_packs_epi32(p0, p1), pair_sc[c]);
                     }
-                    if constexpr (TYPE == Q6_K) {  // offset: 32 * sum_j sc_j * sum16_j
-                        const __m256i off = _mm256_madd_epi16(load(a.sk16 + tok * (K / 16) + b * 16), sc16);
-                        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
-                    }
-                    const float dx = a.dk[tok * nb + b];
-                    const __m128i i4 = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
-                    if constexpr (TYPE == Q6_K) {
-                        const __m128i i2 = _mm_add_epi32(i4, _mm_unpackhi_epi64(i4, i4));
-                        const __m128 f = _mm_cvtepi32_ps(_mm_add_epi32(i2, _mm_shuffle_epi32(i2, 1)));
-                        acc[t] = std::fma(_mm_cvtss_f32(f), d * dx, acc[t]);
-                    } else {
-                        const __m128i m4 = _mm_madd_epi16(load128(a.sk32 + tok * (K / 32) + b * 8), mn);
-                        const __m128i h = _mm_hadd_epi32(i4, _mm_sub_epi32(_mm_setzero_si128(), m4));
-                        const __m128 f = _mm_cvtepi32_ps(_mm_hadd_epi32(h, h));
-                        acc[t] = std::fma(_mm_cvtss_f32(f), d * dx, acc[t]);
-                        acc[t] = std::fma(_mm_cvtss_f32(_mm_movehdup_ps(f)), dmin * dx, acc[t]);
-                    }
+                    acc[t] = Base::step(a, isum, sc16, mn, d, dmin, tok, b, acc[t]);
                 }
             }
             for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r] = acc[t];
