@@ -53,6 +53,14 @@ async def wait_for(pilot, condition, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.002)
 
 
+async def open_settings(pilot) -> SettingsScreen:
+    """The model ready, Ctrl+S: the settings screen, open."""
+    await ready(pilot)
+    await pilot.press("ctrl+s")
+    assert isinstance(pilot.app.screen, SettingsScreen)
+    return pilot.app.screen
+
+
 async def ready(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.model_state == "ready")
 
@@ -310,10 +318,8 @@ async def test_settings_validation_and_save(tmp_path):
     engine = FakeEngine(["ok"])
     app = make_app(tmp_path / "chat.db", engine)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await pilot.press("ctrl+s")
-        screen = app.screen
-        assert isinstance(screen, SettingsScreen)
+        screen = await open_settings(pilot)
+
         def error_says(text):  # on a loaded machine one pause is not always enough
             return lambda: text in str(screen.query_one("#error").render())
 
@@ -416,9 +422,7 @@ async def test_chat_format_set_in_settings_reaches_the_engine(tmp_path):
     engine = FakeEngine(["ok"])
     app = make_app(tmp_path / "chat.db", engine)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await pilot.press("ctrl+s")
-        screen = app.screen
+        screen = await open_settings(pilot)
         screen.query_one("#chat_format").value = "chatml"
         await pilot.pause()
         await pilot.press("ctrl+s")
