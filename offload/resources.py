@@ -23,7 +23,7 @@ from ember.models.summary import summarize
 
 from .device import resolve_device
 from .kv_plan import plan_kv
-from .quant_model import kv_dtype
+from .quant_model import kv_dtype, runs_on_file_blocks
 
 GIB = 1 << 30
 # Activations, logits, torch's own buffers and the tokenizer: well under this for the default
@@ -85,8 +85,6 @@ def splits_ffns(source: ModelSource, options) -> bool:
 def builds_float_model(source: ModelSource, options, device: torch.device) -> bool:
     """Whether an engine with `options` builds the float32 model instead of running on the
     file's blocks (see Engine.__init__); a hybrid split on the file's blocks does not."""
-    from .quant_model import runs_on_file_blocks
-
     return not runs_on_file_blocks(options, device)
 
 
