@@ -16,13 +16,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import ModelFormatError, UnsupportedModelError
 from .fields import typed
+from .ram_copy import read_into_ram
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -160,6 +161,7 @@ class GGUFFile:
         # Copy-on-write mapping: pages are shared with the page cache, and torch can wrap
         # slices without complaining that the buffer is read-only. Nothing is ever written.
         self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
+        self.in_ram = False  # True once `read_into_ram` replaced the map by a copy in RAM
         cur = _Cursor(self.path, memoryview(self._map))
         self._read_header(cur)
         self.metadata = self._read_metadata(cur)
@@ -273,6 +275,15 @@ class GGUFFile:
         return elements // block * type_size
 
     # -- access -------------------------------------------------------------------------
+    def read_into_ram(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Hold the file's bytes in RAM on huge pages instead of the map (see ram_copy.py).
+        Views taken by `raw` before this keep reading the map; take them after."""
+        size = self.path.stat().st_size
+        if size != len(self._map):
+            raise ModelFormatError(self.path, "the file changed size while open")
+        self._map = read_into_ram(self.path, size, progress)
+        self.in_ram = True
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a 1-D uint8 view of the mapping (no copy)."""
         info = self.tensors[name]

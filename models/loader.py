@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -110,18 +110,23 @@ OPEN_SHARE = 0.35
 
 
 def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = None,
-               progress: Callable[[float, str], None] | None = None) -> LoadedModel:
+               progress: Callable[[float, str], None] | None = None,
+               in_ram: Callable[[ModelSource], bool] | None = None) -> LoadedModel:
     """open_model, then `check(source)`: the last moment to refuse (e.g. not enough memory)
     before anything large is built. The float32 reference is built later, if asked for.
 
     `progress(fraction, stage)`, if given, is called as loading goes on: fraction in [0, 1],
     stage a short phrase such as "layer 3 of 18" (the layers, when the float model is built).
+    `in_ram(source)` True reads a GGUF file's bytes into RAM on huge pages instead of using
+    the memory map (see ram_copy.py); asked after `check`, so a refusal copies nothing.
     """
     report = progress or (lambda fraction, stage: None)
     report(0.0, "reading the model file")
     source = open_model(path)
     if check is not None:
         check(source)
+    if in_ram is not None and source.format == "gguf" and in_ram(source):
+        source = _with_weights_in_ram(source, report)
     n = source.config.n_layers
     report(OPEN_SHARE, "model file opened")
 
@@ -129,6 +134,15 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
         report(OPEN_SHARE + (1 - OPEN_SHARE) * (i + 1) / n, f"layer {i + 1} of {n}")
 
     return LoadedModel(source, on_layer=layer_built)
+
+
+def _with_weights_in_ram(source: ModelSource, report) -> ModelSource:
+    """`source` with its weights read from a RAM copy of the file (the map is dropped)."""
+    f = GGUFFile(source.path)
+    mib = f.path.stat().st_size >> 20
+    f.read_into_ram(lambda done, size: report(
+        OPEN_SHARE * done / max(size, 1), f"reading weights into RAM ({done >> 20} of {mib} MiB)"))
+    return replace(source, weights=WeightStore.from_gguf(f))
 
 
 def _open_gguf(path: Path) -> ModelSource:

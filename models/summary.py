@@ -57,7 +57,8 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
         "stored_bytes": dict(stored),
         "lm_head_bytes_per_token": stored["embeddings"] if cfg.tied_embeddings else stored["lm_head"],
         "file_bytes": w.total_bytes(),
-        # The engine runs on the file's own blocks, memory-mapped: the file is what it holds
+        # The engine runs on the file's own blocks (mapped, or copied into RAM: the same
+        # bytes, see ram_copy.py): the file is what it holds
         # of the weights, and its KV cache is float16 (one full context here). The float32
         # model (4 bytes a parameter, for `--weights fp32/q8` or a GPU device) keeps a float32
         # KV cache.

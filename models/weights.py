@@ -73,9 +73,12 @@ class QTensor:
 class WeightStore:
     """Canonical tensor name -> QTensor, with errors that name the file and the tensor."""
 
-    def __init__(self, path: Path, tensors: dict[str, QTensor]):
+    def __init__(self, path: Path, tensors: dict[str, QTensor], in_ram: bool = False):
         self.path = Path(path)
         self._tensors = tensors
+        # Where a file's bytes live: False, the memory map (the page cache's pages); True, a
+        # copy in RAM on huge pages (GGUFFile.read_into_ram). Either way the file's blocks.
+        self.in_ram = in_ram
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -111,4 +114,4 @@ class WeightStore:
             name: QTensor(torch.from_numpy(np.asarray(gguf.raw(name))), info.qtype, info.shape)
             for name, info in gguf.tensors.items()
         }
-        return cls(gguf.path, tensors)
+        return cls(gguf.path, tensors, in_ram=gguf.in_ram)

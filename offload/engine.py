@@ -32,7 +32,7 @@ from .profile_artifact import default_profile_path, load_profile
 from .quant_body import BODY_CHOICES, use_body
 from .quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from .paged_kv import PagedKVCache
-from .resources import builds_float_model, memory_check
+from .resources import builds_float_model, memory_check, weights_in_ram
 from .runner import Runner
 from .sampler import Sampler, SamplingParams
 from .speculative import SpecStats, TreeSizer, speculative_steps
@@ -42,6 +42,7 @@ from .stopping import StopStrings
 
 DEFAULT_CTX = 4096
 FFN_MODES = ("auto", "dense", "sparse")
+MMAP_CHOICES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,13 @@ class EngineOptions:
     # How `encode_chat` writes a conversation: "auto" (the file's template, else a transcript
     # a base model continues), "template", "transcript" or a family format ("gemma", ...).
     chat_format: str = "auto"
+    # Where the file's bytes live: "on" the memory map, "off" a copy in RAM on huge pages
+    # (faster decode), "auto" the copy when the file fits easily in free RAM (resources.py).
+    mmap: str = "auto"
 
     def __post_init__(self):
+        if self.mmap not in MMAP_CHOICES:
+            raise ConfigError(f"unknown --mmap {self.mmap!r}; choose one of {', '.join(MMAP_CHOICES)}")
         if self.chat_format not in CHAT_FORMATS:
             raise ConfigError(f"unknown --chat-format {self.chat_format!r}; choose one of "
                               f"{', '.join(CHAT_FORMATS)}")
@@ -230,7 +236,8 @@ class Engine:
         report = progress or (lambda fraction, stage: None)
         # Building the weights is most of the work; the rest (split, KV pool, drafter) after.
         loaded = load_model(model_path, check=memory_check(options),
-                            progress=lambda fraction, stage: report(0.95 * fraction, stage))
+                            progress=lambda fraction, stage: report(0.95 * fraction, stage),
+                            in_ram=weights_in_ram(options))
         if builds_float_model(loaded.source, options, resolve_device(options.device)):
             loaded.model  # built now, inside the progress it reports layer by layer
         report(0.95, "placing the model")

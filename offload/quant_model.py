@@ -2,8 +2,9 @@
 
 Built per engine from the opened file (`ModelSource`), so two engines on one file never share
 mutable state. Nothing is dequantized or requantized at load: projections are `QTensor` views
-of the memory-mapped file, multiplied by `kernels.block_matmul` (activations quantized per
-block, integer dot products), so a 4-bit file is held and read at ~4.5 bits a weight. The
+of the file's bytes (its memory map, or their copy in RAM: `--mmap`), multiplied by
+`kernels.block_matmul` (activations quantized per block, integer dot products), so a 4-bit
+file is held and read at ~4.5 bits a weight. The
 one exception is a tensor of a type without a native kernel (Q2_K, Q3_K, IQ*...): it is
 requantized to Q8_0 once, reported by `derived` and logged.
 

@@ -1,8 +1,8 @@
 """Will the model fit? Checked before anything large is built, so a model too big for this
 machine is a clear error with the numbers instead of an OOM kill halfway through loading.
 
-Needed: the weights as the engine will hold them (the file's own bytes, memory-mapped, when it
-runs on the file's blocks, plus the FFN rows a hybrid split derives from them; 4 bytes a
+Needed: the weights as the engine will hold them (the file's own bytes, mapped or in RAM, when
+it runs on the file's blocks, plus the FFN rows a hybrid split derives from them; 4 bytes a
 parameter when it builds the float32 model: `--weights fp32/q8`, a GPU device), the KV pools
 the engine will allocate (`plan_kv`: the device pool and the host pool for swapped-out
 conversations), and a fixed allowance for the runtime. On a CUDA device the weights and the
@@ -80,6 +80,29 @@ def splits_ffns(source: ModelSource, options) -> bool:
     if profile == "auto":
         profile = profile if default_profile_path(source.fingerprint).is_file() else None
     return options.gpu_budget is not None or options.split != "auto" or profile is not None
+
+
+# `--mmap auto` copies the file into RAM only when it takes at most this share of the RAM
+# available: a copy cannot be dropped and re-read under memory pressure as mapped pages can,
+# so a model near the size of free RAM stays mapped (~7% slower decode, but it runs).
+RAM_COPY_SHARE = 0.6
+
+
+def weights_in_ram(options) -> Callable[[ModelSource], bool]:
+    """For `load_model(path, in_ram=...)`: whether an engine with `options` (EngineOptions)
+    reads the file's bytes into RAM (models/ram_copy.py) instead of using the map."""
+    device = resolve_device(options.device)
+    return lambda source: reads_weights_into_ram(source, options, device)
+
+
+def reads_weights_into_ram(source: ModelSource, options, device: torch.device,
+                           available: int | None = None) -> bool:
+    if options.mmap == "on" or builds_float_model(source, options, device):
+        return False  # an engine that builds float weights reads the file once: no gain
+    if options.mmap == "off":
+        return True
+    free = psutil.virtual_memory().available if available is None else available
+    return source.weights.total_bytes() <= RAM_COPY_SHARE * free
 
 
 def builds_float_model(source: ModelSource, options, device: torch.device) -> bool:

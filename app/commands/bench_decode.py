@@ -99,7 +99,14 @@ def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
                  else weight_bytes_per_token(model))
     file_per_token = file_bytes_per_token(source.config, source.weights)
     achieved = per_token * decode_median
+    from ember.models.ram_copy import huge_page_bytes
+
+    in_ram = source.weights.in_ram
     return {"weights": engine.weights, "lm_head": engine.lm_head,
+            # Where the file's bytes were read from: a RAM copy on huge pages or the map
+            # (llama.cpp's default, and what it runs on here).
+            "weights_in": "ram" if in_ram else "mmap",
+            "huge_page_bytes": huge_page_bytes() if in_ram else None,
             "weight_bytes_per_token": per_token, "file_bytes_per_token": file_per_token,
             "bytes_ratio_to_file": per_token / file_per_token,
             "weight_gb_per_s": achieved / 1e9,

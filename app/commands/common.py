@@ -35,7 +35,8 @@ def load_engine(args):
                             speculate=getattr(args, "speculate", "off"),
                             tree=getattr(args, "tree", None),
                             draft_model=getattr(args, "draft_model", None),
-                            chat_format=getattr(args, "chat_format", "auto"))
+                            chat_format=getattr(args, "chat_format", "auto"),
+                            mmap=getattr(args, "mmap", "auto"))
     print("ember: loading model…", file=sys.stderr, flush=True)
     return Engine.load(model_path(args), options)
 

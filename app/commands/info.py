@@ -16,6 +16,7 @@ def run(args) -> int:
     source = open_model(model_path(args))
     s = summarize(source, args.ctx_size)
     s["chat_format"] = _chat_formats(source)
+    s["memory"]["weights_in"] = _weights_in(source)
     plan = _gpu_plan(source.config, args)
     if plan is not None:
         rows, dtype = _host_rows(source.config, plan)
@@ -39,14 +40,26 @@ def run(args) -> int:
     print("  stored bytes    " + ", ".join(f"{k} {_mib(v)}" for k, v in s["stored_bytes"].items()))
     m = s["memory"]
     # An upper bound: the paged KV cache only takes the blocks a conversation fills.
-    print(f"  memory (max)    {_mib(m['total_bytes'])} = the file's weights, mapped, "
-          f"{_mib(m['weights_bytes'])} + KV cache (float16) {_mib(m['kv_cache_bytes'])} at "
-          f"{m['kv_cache_ctx']} tokens")
+    where = ("read into RAM on huge pages; --mmap on maps them" if m["weights_in"] == "ram"
+             else "memory-mapped; --mmap off reads them into RAM")
+    print(f"  memory (max)    {_mib(m['total_bytes'])} = the file's weights "
+          f"{_mib(m['weights_bytes'])} ({where}) + KV cache (float16) "
+          f"{_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
           "--weights fp32/q8 or a GPU device)")
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
     return 0
+
+
+def _weights_in(source) -> str:
+    """Where a CPU engine with the default options keeps the file's bytes: "ram" or "mmap"."""
+    import torch
+
+    from ember.offload.engine import EngineOptions
+    from ember.offload.resources import reads_weights_into_ram
+
+    return "ram" if reads_weights_into_ram(source, EngineOptions(), torch.device("cpu")) else "mmap"
 
 
 def _chat_formats(source) -> dict:

@@ -1,0 +1,97 @@
+"""Weights read into RAM on huge pages (--mmap off) instead of the memory map: the same bytes,
+the same results, and the choice made where the user expects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ember.models import ram_copy
+from ember.models.errors import ModelFormatError
+from ember.models.gguf_file import GGUFFile
+from ember.models.loader import load_model, open_model
+from ember.offload import quant_model
+from ember.offload.engine import ConfigError, Engine, EngineOptions
+from ember.offload.resources import RAM_COPY_SHARE, reads_weights_into_ram
+from ember.offload.sampler import GREEDY
+
+CPU = torch.device("cpu")
+needs_native = pytest.mark.skipif(not quant_model.applies(),
+                                  reason="C++ kernels not built on this machine")
+
+
+def test_a_file_read_into_ram_holds_its_exact_bytes(tmp_path, monkeypatch):
+    # Small chunks: several reads, shared by the reader threads, and a short last one.
+    monkeypatch.setattr(ram_copy, "CHUNK_BYTES", 4096)
+    data = np.random.default_rng(0).integers(0, 256, 10 * 4096 + 123, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data.tobytes())
+    seen = []
+    copy = ram_copy.read_into_ram(path, data.size, lambda done, size: seen.append((done, size)))
+    assert np.array_equal(copy, data)
+    assert len(seen) == 11 and max(seen) == (data.size, data.size)
+
+
+def test_a_file_shorter_than_promised_is_a_clear_error(tmp_path):
+    path = tmp_path / "short.bin"
+    path.write_bytes(b"x" * 100)
+    with pytest.raises(ModelFormatError, match="file ended at byte 100 of 200"):
+        ram_copy.read_into_ram(path, 200)
+
+
+def test_tensors_of_a_gguf_in_ram_equal_the_mapped_ones(tiny_q4_k_m):
+    mapped, copied = GGUFFile(tiny_q4_k_m[2]), GGUFFile(tiny_q4_k_m[2])
+    copied.read_into_ram()
+    assert copied.in_ram and not mapped.in_ram
+    for name in mapped.tensors:
+        assert np.array_equal(mapped.raw(name), copied.raw(name)), name
+    # The copy is not the map: it is anonymous memory, not the file's pages.
+    assert not isinstance(copied.raw(name).base, np.memmap)
+
+
+@needs_native
+def test_an_engine_on_weights_in_ram_decodes_the_same_tokens(tiny_q4_k_m):
+    path = tiny_q4_k_m[2]
+    runs = {}
+    for mmap in ("on", "off"):
+        engine = Engine.load(path, EngineOptions(n_ctx=64, threads=1, mmap=mmap))
+        assert engine.loaded.source.weights.in_ram == (mmap == "off")
+        done = engine.generate([2, 40, 41, 42, 43], sampling=GREEDY, max_tokens=12,
+                               ignore_eos=True)
+        runs[mmap] = done.token_ids
+    assert runs["on"] == runs["off"]
+
+
+def test_load_model_asks_after_the_memory_check(tiny_q4_k_m):
+    """A refusal by the check copies nothing; the copy is asked for with the opened source."""
+    order = []
+
+    def check(source):
+        order.append("check")
+
+    def in_ram(source):
+        order.append("in_ram")
+        return True
+
+    loaded = load_model(tiny_q4_k_m[2], check=check, in_ram=in_ram)
+    assert order == ["check", "in_ram"] and loaded.source.weights.in_ram
+
+
+def test_auto_copies_a_file_that_fits_easily_and_maps_one_that_does_not(tiny_q4_k_m):
+    source = open_model(tiny_q4_k_m[2])
+    size = source.weights.total_bytes()
+    auto = EngineOptions(mmap="auto")
+    if not quant_model.runs_on_file_blocks(auto, CPU):
+        pytest.skip("C++ kernels not built: the engine builds the float model")
+    assert reads_weights_into_ram(source, auto, CPU, available=int(size / RAM_COPY_SHARE) + 1)
+    assert not reads_weights_into_ram(source, auto, CPU, available=size)
+    # Asked for explicitly, either way; the float model never takes a copy it would not read.
+    assert reads_weights_into_ram(source, EngineOptions(mmap="off"), CPU, available=size)
+    assert not reads_weights_into_ram(source, EngineOptions(mmap="on"), CPU, available=10 * size)
+    assert not reads_weights_into_ram(source, EngineOptions(mmap="off", weights="fp32"), CPU)
+
+
+def test_an_unknown_mmap_choice_is_refused():
+    with pytest.raises(ConfigError, match="unknown --mmap 'no'"):
+        EngineOptions(mmap="no")
