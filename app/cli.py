@@ -59,7 +59,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mmap", default="auto", choices=("auto", "on", "off"),
                    help="on: use the file in place through a memory map; off: read its bytes "
                         "into RAM on huge pages (the same blocks, faster to stream: decode ~7%% "
-                        "faster here); auto (default): off when the file fits easily in free RAM")
+                        "faster here); auto (default): off when the file fits easily in free RAM "
+                        "and the FFNs are not split")
 
 
 def _speculation_options(p: argparse.ArgumentParser) -> None:

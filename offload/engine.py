@@ -73,7 +73,8 @@ class EngineOptions:
     # a base model continues), "template", "transcript" or a family format ("gemma", ...).
     chat_format: str = "auto"
     # Where the file's bytes live: "on" the memory map, "off" a copy in RAM on huge pages
-    # (faster decode), "auto" the copy when the file fits easily in free RAM (resources.py).
+    # (faster decode), "auto" the copy when the file fits easily in free RAM and the FFNs
+    # are not split (resources.reads_weights_into_ram).
     mmap: str = "auto"
 
     def __post_init__(self):

@@ -101,6 +101,8 @@ def reads_weights_into_ram(source: ModelSource, options, device: torch.device,
         return False  # an engine that builds float weights reads the file once: no gain
     if options.mmap == "off":
         return True
+    if splits_ffns(source, options):
+        return False  # the split's own rows replace the FFN tensors: mapped, they are never read
     free = psutil.virtual_memory().available if available is None else available
     return source.weights.total_bytes() <= RAM_COPY_SHARE * free
 
