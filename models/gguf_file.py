@@ -285,7 +285,7 @@ class GGUFFile:
         self.in_ram = True
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor's bytes as a 1-D uint8 view of the mapping (no copy)."""
+        """The tensor's bytes as a 1-D uint8 view of the map (or of the RAM copy): no copy."""
         info = self.tensors[name]
         return self._map[info.offset : info.offset + info.nbytes]
 
