@@ -2,8 +2,8 @@
 predictors -> measured costs and placement -> artifact -> end-to-end check.
 
 Each stage is a function of the previous stages' results; `run_profile` chains them and
-reports progress through `say(stage, message)`. Nothing here prints: the CLI decides how
-progress looks. The artifact is written atomically once every stage has succeeded, so an
+reports through `say(stage, message)` (log lines) and `progress(fraction, "stage: detail")`
+(how far the stage has gone). Nothing here prints: the CLI decides how progress looks. The artifact is written atomically once every stage has succeeded, so an
 interrupted run (Ctrl-C) leaves the previous artifact or none.
 """
 
@@ -27,6 +27,7 @@ from .placement_solver import placement_problem, solve_for_room
 from .profile_artifact import Profile
 
 Say = Callable[[str, str], None]
+Progress = Callable[[float, str], None]  # progress(fraction of the stage, "stage: detail")
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,10 @@ class ProfileReport:
 
 
 def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
-                say: Say = lambda stage, msg: None) -> ProfileReport:
+                say: Say = lambda stage, msg: None,
+                progress: Progress | None = None) -> ProfileReport:
     report = ProfileReport()
+    report_progress = progress or (lambda fraction, stage: None)
     model, cfg = loaded.model, loaded.config
     restore_dense(model)
     bos = loaded.tokenizer.bos_id
@@ -85,12 +88,18 @@ def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
     def stage(name: str, fn):
         t0 = time.perf_counter()
         say(name, "started")
+        report_progress(0.0, name)
         result = fn()
+        report_progress(1.0, name)
         report.stages_s[name] = round(time.perf_counter() - t0, 2)
         say(name, f"done in {report.stages_s[name]:.1f} s")
         return result
 
-    text = stage("calibration", lambda: calibration_ids(loaded, options, say))
+    def within(name: str) -> Progress:
+        return lambda fraction, detail: report_progress(fraction, f"{name}: {detail}")
+
+    text = stage("calibration", lambda: calibration_ids(loaded, options, say,
+                                                        within("calibration")))
     report.calibration = {"train_tokens": len(text.train), "held_out_tokens": len(text.held_out),
                           "source": "files" if options.texts else "model-sampled"}
     from ember.predictors.collect import collect
@@ -98,19 +107,21 @@ def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
     thresholds = [0.0] * cfg.n_layers
     bias: list[torch.Tensor | None] = [None] * cfg.n_layers
     if cfg.gated and cfg.activation in ("gelu_glu", "silu_glu"):
-        dense_pass = stage("statistics", lambda: collect(model, text.train, bos, length=length))
-        glu = stage("glu thresholds", lambda: _calibrate(loaded, dense_pass, text, options, say))
+        dense_pass = stage("statistics", lambda: collect(model, text.train, bos, length=length,
+                                                         progress=within("statistics")))
+        glu = stage("glu thresholds", lambda: _calibrate(loaded, dense_pass, text, options, say,
+                                                         within("glu thresholds")))
         thresholds = glu.thresholds
         bias = [layer.bias for layer in glu.layers]
         report.glu = {"ppl_ratio": round(glu.ppl_ratio, 4), "agreement": round(glu.agreement, 4),
                       "mean_sparsity": round(glu.mean_sparsity, 4),
                       "sparsity_per_layer": [round(layer.sparsity, 4) for layer in glu.layers],
                       "thresholds": [float(t) for t in thresholds]}
-    collection = stage("statistics" if report.glu is None else "statistics (thresholded)",
-                       lambda: collect(model, text.train, bos, thresholds=thresholds,
-                                               length=length))
-    predictor_set, layer_reports = stage("predictors",
-                                         lambda: _train(collection, cfg, options, say))
+    name = "statistics" if report.glu is None else "statistics (thresholded)"
+    collection = stage(name, lambda: collect(model, text.train, bos, thresholds=thresholds,
+                                             length=length, progress=within(name)))
+    predictor_set, layer_reports = stage("predictors", lambda: _train(
+        collection, cfg, options, say, within("predictors")))
     report.predictors = [_layer_report(r) for r in layer_reports]
     frequency = [s.frequency.float() for s in collection.stats]
     dense_layers = [p is None for p in predictor_set.predictors]
@@ -131,7 +142,8 @@ def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
     scratch = Path(out).with_name(Path(out).name + ".checking")
     try:
         report.quality = stage("check", lambda: _check_with_recall_escalation(
-            loaded, profile, predictor_set, collection, scratch, text.held_out, options, say))
+            loaded, profile, predictor_set, collection, scratch, text.held_out, options, say,
+            within("check")))
         profile.meta["recall_used"] = report.quality["recall"]
         profile.meta["report"] = {"quality": report.quality, "glu": report.glu,
                                   "placement": report.placement}
@@ -147,7 +159,8 @@ def segment_length(cfg, options: ProfileOptions) -> int:
     return min(512, cfg.context_length, options.n_ctx)
 
 
-def calibration_ids(loaded: LoadedModel, options: ProfileOptions, say: Say):
+def calibration_ids(loaded: LoadedModel, options: ProfileOptions, say: Say,
+                    progress: Progress = lambda fraction, stage: None):
     from ember.predictors.calibration_text import sampled_text, split_ids
 
     tok = loaded.tokenizer
@@ -176,29 +189,32 @@ def calibration_ids(loaded: LoadedModel, options: ProfileOptions, say: Say):
                                max_tokens=n, ignore_eos=True)
         made[0] += len(done.token_ids)
         say("calibration", f"sampled {made[0]} of ~{options.sample_tokens} tokens")
+        progress(min(1.0, made[0] / options.sample_tokens), f"{made[0]} tokens sampled")
         return done.token_ids
 
     return sampled_text(generate, lambda s: tok.encode(s, add_bos=False), options.sample_tokens,
                         options.held_out)
 
 
-def _calibrate(loaded, collection, text, options: ProfileOptions, say: Say):
+def _calibrate(loaded, collection, text, options: ProfileOptions, say: Say,
+               progress: Progress):
     from ember.predictors.glu_calibration import CalibrationOptions, calibrate_glu
 
     return calibrate_glu(loaded.model, collection, text.train, text.held_out,
                          loaded.tokenizer.bos_id,
                          CalibrationOptions(budget=options.quality_budget,
                                             length=segment_length(loaded.config, options)),
-                         log=lambda msg: say("glu thresholds", msg))
+                         log=lambda msg: say("glu thresholds", msg), progress=progress)
 
 
-def _train(collection, cfg, options: ProfileOptions, say: Say):
+def _train(collection, cfg, options: ProfileOptions, say: Say, progress: Progress):
     from ember.predictors.train import TrainOptions, train_predictors
 
     train = TrainOptions(recall=options.recall, seed=options.seed)
     if options.epochs is not None:
         train.epochs = options.epochs
-    return train_predictors(collection, cfg, train, log=lambda msg: say("predictors", msg))
+    return train_predictors(collection, cfg, train, log=lambda msg: say("predictors", msg),
+                            progress=progress)
 
 
 def _layer_report(r) -> dict:
@@ -238,26 +254,34 @@ ESCALATED_RECALLS = (0.98, 0.995)
 
 
 def _check_with_recall_escalation(loaded, profile: Profile, predictor_set, collection,
-                                  scratch: Path, held_out, options: ProfileOptions, say: Say):
+                                  scratch: Path, held_out, options: ProfileOptions, say: Say,
+                                  progress: Progress):
     from ember.predictors.train import retune_thresholds
 
     recalls = [options.recall] + [r for r in ESCALATED_RECALLS if r > options.recall]
     quality = None
-    for recall in recalls:
+    for k, recall in enumerate(recalls):
         if recall != options.recall:
             say("check", f"perplexity x{quality['ppl_ratio']:.3f} is over the budget: "
                          f"predictor recall raised to {recall}")
             retune_thresholds(predictor_set, collection, recall)
             profile.predictor_tensors = predictor_set.to_tensors()
         profile.save(scratch)
-        quality = {**check_quality(loaded, scratch, held_out, options, say), "recall": recall}
+
+        def part(f: float, detail: str, k=k, recall=recall) -> None:
+            # Each check its share of the stage; one that meets the budget ends it early.
+            progress((k + f) / len(recalls), f"recall {recall}, {detail}")
+
+        quality = {**check_quality(loaded, scratch, held_out, options, say, part),
+                   "recall": recall}
         if quality["meets_quality_budget"]:
             break
     return quality
 
 
 def check_quality(loaded: LoadedModel, artifact: Path, held_out: list[int],
-                  options: ProfileOptions, say: Say) -> dict:
+                  options: ProfileOptions, say: Say,
+                  progress: Progress = lambda fraction, stage: None) -> dict:
     """Stage 6: the artifact loaded as `--profile` loads it, against a dense engine (the
     same runtime, every neuron computed) on the held-out tokens: perplexity, top-1 agreement (teacher-forced), greedy continuation match
     and the measured sparsity of decoding."""
@@ -273,22 +297,27 @@ def check_quality(loaded: LoadedModel, artifact: Path, held_out: list[int],
     # Both sides scored on the engines' own models (the file's blocks where the engine runs
     # on them): the ratio then measures the sparsity alone, not also the weights' format.
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=options.n_ctx))
+    # Progress in four parts of about equal cost: each engine scores, then generates.
     dense_scores = score(dense.model, held_out, length, bos)
+    progress(0.25, "dense perplexity")
     dense_ids = dense.generate(prompt, sampling=GREEDY, max_tokens=options.check_tokens,
                                ignore_eos=True).token_ids
     say("check", "dense reference done")
+    progress(0.5, "dense greedy")
     sparse = Engine(loaded, EngineOptions(device="cpu", n_ctx=options.n_ctx, profile=str(artifact),
                                           gpu_budget=options.gpu_budget))
     try:
         for layer in sparse.hybrid.layers:
             layer.sparse_rows = True
         sparse_scores = score(sparse.model, held_out, length, bos)
+        progress(0.75, "sparse perplexity")
         for layer in sparse.hybrid.layers:
             layer.sparse_rows = False
         sparse.hybrid.reset_counters()
         sparse_ids = sparse.generate(prompt, sampling=GREEDY, max_tokens=options.check_tokens,
                                      ignore_eos=True).token_ids
         hybrid = sparse.hybrid_report()
+        progress(1.0, "sparse greedy")
     finally:
         sparse.close()
     match = next((i for i, (a, b) in enumerate(zip(dense_ids, sparse_ids)) if a != b),

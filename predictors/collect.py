@@ -52,7 +52,8 @@ class _RecordingFFN(nn.Module):
 @torch.inference_mode()
 def collect(model: Transformer, ids: list[int], bos_id: int | None,
             thresholds: list[float] | None = None, sample_bytes: int = DEFAULT_SAMPLE_BYTES,
-            length: int = 512, sparse: bool = False, seed: int = 0) -> Collection:
+            length: int = 512, sparse: bool = False, seed: int = 0,
+            progress=None) -> Collection:
     """Statistics of every layer's FFN neurons over `ids`, plus a bounded token sample.
 
     Args:
@@ -61,6 +62,7 @@ def collect(model: Transformer, ids: list[int], bos_id: int | None,
             default 0: h != 0).
         sample_bytes: cap on the kept sample of (x, |h|) rows, all layers together.
         sparse: zero inactive entries of h while running (collect from the thresholded model).
+        progress: optional callable(fraction, stage), called after each segment.
     Returns:
         a `Collection`; the model's FFN modules are restored before returning.
     """
@@ -84,8 +86,11 @@ def collect(model: Transformer, ids: list[int], bos_id: int | None,
 
     cache = model.new_cache(length)
     with swapped_ffns(model, make):
-        for seg in segments(ids, length, bos_id):
+        segs = segments(ids, length, bos_id)
+        for i, seg in enumerate(segs):
             cache.truncate(0)
             batch.start(len(seg), 1 if bos_id is not None else 0)
             model.hidden(seg.to(model.device), cache)
+            if progress is not None:
+                progress((i + 1) / len(segs), f"segment {i + 1} of {len(segs)}")
     return Collection(stats, samples)

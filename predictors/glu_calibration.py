@@ -257,7 +257,8 @@ def _allocate(costs: torch.Tensor, levels: list[float], budget: float) -> list[i
 
 def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[int],
                   held_out_ids: list[int], bos_id: int | None,
-                  options: CalibrationOptions | None = None, log=None) -> GLUCalibration:
+                  options: CalibrationOptions | None = None, log=None,
+                  progress=None) -> GLUCalibration:
     """Choose per-layer |h| thresholds meeting `options.budget` (perplexity increase).
 
     Args:
@@ -265,6 +266,8 @@ def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[in
         calib_ids: calibration tokens for probes and verification (may be the collection's).
         held_out_ids: tokens never used for choosing, for the final report.
         log: optional callable(str) for progress lines.
+        progress: optional callable(fraction, stage), counted in forward passes over the
+            probe text (single-layer probes, then trials, then the held-out scores).
     Returns:
         per-layer thresholds and sparsities; held-out perplexity ratio and top-1 agreement.
     """
@@ -273,6 +276,13 @@ def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[in
     check_length(model, opts.length)
     say = log or (lambda _msg: None)
     levels = sorted(opts.levels)
+    passes = [0, len(model.blocks) * len(opts.probes) + 2 * opts.rounds + 2]  # done, expected
+
+    def passed(stage: str) -> None:
+        passes[0] += 1
+        if progress is not None:
+            progress(min(1.0, passes[0] / passes[1]), stage)
+
     if len(collection.samples) != len(model.blocks) or len(collection.samples[0]) == 0:
         raise ConfigError("the collection does not match this model or holds no sampled tokens")
     probes = sorted(opts.probes)
@@ -280,13 +290,14 @@ def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[in
                            opts.compensate)
               for block, sample in zip(model.blocks, collection.samples)]
     probe = _Probe(model, calib_ids[: opts.probe_tokens], bos_id, opts.length, opts.shortlist_top)
-    costs = torch.stack([_sensitivity(model, probe, layer, curve, levels, probes, say)
+    costs = torch.stack([_sensitivity(model, probe, layer, curve, levels, probes, say, passed)
                          for layer, curve in enumerate(curves)])  # (layers, levels) predicted KL
     target = opts.target_share * math.log1p(opts.budget)
     trials: list[_Trial] = []
 
     def trial(family: str, param: float, chosen: list[int]) -> bool:
         kl, dnll = _verify(model, probe, curves, chosen)
+        passed(f"{family} trial {len(trials) + 1}")
         t = _Trial(family, param, chosen, _mean_sparsity(chosen, levels), kl, dnll,
                    max(kl, dnll) <= target)
         trials.append(t)
@@ -306,15 +317,16 @@ def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[in
     best = max(ok, key=lambda t: t.sparsity) if ok else dense_trial
     layers = [LayerSparsity(i, c.thresholds[k], levels[k], bias=c.biases[k]) if k >= 0
               else LayerSparsity(i, 0.0, 0.0) for i, (c, k) in enumerate(zip(curves, best.chosen))]
-    dense, sparse = _held_out(model, layers, held_out_ids, bos_id, opts.length)
+    dense, sparse = _held_out(model, layers, held_out_ids, bos_id, opts.length, passed)
     predicted = float(sum(costs[i, k] for i, k in enumerate(best.chosen) if k >= 0))
     return GLUCalibration(layers, dense, sparse, predicted, best.kl, trials)
 
 
 def _held_out(model: Transformer, layers: list[LayerSparsity], ids: list[int],
-              bos_id: int | None, length: int) -> tuple[Scores, Scores]:
+              bos_id: int | None, length: int, passed) -> tuple[Scores, Scores]:
     """Dense and thresholded scores on held-out ids; records each layer's realized sparsity."""
     dense = score(model, ids, length, bos_id)
+    passed("held-out check")
 
     def thresholded(i, f):
         return ThresholdedFFN(f, layers[i].threshold, layers[i].bias)
@@ -323,6 +335,7 @@ def _held_out(model: Transformer, layers: list[LayerSparsity], ids: list[int],
         sparse = score(model, ids, length, bos_id)
         for layer, w in zip(layers, wrappers):
             layer.held_out_sparsity = w.dropped / max(1, w.seen)
+    passed("held-out check")
     return dense, sparse
 
 
@@ -342,7 +355,7 @@ def _mean_sparsity(chosen: list[int], levels: list[float]) -> float:
 
 
 def _sensitivity(model, probe: _Probe, layer: int, curve: _LocalCurve, levels: list[float],
-                 probes: list[float], say) -> torch.Tensor:
+                 probes: list[float], say, passed) -> torch.Tensor:
     """Predicted KL of `layer` alone at each level: local error x a gain measured at the probe
     sparsities (KL per unit of local error grows with sparsity; interpolated between probes)."""
     n = len(levels)
@@ -353,6 +366,7 @@ def _sensitivity(model, probe: _Probe, layer: int, curve: _LocalCurve, levels: l
             kl, _ = probe.run(layer)
         gains.append(kl / max(float(curve.errors[n + j]), 1e-30))
         say(f"layer {layer}: KL {kl:.4f} alone at sparsity {s:.2f}")
+        passed(f"layer {layer + 1} of {len(model.blocks)}")
     gain = torch.tensor([_interp(s, probes, gains) for s in levels], dtype=torch.float64)
     return gain * curve.errors[:n]
 

@@ -15,6 +15,7 @@ instead kept predictors that flag 93% of neurons and made decoding twice as slow
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -113,8 +114,10 @@ def _threshold(logits: torch.Tensor, target: torch.Tensor, recall: float) -> flo
 
 
 def train_layer(x: torch.Tensor, target: torch.Tensor, x_val: torch.Tensor,
-                target_val: torch.Tensor, rank: int, opts: TrainOptions) -> Predictor:
-    """One predictor of width `rank`: trained on (x, target), thresholded on the validation set."""
+                target_val: torch.Tensor, rank: int, opts: TrainOptions,
+                on_epoch: Callable[[int], None] | None = None) -> Predictor:
+    """One predictor of width `rank`: trained on (x, target), thresholded on the validation set.
+    `on_epoch(e)`, if given, is called after epoch e (0-based) ends."""
     g = torch.Generator().manual_seed(opts.seed)
     hidden, ffn = x.shape[1], target.shape[1]
     w1 = (torch.randn(hidden, rank, generator=g) * hidden ** -0.5).requires_grad_()
@@ -131,7 +134,7 @@ def train_layer(x: torch.Tensor, target: torch.Tensor, x_val: torch.Tensor,
     params = [w1, b1, w2, b2]
     optim = torch.optim.Adam(params, lr=opts.lr)
     with torch.enable_grad():
-        for _ in range(opts.epochs):
+        for epoch in range(opts.epochs):
             for idx in torch.randperm(len(xs), generator=g).split(opts.batch):
                 logits = torch.relu(xs[idx] @ w1 + b1) @ w2 + b2
                 loss = F.binary_cross_entropy_with_logits(logits, target[idx].float(),
@@ -139,6 +142,8 @@ def train_layer(x: torch.Tensor, target: torch.Tensor, x_val: torch.Tensor,
                 optim.zero_grad()
                 loss.backward()
                 optim.step()
+            if on_epoch is not None:
+                on_epoch(epoch)
     with torch.no_grad():
         w1_raw = w1 / std[:, None]  # ((x - mean) / std) @ w1 == x @ (w1 / std) - (mean / std) @ w1
         b1_raw = b1 - (mean / std) @ w1
@@ -150,8 +155,10 @@ def train_layer(x: torch.Tensor, target: torch.Tensor, x_val: torch.Tensor,
 
 
 def train_predictors(collection: Collection, cfg: ModelConfig, options: TrainOptions | None = None,
-                     log=None) -> tuple[PredictorSet, list[LayerReport]]:
+                     log=None, progress: Callable[[float, str], None] | None = None,
+                     ) -> tuple[PredictorSet, list[LayerReport]]:
     """A predictor per layer from `collect()`'s samples; targets are |h| > the layer's threshold.
+    `progress(fraction, stage)`, if given, is called after every epoch.
 
     Returns the set (None for dense layers) and a per-layer report on the validation split.
     """
@@ -166,8 +173,17 @@ def train_predictors(collection: Collection, cfg: ModelConfig, options: TrainOpt
             raise ConfigError(f"layer {layer}: {len(x)} sampled tokens are too few to train and "
                               f"validate a predictor; collect more calibration text")
         best = None
-        for rank in sorted(opts.ranks):
-            p = train_layer(x[:cut], target[:cut], x[cut:], target[cut:], rank, opts)
+        ranks = sorted(opts.ranks)
+        for r, rank in enumerate(ranks):
+            # Each layer's share of the bar split evenly among its ranks: a layer that stops at
+            # an early rank jumps ahead, so the bar never runs backwards.
+            def epoch_done(e: int, layer=layer, r=r) -> None:
+                if progress is not None:
+                    done = layer + (r + (e + 1) / opts.epochs) / len(ranks)
+                    progress(done / len(collection.stats), f"layer {layer + 1} of "
+                             f"{len(collection.stats)}, rank {ranks[r]}, epoch {e + 1}")
+
+            p = train_layer(x[:cut], target[:cut], x[cut:], target[cut:], rank, opts, epoch_done)
             q = evaluate(p, x[cut:], target[cut:])
             total = sparse_bytes(p, cfg, q.predicted_fraction, opts)
             say(f"layer {layer} rank {rank}: recall {q.recall:.3f} precision {q.precision:.3f} "

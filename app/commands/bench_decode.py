@@ -15,6 +15,7 @@ import time
 
 from ember.models.errors import EmberError
 
+from ..progress import progress_bar
 from .common import load_engine, model_path, print_json
 
 SEED_TEXT = (
@@ -142,13 +143,17 @@ def run(args) -> int:
         other.decode_speed(ids[:8], 4)
     results = {name: [] for name in engines} | {"llama.cpp": []}
     copy_bps = copy_bandwidth()
-    for _ in range(args.runs):
-        for name, e in engines.items():
-            _settle()
-            results[name].append(_ember_run(e, ids, args.gen_tokens))
-        if other:
-            _settle()
-            results["llama.cpp"].append(other.decode_speed(ids, args.gen_tokens))
+    total = args.runs * (len(engines) + (other is not None))
+    with progress_bar("bench decode", args.json, total=total, unit="runs") as bar:
+        for i in range(args.runs):
+            for name, e in engines.items():
+                _settle()
+                results[name].append(_ember_run(e, ids, args.gen_tokens))
+                bar(sum(map(len, results.values())) / total, f"run {i + 1} of {args.runs}")
+            if other:
+                _settle()
+                results["llama.cpp"].append(other.decode_speed(ids, args.gen_tokens))
+                bar(sum(map(len, results.values())) / total, f"run {i + 1} of {args.runs}")
     report = {
         "model": str(model_path(args)),
         "threads": threads,

@@ -15,6 +15,7 @@ import torch
 
 from ember.models.errors import EmberError
 
+from ..progress import progress_bar
 from .common import load_engine, print_json
 
 SEED_TEXT = ("A river keeper's notebook records the height of the water, the colour of the sky "
@@ -69,12 +70,17 @@ def run(args) -> int:
     longest = max(args.contexts + [args.resume_tokens])
     if longest + args.steps >= engine.n_ctx:
         raise EmberError(f"--ctx-size {engine.n_ctx} is too small for {longest} + {args.steps} tokens")
-    resume = [_resume(engine, _prompt(engine, args.resume_tokens)) for _ in range(args.runs)]
-    decode = {}
-    for ctx in args.contexts:
-        p, c = _decode_pair(engine, _prompt(engine, ctx), args.steps * args.runs)
-        decode[str(ctx)] = {"paged_tok_s": 1 / p, "contiguous_tok_s": 1 / c,
-                            "paged_over_contiguous": c / p}
+    steps = args.runs + len(args.contexts)  # resume runs, then a decode series per context
+    resume, decode = [], {}
+    with progress_bar("bench kv", args.json, total=steps, unit="runs") as bar:
+        for i in range(args.runs):
+            resume.append(_resume(engine, _prompt(engine, args.resume_tokens)))
+            bar((i + 1) / steps, f"resume {i + 1} of {args.runs}")
+        for j, ctx in enumerate(args.contexts):
+            p, c = _decode_pair(engine, _prompt(engine, ctx), args.steps * args.runs)
+            decode[str(ctx)] = {"paged_tok_s": 1 / p, "contiguous_tok_s": 1 / c,
+                                "paged_over_contiguous": c / p}
+            bar((args.runs + j + 1) / steps, f"decode at {ctx} tokens")
     s, r = (statistics.median(x[k] for x in resume) for k in ("swap_in_s", "reprefill_s"))
     print_json({
         "resume": {"tokens": args.resume_tokens, "swap_in_s": s, "reprefill_s": r,

@@ -13,6 +13,7 @@ import statistics
 
 from ember.models.errors import EmberError
 
+from ..progress import progress_bar
 from .common import model_path, print_json
 
 _FOX = ("The old lighthouse stood at the end of the harbour wall. Every night its keeper "
@@ -97,22 +98,16 @@ def measure(args, prompts: dict[str, list[str]]) -> dict:
     warm = engines["plain"].encode("warm up")
     for engine in engines.values():
         _run(engine, warm, 4)
-    kinds, mismatches = {}, []
-    for kind, texts in prompts.items():
-        rows = {name: {"tok_s": [], "accepted": [], "share": []} for name in engines}
-        for text in texts:
-            ids = engines["plain"].encode(text)
-            ref = None
-            for name, engine in engines.items():
-                out, tok_s, spec = _run(engine, ids, args.gen_tokens)
-                ref = out if ref is None else ref
-                if out != ref:
-                    mismatches.append({"kind": kind, "prompt": text, "drafter": name})
-                rows[name]["tok_s"].append(tok_s)
-                if spec:
-                    rows[name]["accepted"].append(spec["mean_accepted_length"])
-                    rows[name]["share"].append(spec["drafter_time_share"])
-        kinds[kind] = _summary(rows)
+    mismatches = []
+    runs = [(kind, text) for kind, texts in prompts.items() for text in texts]
+    with progress_bar("bench speculate", args.json, total=len(runs) * len(engines),
+                      unit="runs") as bar:
+        rows = {kind: {name: {"tok_s": [], "accepted": [], "share": []} for name in engines}
+                for kind in prompts}
+        for i, (kind, text) in enumerate(runs):
+            mismatches += _compare(engines, kind, text, args.gen_tokens, rows[kind])
+            bar((i + 1) / len(runs), f"{kind} prompt, {len(engines)} engines")
+    kinds = {kind: _summary(r) for kind, r in rows.items()}
     return {
         "model": str(model_path(args)), "threads": torch.get_num_threads(),
         "gen_tokens": args.gen_tokens, "prompts_per_kind": {k: len(v) for k, v in prompts.items()},
@@ -121,6 +116,23 @@ def measure(args, prompts: dict[str, list[str]]) -> dict:
         "kinds": kinds,
         "identical_to_plain": not mismatches, "mismatches": mismatches,
     }
+
+
+def _compare(engines: dict, kind: str, text: str, gen: int, rows: dict) -> list[dict]:
+    """Every engine on one prompt, its figures added to `rows`; the drafters whose tokens
+    differ from plain decoding's (speculation must be lossless)."""
+    ids = engines["plain"].encode(text)
+    ref, mismatches = None, []
+    for name, engine in engines.items():
+        out, tok_s, spec = _run(engine, ids, gen)
+        ref = out if ref is None else ref
+        if out != ref:
+            mismatches.append({"kind": kind, "prompt": text, "drafter": name})
+        rows[name]["tok_s"].append(tok_s)
+        if spec:
+            rows[name]["accepted"].append(spec["mean_accepted_length"])
+            rows[name]["share"].append(spec["drafter_time_share"])
+    return mismatches
 
 
 def _summary(rows: dict) -> dict:

@@ -32,6 +32,7 @@ from pathlib import Path
 from ember.models.errors import EmberError
 
 from ..process_clock import REPORT_ENV
+from ..progress import progress_bar
 from .common import model_path, print_json
 
 PROMPT_TOKENS = 16
@@ -52,11 +53,16 @@ def run(args) -> int:
     for cmd in commands.values():
         _measure(cmd)
     runs = {name: [] for name in commands}
-    for i in range(args.runs):
-        for name, cmd in commands.items():
-            time.sleep(0.3)  # let the previous child's threads and writes settle
-            runs[name].append(_measure(cmd))
-            log(f"ember: run {i + 1}/{args.runs} {name}: {_describe(runs[name][-1])}")
+    total = args.runs * len(commands)
+    with progress_bar("bench startup", args.json, total=total, unit="runs") as bar:
+        for i in range(args.runs):
+            for name, cmd in commands.items():
+                time.sleep(0.3)  # let the previous child's threads and writes settle
+                runs[name].append(_measure(cmd))
+                if not args.json:
+                    bar.write(f"ember: run {i + 1}/{args.runs} {name}: "
+                              f"{_describe(runs[name][-1])}")
+                bar(sum(map(len, runs.values())) / total, f"run {i + 1} of {args.runs}")
     report = _report(path, model, commands, runs, args)
     report["page_cache"] = ("warm: the file read once, then one untimed run of each command "
                             "before the timed runs")

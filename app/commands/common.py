@@ -7,6 +7,8 @@ import sys
 
 from ember.models.errors import EmberError
 
+from ..progress import progress_bar
+
 
 def model_path(args):
     if args.model:
@@ -38,7 +40,8 @@ def load_engine(args):
                             chat_format=getattr(args, "chat_format", "auto"),
                             mmap=getattr(args, "mmap", "auto"))
     print("ember: loading model…", file=sys.stderr, flush=True)
-    return Engine.load(model_path(args), options)
+    with progress_bar("loading", getattr(args, "json", False)) as bar:
+        return Engine.load(model_path(args), options, progress=bar)
 
 
 def _profile(value: str | None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..progress import stage_bars
 from .common import model_path, print_json
 
 
@@ -23,14 +24,16 @@ def run(args) -> int:
     set_threads(args.threads)
     started = time.perf_counter()
     print("ember: loading model…", file=sys.stderr, flush=True)
-    loaded = load_model(model_path(args))
-    out = args.output or default_profile_path(loaded.source.fingerprint)
+    with stage_bars(args.json) as bars:
+        # The float model is built (layer by layer) when the profiler first asks for it.
+        loaded = load_model(model_path(args),
+                            progress=lambda fraction, stage: bars(fraction, f"loading: {stage}"))
+        out = args.output or default_profile_path(loaded.source.fingerprint)
 
-    def say(stage: str, message: str) -> None:
-        print(f"ember: [{time.perf_counter() - started:6.1f} s] {stage}: {message}",
-              file=sys.stderr, flush=True)
+        def say(stage: str, message: str) -> None:
+            bars.write(f"ember: [{time.perf_counter() - started:6.1f} s] {stage}: {message}")
 
-    report = run_profile(loaded, out, options, say)
+        report = run_profile(loaded, out, options, say, bars)
     if args.json:
         print_json(report.to_dict())
     else:
