@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import ConfigError
@@ -113,6 +114,37 @@ def test_cancel_stops_a_long_prompt_between_chunks(tiny_models, speculate):
         assert passes[0] == 8 and sum(passes[:3]) == 24  # the rest only: 16 tokens reused
     finally:
         del model.hidden
+
+
+def test_a_cancellable_prefill_sizes_its_chunks_to_take_a_short_time(tiny_models):
+    """With a cancel event, prompt chunks are sized from the pace of the previous one, so
+    cancelling acts within ~CANCEL_CHUNK_S; the prompt's logits are those of plain chunks."""
+    import time
+
+    from ember.models.loader import load_model
+    from ember.offload import runner as runner_module
+
+    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=128))
+    runner, passes = engine.runner, []
+    model = runner.model
+    pass_rows = model.hidden
+
+    def hidden(ids, cache, *args, **kwargs):  # at least 5 ms a token
+        passes.append(len(ids))
+        time.sleep(0.005 * len(ids))
+        return pass_rows(ids, cache, *args, **kwargs)
+
+    prompt = list(range(3, 103))
+    plain = runner.prefill("plain", prompt)
+    model.hidden = hidden
+    try:
+        timed = runner.prefill("timed", prompt, threading.Event())
+    finally:
+        del model.hidden
+    most = max(runner_module.MIN_CANCEL_CHUNK, int(runner_module.CANCEL_CHUNK_S / 0.005))
+    assert passes[0] == runner_module.FIRST_CANCEL_CHUNK and sum(passes) == len(prompt)
+    assert all(runner_module.MIN_CANCEL_CHUNK <= n <= most for n in passes[1:-1]), passes
+    assert torch.allclose(plain, timed, atol=1e-4, rtol=1e-4)
 
 
 def test_context_full_finishes_with_context(tiny_models):

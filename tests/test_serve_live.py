@@ -1,6 +1,7 @@
 """`ember serve` over real sockets: a client that disconnects cancels its generation (uvicorn in
 a thread), the official `openai` client, and `ember serve` started as a process answering
-HTTP requests (urllib)."""
+HTTP requests (urllib). The default model under load, and its cancellation times, are in
+test_serve_load.py."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def test_disconnect_cancels_a_streamed_generation(engine):
         _until(lambda: paced.ended, 10, "the generation to end")
         reason, tokens, ended = paced.ended[0]
         assert reason == "cancelled" and tokens < 50, paced.ended
-        assert ended - left < 0.5, f"cancelled {ended - left:.3f} s after the disconnect"
+        assert ended - left < 0.2, f"cancelled {ended - left:.3f} s after the disconnect"
         _until(lambda: worker.stats.cancelled == 1, 5, "the worker's count")
 
 
@@ -129,7 +130,7 @@ def test_disconnect_cancels_a_whole_response_generation(engine):
         _until(lambda: paced.ended, 10, "the generation to end")
         reason, tokens, ended = paced.ended[0]
         assert reason == "cancelled" and tokens < 50, paced.ended
-        assert ended - left < 0.5, f"cancelled {ended - left:.3f} s after the disconnect"
+        assert ended - left < 0.2, f"cancelled {ended - left:.3f} s after the disconnect"
 
 
 def test_a_request_whose_client_left_while_queued_never_runs(engine):
@@ -246,34 +247,3 @@ def test_the_official_openai_client(engine):
         assert bad.value.status_code == 400 and bad.value.body["param"] == "n"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="gpt-4o", prompt="x")
-
-
-def test_concurrent_clients_are_answered_or_cleanly_refused(engine):
-    paced = _PacedEngine(engine, delay=0.01)  # ~0.1 s a request: 20 clients overflow 4 places
-    statuses, errors = [], []
-
-    def client(port):
-        for _ in range(3):
-            try:
-                with _request(port, "/v1/completions", {**LONG, "max_tokens": 8}, key=None) as r:
-                    statuses.append(r.status)
-                    json.load(r)
-            except urllib.error.HTTPError as exc:
-                statuses.append(exc.code)
-                if exc.code != 429 or int(exc.headers["Retry-After"]) < 1:
-                    errors.append(exc.read())
-            except Exception as exc:  # noqa: BLE001 - a hang-up or a timeout is a failure
-                errors.append(repr(exc))
-
-    with _served(paced, max_queue=4) as (worker, port):
-        threads = [threading.Thread(target=client, args=(port,)) for _ in range(20)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert not any(thread.is_alive() for thread in threads), "a client hangs"
-        assert not errors, errors[:3]
-        assert len(statuses) == 60 and set(statuses) <= {200, 429}
-        assert 200 in statuses and 429 in statuses
-        assert worker.waiting == 0 and not worker.busy
-        assert worker.stats.finished == statuses.count(200)
