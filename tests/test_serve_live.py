@@ -239,6 +239,10 @@ def test_the_official_openai_client(engine):
             model=MODEL, max_tokens=3, messages=messages + [
                 {"role": "assistant", "content": reply}, {"role": "user", "content": "why"}])
         assert turn.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+        timings = turn.model_extra["timings"]  # Ember's field: only the new turn prefilled
+        assert timings["cached_tokens"] == turn.usage.prompt_tokens_details.cached_tokens
+        assert timings["prefilled_tokens"] == turn.usage.prompt_tokens - timings["cached_tokens"]
+        assert 0 < timings["prefilled_tokens"] < first.usage.prompt_tokens
         text = client.completions.create(model=MODEL, prompt="the", max_tokens=3,
                                          extra_body={"ignore_eos": True})
         assert text.usage.completion_tokens == 3
@@ -247,3 +251,23 @@ def test_the_official_openai_client(engine):
         assert bad.value.status_code == 400 and bad.value.body["param"] == "n"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="gpt-4o", prompt="x")
+
+
+def test_the_openai_client_closing_its_stream_cancels_the_generation(engine):
+    openai = pytest.importorskip("openai")
+    paced = _PacedEngine(engine)
+    with _served(paced) as (worker, port):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               max_retries=0)
+        stream = client.completions.create(model=MODEL, prompt="the cat", max_tokens=200,
+                                           stream=True, extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 3:  # tokens are streaming
+                break
+        stream.close()
+        left = time.monotonic()
+        _until(lambda: paced.ended, 10, "the generation to end")
+        reason, tokens, ended = paced.ended[0]
+        assert reason == "cancelled" and tokens < 50, paced.ended
+        assert ended - left < 0.2, f"cancelled {ended - left:.3f} s after the client closed"
+        _until(lambda: worker.stats.cancelled == 1, 5, "the worker's count")
