@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 import time
 from typing import Callable, TextIO
 
@@ -62,15 +63,17 @@ class ProgressBar:
         self._drawn_at: float | None = None  # when the line was last drawn; None: never
         self._width = 0  # characters of the line on screen, to blank out a shorter redraw
         self._stale = False  # progress reported since the last draw (a redraw was throttled)
+        self._lock = threading.Lock()  # reports may come from several threads (reading a file)
 
     def __call__(self, fraction: float, stage: str = "") -> None:
-        self._fraction = min(1.0, max(self._fraction, float(fraction)))  # never backwards
-        self._stage, self._stale = stage, True
-        now = self._clock()
-        if now - self._start < self.delay:
-            return
-        if self._drawn_at is None or now - self._drawn_at >= REDRAW_S or self._fraction >= 1:
-            self._draw(now)
+        with self._lock:
+            self._fraction = min(1.0, max(self._fraction, float(fraction)))  # never backwards
+            self._stage, self._stale = stage, True
+            now = self._clock()
+            if now - self._start < self.delay:
+                return
+            if self._drawn_at is None or now - self._drawn_at >= REDRAW_S or self._fraction >= 1:
+                self._draw(now)
 
     def write(self, line: str) -> None:
         """Print `line` above the bar (the bar is redrawn under it)."""

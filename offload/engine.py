@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 from ember.models.chat_format import (CHAT_FORMATS, NON_TEXT_TOKENS, ChatFormat, ChatMessage,
                                       render_chat, resolve_chat_format)
 from ember.models.errors import ConfigError
-from ember.models.loader import LoadedModel, load_model
+from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
 from .device import resolve_device, set_threads
@@ -32,7 +32,7 @@ from .profile_artifact import default_profile_path, load_profile
 from .quant_body import BODY_CHOICES, use_body
 from .quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from .paged_kv import PagedKVCache
-from .resources import builds_float_model, memory_check, weights_in_ram
+from .resources import memory_check, weights_in_ram
 from .runner import Runner
 from .sampler import Sampler, SamplingParams
 from .speculative import SpecStats, TreeSizer, speculative_steps
@@ -236,10 +236,15 @@ class Engine:
             model_path = default_model_path()
         report = progress or (lambda fraction, stage: None)
         # Building the weights is most of the work; the rest (split, KV pool, drafter) after.
+        # On the file's blocks nothing is built: opening the file (and reading it into RAM)
+        # is all of the loader's share.
+        float_model = not runs_on_file_blocks(options, resolve_device(options.device))
+        scale = 0.95 if float_model else 0.95 / OPEN_SHARE
         loaded = load_model(model_path, check=memory_check(options),
-                            progress=lambda fraction, stage: report(0.95 * fraction, stage),
+                            progress=lambda fraction, stage: report(
+                                min(0.95, scale * fraction), stage),
                             in_ram=weights_in_ram(options))
-        if builds_float_model(loaded.source, options, resolve_device(options.device)):
+        if float_model:
             loaded.model  # built now, inside the progress it reports layer by layer
         report(0.95, "placing the model")
         engine = cls(loaded, options)

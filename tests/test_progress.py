@@ -164,6 +164,19 @@ def test_loading_reports_layers_then_ready(tiny_models):
     assert any(stage.startswith("layer 1 of") for _, stage in seen)
 
 
+def test_loading_the_files_blocks_spends_the_bar_on_reading_the_file(tiny_q4_k_m):
+    from ember.offload.engine import Engine, EngineOptions
+
+    seen = []
+    engine = Engine.load(tiny_q4_k_m[2], EngineOptions(device="cpu", n_ctx=64, mmap="off"),
+                         progress=lambda f, stage: seen.append((f, stage)))
+    engine.close()
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and seen[-1] == (1.0, "ready")
+    reading = [f for f, stage in seen if stage.startswith("reading weights into RAM")]
+    assert reading and reading[-1] > 0.9  # no float model is built: the read is the load
+
+
 def test_predictor_training_reports_every_epoch_in_order(tiny_models):
     from ember.models.loader import load_model
     from ember.predictors.collect import collect
