@@ -53,9 +53,11 @@ class ProgressBar:
 
     def __init__(self, label: str, stream: TextIO | None = None, *, total: float | None = None,
                  unit: str = "", delay: float = 0.5, columns: int | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        """`columns`: the line's width (default: the terminal's, read at each redraw)."""
+                 leave: bool = True, clock: Callable[[], float] = time.monotonic):
+        """`columns`: the line's width (default: the terminal's, read at each redraw);
+        `leave`: keep the finished bar on screen (else `close` erases it)."""
         self.label, self.total, self.unit, self.columns = label, total, unit, columns
+        self.leave = leave
         self.stream = stream or sys.stderr
         self.delay, self._clock = delay, clock
         self._start = clock()
@@ -77,19 +79,25 @@ class ProgressBar:
 
     def write(self, line: str) -> None:
         """Print `line` above the bar (the bar is redrawn under it)."""
-        if self._drawn_at is not None:
-            self.stream.write("\r" + " " * self._width + "\r")
-        self.stream.write(line + "\n")
-        if self._drawn_at is not None:
-            self._draw(self._clock())
-        self.stream.flush()
+        with self._lock:
+            if self._drawn_at is not None:
+                self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.write(line + "\n")
+            if self._drawn_at is not None:
+                self._draw(self._clock())
+            self.stream.flush()
 
     def close(self) -> None:
-        """End the bar's line (as last drawn); nothing if it was never drawn."""
-        if self._drawn_at is not None:
-            if self._stale:
-                self._draw(self._clock())
-            self.stream.write("\n")
+        """End the bar's line as last drawn (or erase it); nothing if it was never drawn."""
+        with self._lock:
+            if self._drawn_at is None:
+                return
+            if self.leave:
+                if self._stale:  # the last report's redraw was throttled
+                    self._draw(self._clock())
+                self.stream.write("\n")
+            else:
+                self.stream.write("\r" + " " * self._width + "\r")
             self.stream.flush()
             self._drawn_at = None
 
@@ -129,9 +137,9 @@ class ProgressBar:
 
 
 class StageBars:
-    """`progress(fraction, stage)` where each stage is a task of its own: a new stage ends the
-    previous one's line and starts a bar (and a clock) for itself. A stage written
-    "name: detail" is task `name`, showing `detail` beside its bar."""
+    """`progress(fraction, stage)` where each stage is a task of its own: a new stage erases
+    the previous one's bar (the log lines say how each went) and starts a bar, and a clock,
+    for itself. A stage written "name: detail" is task `name`, showing `detail` beside it."""
 
     def __init__(self, stream: TextIO | None = None, *, delay: float = 0.5,
                  columns: int | None = None, clock: Callable[[], float] = time.monotonic):
@@ -144,7 +152,7 @@ class StageBars:
         if self._bar is None or self._bar.label != name:
             self.close()
             self._bar = ProgressBar(name, self.stream, delay=self.delay, columns=self.columns,
-                                    clock=self._clock)
+                                    leave=False, clock=self._clock)
         self._bar(fraction, detail)
 
     def write(self, line: str) -> None:

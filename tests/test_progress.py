@@ -121,11 +121,14 @@ def test_stage_bars_give_each_stage_its_line():
     bars(0.0, "predictors")
     clock.now += 2
     bars(0.25, "predictors: layer 1 of 4, rank 16, epoch 20")
-    bars.close()
     screen = _screen(tty.getvalue())
-    assert screen[0].startswith("calibration  " + FILL * 20) and "done" in screen[0]
-    assert screen[1].startswith("predictors  " + FILL * 5)
-    assert "layer 1 of 4, rank 16, epoch 20 · 12.5 %/s · 6 s left" in screen[1]
+    assert len(screen) == 1  # one line, redrawn: the finished stage's bar is gone
+    assert screen[0].startswith("predictors  " + FILL * 5)
+    assert "layer 1 of 4, rank 16, epoch 20 · 12.5 %/s · 6 s left" in screen[0]
+    assert "calibration  " + FILL * 20 in tty.getvalue()  # it was drawn, finished
+    bars.write("ember: predictors: done")
+    bars.close()
+    assert _screen(tty.getvalue()) == ["ember: predictors: done", ""]
 
 
 def test_progress_only_on_a_terminal_and_never_with_json(monkeypatch):

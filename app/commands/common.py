@@ -40,7 +40,8 @@ def load_engine(args):
                             chat_format=getattr(args, "chat_format", "auto"),
                             mmap=getattr(args, "mmap", "auto"))
     print("ember: loading model…", file=sys.stderr, flush=True)
-    with progress_bar("loading", getattr(args, "json", False)) as bar:
+    # Erased once loaded: the command's own output follows.
+    with progress_bar("loading", getattr(args, "json", False), leave=False) as bar:
         return Engine.load(model_path(args), options, progress=bar)
 
 
