@@ -82,5 +82,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("run_attention", &DecoderStep::run_attention, py::arg("layer"), py::arg("x"),
            py::arg("k_pool"), py::arg("v_pool"), py::arg("read_slots"), py::arg("cos"),
-           py::arg("sin"), py::call_guard<py::gil_scoped_release>());
+           py::arg("sin"), py::call_guard<py::gil_scoped_release>())
+      .def("set_input_sparse", &DecoderStep::set_input_sparse, py::arg("layer"), py::arg("slot"),
+           py::arg("packed"), py::arg("types"), py::arg("n_out"), py::arg("threshold"),
+           py::arg("stats"));
 }
