@@ -145,3 +145,51 @@ def test_collect_slot_stats_covers_every_slot(tiny_models):
     assert set(stats) == {(i, s) for i in range(len(model.layers)) for s in SLOTS}
     assert stats[(0, "down")].sample.shape[1] == model.cfg.ffn_size
     assert stats[(0, "qkv")].col_energy.shape == (model.cfg.hidden_size,)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    from pathlib import Path
+
+    src = Path(__file__).parent / "data" / "english.txt"
+    path = tmp_path_factory.mktemp("calib") / "calib.txt"
+    path.write_text(src.read_text()[:2500])
+    return path
+
+
+@needs_native
+def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_models, text_file):
+    """`ember profile` on a SwiGLU model writes input thresholds (no predictors); `generate
+    --profile --json` applies them and reports the sparsity realized per layer and matmul."""
+    import json
+
+    from ember.app.cli import main
+    from ember.offload.profile_artifact import load_profile
+
+    path = tiny_models["llama-silu_glu"][2]
+    out = tmp_path / "p.safetensors"
+    code = main(["profile", "--model", str(path), "--text", str(text_file), "-o", str(out),
+                 "--json", "--quality-budget", "20"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["glu"]["method"] == "input thresholds" and report["predictors"] == []
+    quality = report["quality"]
+    assert quality["meets_quality_budget"] is True
+    loaded = load_model(path)
+    profile = load_profile(out, loaded.config, loaded.source.fingerprint)
+    assert len(profile.meta["input_thresholds"]) == loaded.config.n_layers
+    code = main(["generate", "--model", str(path), "--profile", str(out), "--max-tokens", "4",
+                 "--json", "the cat"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["hybrid"] is None
+    realized = result["input_sparsity"]
+    assert len(realized["per_layer"]) == loaded.config.n_layers
+    assert set(realized["per_layer"][0]) == set(SLOTS)
+    assert 0 <= realized["mean_body"] <= 1
+    # with --ffn-mode dense the profile's thresholds are not applied
+    code = main(["generate", "--model", str(path), "--profile", str(out), "--ffn-mode", "dense",
+                 "--max-tokens", "2", "--json", "the cat"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["input_sparsity"] is None
