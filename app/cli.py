@@ -156,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt: a sentence repeated (default) or a paragraph of prose")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_decode")
+    b = bench.add_parser("sparsity", help="decode tokens/s dense vs input-thresholded (GLU "
+                                          "sparsity), interleaved, with the ideal from bytes")
+    _model_options(b)
+    b.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
+    b.add_argument("--sparsity", type=float, nargs="*", default=[0.4, 0.5], metavar="S",
+                   help="target input sparsities, thresholds from a pass over the prompt "
+                        "(default: 0.4 0.5)")
+    b.add_argument("--profile", metavar="PATH", help="also the thresholds of this profile")
+    b.add_argument("--layout", default="q8_0", choices=("q8_0", "bits"),
+                   help="input-major blocks: q8_0 (near the file's values) or bits (about the "
+                        "file's bits per weight: fewer bytes, a coarser second rounding)")
+    b.add_argument("--prompt-tokens", type=int, default=64, metavar="N")
+    b.add_argument("--gen-tokens", type=int, default=32, metavar="N")
+    b.add_argument("--runs", type=int, default=3, metavar="N")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_sparsity")
     b = bench.add_parser("speculate", help="plain decode vs each drafter on prose, code and "
                                            "repeat prompts: tokens/s, accepted length")
     _engine_options(b)

@@ -54,10 +54,18 @@ class DecoderLayer(NamedTuple):
     scale: float  # attention scale
 
 
-def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos, sin):
+def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Tensor:
+    return block_matmul(x, weights)
+
+
+# A reference pass's matmuls go through matmul(slot, x, weights), slot one of "qkv", "o",
+# "gate_up", "down": a caller can watch or change one matmul's input (input thresholds'
+# calibration and their masked reference, offload/input_sparsity.py).
+def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos, sin,
+                        matmul=_file_matmul):
     """The attention sub-layer for T rows: (x + post-normed attention, FFN-normed input)."""
     L = layer
-    qkv = block_matmul(rms_norm(x, L.attn_norm, L.eps), L.qkv)
+    qkv = matmul("qkv", rms_norm(x, L.attn_norm, L.eps), L.qkv)
     qk_norm_rope_(qkv, L.n_heads, L.n_kv, L.head_dim, L.q_norm, L.k_norm, cos, sin,
                   L.interleaved, L.eps)
     q_cols, kv_cols = L.n_heads * L.head_dim, L.n_kv * L.head_dim
@@ -67,29 +75,32 @@ def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos,
         v_pool[int(slots[-1])] = v[t].view(L.n_kv, L.head_dim)
     o = torch.cat([attend_slots(q[t].reshape(L.n_heads, L.head_dim), k_pool, v_pool, slots,
                                 L.scale) for t, slots in enumerate(read_slots)])
-    return residual_norm(x, block_matmul(o, [L.wo]).contiguous(), L.post_attn_norm,
+    return residual_norm(x, matmul("o", o, [L.wo]).contiguous(), L.post_attn_norm,
                          L.ffn_norm, L.eps)
 
 
-def ffn_reference(layer: DecoderLayer, x, h):
+def ffn_reference(layer: DecoderLayer, x, h, matmul=_file_matmul):
     """The FFN sub-layer for T rows and its residual step: x + post-normed FFN(h)."""
     L = layer
-    gu = block_matmul(h, L.gate_up)
+    gu = matmul("gate_up", h, L.gate_up)
     if is_gated(L.activation):
         n = L.down.shape[1]
         gate, up = gu[:, :n], gu[:, n:]
     else:
         gate, up = None, gu
-    f = block_matmul(activate(L.activation, gate, up).contiguous(), [L.down])
+    f = matmul("down", activate(L.activation, gate, up).contiguous(), [L.down])
     return residual_norm(x, f.contiguous(), L.post_ffn_norm, None, L.eps)[0]
 
 
-def decoder_step_reference(layers: list[DecoderLayer], x, k_pool, v_pool, slots, cos, sin):
+def decoder_step_reference(layers: list[DecoderLayer], x, k_pool, v_pool, slots, cos, sin,
+                           matmul=None):
     """Every layer for T rows x (T, hidden): slots[i][t] are the pool rows row t reads in
-    layer i (its own last); cos[i], sin[i] the rows' rotary tables (T, head_dim / 2)."""
-    for layer, read_slots, c, s in zip(layers, slots, cos, sin, strict=True):
-        mid, h = attention_reference(layer, x, k_pool, v_pool, read_slots, c, s)
-        x = ffn_reference(layer, mid, h)
+    layer i (its own last); cos[i], sin[i] the rows' rotary tables (T, head_dim / 2).
+    `matmul(i, slot, x, weights)`, when given, computes layer i's matmuls."""
+    for i, (layer, read_slots, c, s) in enumerate(zip(layers, slots, cos, sin, strict=True)):
+        mm = _file_matmul if matmul is None else functools.partial(matmul, i)
+        mid, h = attention_reference(layer, x, k_pool, v_pool, read_slots, c, s, mm)
+        x = ffn_reference(layer, mid, h, mm)
     return x
 
 

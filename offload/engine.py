@@ -30,6 +30,7 @@ from .lm_head import choose_lm_head
 from .memory_plan import SPLITS
 from .profile_artifact import default_profile_path, load_profile
 from .quant_body import BODY_CHOICES, use_body
+from .input_sparsity import apply_input_sparsity
 from .quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from .paged_kv import PagedKVCache
 from .resources import memory_check, weights_in_ram
@@ -120,6 +121,7 @@ class Engine:
         # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
         # hybrid split slices its FFN rows from them too.
         blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, self.device) else None
+        self.input_sparsity = None  # a profile's input thresholds, when applied (_split_ffn)
         self.hybrid = self._split_ffn(loaded, options, blocks)
         if blocks is not None:
             if self.hybrid is not None:
@@ -178,6 +180,11 @@ class Engine:
         self.profile_quality = None if profile is None else _profile_quality(profile)
         if options.gpu_budget is None and options.split == "auto" and profile is None:
             return None
+        if use_input_thresholds(profile, blocks, options):
+            # GLU models: the profile thresholds matmul inputs rather than predicting neurons
+            self.input_sparsity = apply_input_sparsity(blocks, profile.meta["input_thresholds"],
+                                                       profile.meta.get("input_layout", "q8_0"))
+            return None
         if options.gpu_budget is None and options.split != "auto":
             raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
         kv_bytes = self.kv_plan.device_blocks * self.kv_plan.block_bytes
@@ -206,6 +213,16 @@ class Engine:
         if sparse:
             attach_predictors(hybrid, predictors, profile.bias)
         return hybrid
+
+    def input_sparsity_report(self) -> dict | None:
+        """Sparsity the profile's input thresholds realized per layer and matmul since the
+        engine started (or the last reset), and the bytes of the body they skip."""
+        if self.input_sparsity is None:
+            return None
+        dense, read = self.input_sparsity.bytes_per_token()
+        return {"profile": str(self.profile_path), **self.input_sparsity.realized(),
+                "body_bytes_dense": dense, "body_bytes_read": read,
+                "layout_bytes": self.input_sparsity.layout_bytes()}
 
     def hybrid_report(self) -> dict | None:
         """The GPU-tier plan and measured per-layer FFN work (None for a dense engine), and
@@ -394,6 +411,13 @@ class ChatPrompt(list):
     def __init__(self, ids, format: ChatFormat):
         super().__init__(ids)
         self.format = format
+
+
+def use_input_thresholds(profile, blocks, options) -> bool:
+    """A profile with input thresholds runs them on the file-blocks runtime when no GPU tier
+    is asked for (the split's cold side takes predictors) and the FFNs are not forced dense."""
+    return (profile is not None and blocks is not None and "input_thresholds" in profile.meta
+            and options.gpu_budget is None and options.ffn_mode != "dense")
 
 
 def _profile_quality(profile) -> dict:

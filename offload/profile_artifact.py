@@ -118,6 +118,17 @@ def load_profile(path: str | Path, cfg: ModelConfig, fingerprint: str) -> Profil
     meta = {k: v for k, v in header.items()
             if k not in ("format", "version", "fingerprint", "model_name", "n_layers", "hidden", "ffn")}
     _check_numbers(meta.get("activation_thresholds"), cfg.n_layers, bad)
+    if "input_thresholds" in meta:
+        from .input_sparsity import check_thresholds
+
+        from .input_sparsity import LAYOUTS
+
+        try:
+            meta["input_thresholds"] = check_thresholds(meta["input_thresholds"], cfg.n_layers)
+        except ConfigError as exc:
+            raise bad(str(exc)) from None
+        if meta.get("input_layout", "q8_0") not in LAYOUTS:
+            raise bad(f"input_layout must be one of {', '.join(LAYOUTS)}")
     return Profile(fingerprint, str(header.get("model_name")), cfg.n_layers, cfg.hidden_size,
                    cfg.ffn_size, frequency, placement, predictors, meta, bias)
 

@@ -102,6 +102,11 @@ def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
                                                         within("calibration")))
     report.calibration = {"train_tokens": len(text.train), "held_out_tokens": len(text.held_out),
                           "source": "files" if options.texts else "model-sampled"}
+    from .input_profile import input_thresholds_apply, run_input_profile
+
+    if input_thresholds_apply(loaded, options):  # GLU: thresholds on matmul inputs
+        run_input_profile(loaded, out, options, text, stage, say, report)
+        return report
     from ember.predictors.collect import collect
 
     thresholds = [0.0] * cfg.n_layers

@@ -154,6 +154,14 @@ class QuantModel:
         self.batch_invariant = False
         self._attention = decoder_step.layer_attention(self.layers)
 
+    def native_step(self):
+        """The C++ DecoderStep that runs every pass (offload/input_sparsity.py thresholds its
+        matmuls); ValueError when the FFNs are split or the step is the Python reference."""
+        step = getattr(self._run, "__self__", None)
+        if self.ffns is not None or step is None or not hasattr(step, "set_input_sparse"):
+            raise ValueError("input thresholds need the C++ decoder step on an unsplit model")
+        return step
+
     def _layer(self, w: WeightStore, i: int) -> decoder_step.DecoderLayer:
         cfg, p, h, hd = self.cfg, f"blk.{i}.", self.cfg.hidden_size, self.cfg.head_dim
 

@@ -57,6 +57,8 @@ def run(args) -> int:
             "device": str(engine.device),
             "lm_head": engine.lm_head,
             "hybrid": engine.hybrid_report(),
+            # a GLU profile's input thresholds: sparsity realized per layer and matmul (or null)
+            "input_sparsity": engine.input_sparsity_report(),
             # accepted drafts per verification step and the drafter's share of time (or null)
             "speculation": engine.speculation if engine.drafter is not None else None,
         })
@@ -74,6 +76,12 @@ def run(args) -> int:
         hybrid = engine.hybrid_report()
         if hybrid is not None:
             _print_hybrid(hybrid)
+        inputs = engine.input_sparsity_report()
+        if inputs is not None:
+            print(f"ember: input thresholds skipped {inputs['mean_body']:.1%} of the body's "
+                  f"matmul inputs ({inputs['body_bytes_read'] / 1e6:.1f} of "
+                  f"{inputs['body_bytes_dense'] / 1e6:.1f} MB of body weights per token)",
+                  file=sys.stderr)
     engine.close()
     if report:
         report.write(generated_tokens=len(done.token_ids),

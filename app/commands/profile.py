@@ -47,6 +47,9 @@ def _summary(report) -> None:
     print(f"  calibration     {report.calibration['train_tokens']} training + "
           f"{report.calibration['held_out_tokens']} held-out tokens "
           f"({report.calibration['source']})")
+    if report.glu and report.glu.get("method") == "input thresholds":
+        _input_summary(report)
+        return
     if report.glu:
         print(f"  GLU thresholds  mean sparsity {report.glu['mean_sparsity']:.1%}, "
               f"held-out perplexity x{report.glu['ppl_ratio']:.3f}")
@@ -67,4 +70,20 @@ def _summary(report) -> None:
           f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")
     if q["sparsity"] is not None:
         print(f"  sparsity        {q['sparsity']:.1%} of FFN neurons skipped per decoded token")
+    print("  stages          " + ", ".join(f"{k} {v:.0f} s" for k, v in report.stages_s.items()))
+
+
+def _input_summary(report) -> None:
+    """GLU models: thresholds on every matmul's input (no predictors, no placement)."""
+    q, glu = report.quality, report.glu
+    realized = q["input_sparsity"]
+    print(f"  input thresholds planned mean sparsity {glu['planned_mean_sparsity']:.1%} over the "
+          f"body's matmuls (calibration: held-out perplexity x{glu['ppl_ratio']:.3f})")
+    print(f"  quality         held-out perplexity {q['dense_ppl']:.3f} -> {q['sparse_ppl']:.3f} "
+          f"(x{q['ppl_ratio']:.3f}), top-1 agreement {q['top1_agreement']:.1%}, greedy match "
+          f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")
+    print(f"  sparsity        {realized['mean_body']:.1%} mean over the body's matmul inputs, "
+          f"realized while decoding ({realized['mean_thresholded']:.1%} over the thresholded ones)")
+    for i, row in enumerate(realized["per_layer"]):
+        print(f"    layer {i:>3}: " + "  ".join(f"{k} {v:.0%}" for k, v in row.items()))
     print("  stages          " + ", ".join(f"{k} {v:.0f} s" for k, v in report.stages_s.items()))

@@ -61,6 +61,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_cpu_path", &set_cpu_path, "the instruction-set path block_matmul uses",
         py::arg("name"));
   m.def("cpu_path", &cpu_path, "the instruction-set path block_matmul uses");
+  m.def("im_relayout", &im_relayout, "a weight's rows -> its input-major 32-output blocks",
+        py::arg("rows"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("im_type"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("input_sparse_matmul", &input_sparse_matmul,
+        "x @ W^T over input-major weights, reading only inputs with |x| > threshold",
+        py::arg("x"), py::arg("packed"), py::arg("types"), py::arg("n_out"),
+        py::arg("threshold"), py::arg("stats"), py::call_guard<py::gil_scoped_release>());
   py::class_<DecoderStep>(m, "DecoderStep",
                           "every decoder layer for T rows on GGML-block weights, in one call")
       .def(py::init<>())
@@ -75,5 +82,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("run_attention", &DecoderStep::run_attention, py::arg("layer"), py::arg("x"),
            py::arg("k_pool"), py::arg("v_pool"), py::arg("read_slots"), py::arg("cos"),
-           py::arg("sin"), py::call_guard<py::gil_scoped_release>());
+           py::arg("sin"), py::call_guard<py::gil_scoped_release>())
+      .def("set_input_sparse", &DecoderStep::set_input_sparse, py::arg("layer"), py::arg("slot"),
+           py::arg("packed"), py::arg("types"), py::arg("n_out"), py::arg("threshold"),
+           py::arg("stats"));
 }

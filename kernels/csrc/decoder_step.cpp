@@ -75,7 +75,8 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
         own[t] = s.data_ptr<int64_t>()[s.numel() - 1];
         TORCH_CHECK(own[t] >= 0 && own[t] < k_pool.size(0), "write slot out of range");
     }
-    auto qkv = block_matmul(rms_norm(x, l.attn_norm, l.eps), l.qkv, l.qkv_types);
+    auto h = rms_norm(x, l.attn_norm, l.eps);
+    auto qkv = l.sparse[0].on() ? l.sparse[0](h) : block_matmul(h, l.qkv, l.qkv_types);
     qk_norm_rope_(qkv, l.n_heads, l.n_kv, hd, l.q_norm, l.k_norm, cos, sin, l.interleaved,
                   l.eps);
     const int64_t width = qkv.size(1), kv = l.n_kv * hd, q_cols = l.n_heads * hd;
@@ -96,20 +97,31 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
         attend_slots_into(q, k_pool, v_pool, read_slots[t], l.scale,
                           o.data_ptr<float>() + t * q_cols);
     }
-    auto a = block_matmul(o, {l.wo}, {l.wo_type});
+    auto a = l.sparse[1].on() ? l.sparse[1](o) : block_matmul(o, {l.wo}, {l.wo_type});
     return residual_norm(x, a, l.post_attn_norm, l.ffn_norm, l.eps);
 }
 
 // f = down(act(h @ Wgate, h @ Wup)); returns x + (post ? rms_norm(f, post) : f).
 at::Tensor DecoderStep::ffn(const Layer& l, const at::Tensor& x, const at::Tensor& h) const {
-    auto gu = block_matmul(h, l.gate_up, l.gate_up_types);
+    auto gu = l.sparse[2].on() ? l.sparse[2](h) : block_matmul(h, l.gate_up, l.gate_up_types);
     const bool gated = l.gate_up.size() == 2;
     const int64_t n = l.gate_up.back().size(0);
     auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
     auto up = gated ? gu.narrow(1, n, n) : gu;
-    auto f = block_matmul(ffn_activation(l.activation, gate, up).contiguous(), {l.down},
-                          {l.down_type});
+    auto act = ffn_activation(l.activation, gate, up).contiguous();
+    auto f = l.sparse[3].on() ? l.sparse[3](act) : block_matmul(act, {l.down}, {l.down_type});
     return std::get<0>(residual_norm(x, f, l.post_ffn_norm, c10::nullopt, l.eps));
+}
+
+void DecoderStep::set_input_sparse(int64_t layer, int64_t slot, std::vector<at::Tensor> packed,
+                                   std::vector<int64_t> types, std::vector<int64_t> n_out,
+                                   double threshold, at::Tensor stats) {
+    TORCH_CHECK_VALUE(layer >= 0 && layer < static_cast<int64_t>(layers_.size()) && slot >= 0 &&
+                          slot < 4, "no matmul slot ", slot, " in layer ", layer);
+    TORCH_CHECK_VALUE(stats.scalar_type() == at::kLong && stats.numel() == 2 && stats.is_contiguous(),
+                      "stats must be a contiguous int64 tensor of 2");
+    layers_[layer].sparse[slot] = InputSparseMatmul{std::move(packed), std::move(types),
+                                                    std::move(n_out), threshold, stats};
 }
 
 at::Tensor DecoderStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,

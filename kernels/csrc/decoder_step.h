@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "input_sparse.h"
+
 class DecoderStep {
   public:
     // One layer's fixed arguments, in order (kernels/decoder_step.py's DecoderLayer): each
@@ -41,6 +43,13 @@ class DecoderStep {
                                                      const std::vector<at::Tensor>& read_slots,
                                                      at::Tensor cos, at::Tensor sin) const;
 
+    // Run matmul `slot` of layer `layer` (0: q/k/v, 1: attention output, 2: gate/up, 3: down)
+    // input-sparse over these input-major weights (kernels/input_sparse.py); a threshold < 0
+    // puts the slot back on the file's blocks.
+    void set_input_sparse(int64_t layer, int64_t slot, std::vector<at::Tensor> packed,
+                          std::vector<int64_t> types, std::vector<int64_t> n_out,
+                          double threshold, at::Tensor stats);
+
   private:
     struct Layer {
         at::Tensor attn_norm;
@@ -60,6 +69,7 @@ class DecoderStep {
         std::string activation;
         c10::optional<at::Tensor> post_ffn_norm;
         double eps, scale;
+        InputSparseMatmul sparse[4];  // per slot; unset: dense on the file's blocks
     };
     std::tuple<at::Tensor, at::Tensor> attention(const Layer& l, const at::Tensor& x,
                                                  const at::Tensor& k_pool,

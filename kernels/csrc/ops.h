@@ -53,3 +53,9 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
 at::Tensor dequantize_row(at::Tensor rows, int64_t qtype, int64_t index);
 void set_cpu_path(const std::string& name);
 std::string cpu_path();
+
+// input_sparse.cpp
+at::Tensor im_relayout(at::Tensor rows, int64_t qtype, int64_t N, int64_t K, int64_t im);
+at::Tensor input_sparse_matmul(at::Tensor x, const std::vector<at::Tensor>& packed,
+                               const std::vector<int64_t>& types, const std::vector<int64_t>& n_out,
+                               double threshold, c10::optional<at::Tensor> stats);

@@ -1,0 +1,182 @@
+"""Calibrating input thresholds (`ember profile` on GLU models): activation statistics ->
+per-block allocation across the four matmul slots -> the highest sparsity within the quality
+budget on held-out text.
+
+1. Statistics: a reference pass over the calibration text records a sample of every slot's
+   input rows (offload/input_sparsity.py names the slots), and each slot's squared column
+   norms ||W[:, i]||^2 (over its weights side by side).
+2. Allocation: per slot, the threshold for sparsity s is the s-quantile of |x| over the
+   sample; its error is the share of the matmul's output energy the dropped inputs carry,
+   sum_dropped x_i^2 ||W[:, i]||^2 / sum_all x_i^2 ||W[:, i]||^2 (columns taken as
+   uncorrelated; the column norm is WINA's weighting). Per block, slots are raised in steps of
+   5% greedily, cheapest error per matmul sparsity gained first, until the block's mean over
+   its seven matmuls (q, k, v, o, gate, up, down) reaches the target (TEAL allocates per block
+   likewise, measuring the block's output).
+3. Search: the target is bisected on the held-out text's perplexity, measured with the
+   thresholds applied by the runtime itself (the input-major kernels), against the same model
+   dense: the highest target within `budget` wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ember.kernels import block_matmul as bm
+from ember.kernels.decoder_step import decoder_step_reference
+from ember.predictors.passes import score, segments
+
+from .input_sparsity import MATMULS, SLOTS, InputSparsity, Thresholds, apply_input_sparsity, slot_weights
+
+STEP = 0.05
+LEVELS = tuple(round(i * STEP, 2) for i in range(int(round(0.95 / STEP)) + 1))  # 0 .. 0.95
+SAMPLE_ROWS = 384  # input rows kept per slot (random over the calibration text)
+
+
+@dataclass
+class SlotStats:
+    sample: torch.Tensor  # (rows, K) |x|, float32
+    col_energy: torch.Tensor  # (K,) sum over the slot's weights of W[:, i]^2
+    _order: tuple | None = field(default=None, repr=False)
+
+    def _sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(|x| ascending, the cumulative share of output energy up to each), made once."""
+        if self._order is None:
+            energy = (self.sample.double().pow(2) * self.col_energy.double()).flatten()
+            values, order = self.sample.flatten().sort()
+            cum = energy[order].cumsum(0)
+            self._order = (values, cum / cum[-1].clamp_min(1e-300))
+        return self._order
+
+    def _index(self, level: float) -> int:
+        return max(1, int(round(level * self.sample.numel()))) - 1
+
+    def threshold(self, level: float) -> float:
+        """The |x| below or at which `level` of the sampled inputs fall."""
+        return 0.0 if level <= 0 else float(self._sorted()[0][self._index(level)])
+
+    def error(self, level: float) -> float:
+        """Share of the output energy carried by the inputs dropped at `level`."""
+        return 0.0 if level <= 0 else float(self._sorted()[1][self._index(level)])
+
+
+@contextlib.contextmanager
+def reference_passes(model, matmul: Callable):
+    """While inside, `model` (a QuantModel) runs its passes through the Python reference
+    chain with `matmul(layer, slot, x, weights)` computing every matmul."""
+    saved = model._run
+    model._run = functools.partial(decoder_step_reference, model.layers, matmul=matmul)
+    try:
+        yield model
+    finally:
+        model._run = saved
+
+
+@torch.inference_mode()
+def collect_slot_stats(model, ids: list[int], bos: int | None, length: int,
+                       seed: int = 0) -> dict[tuple[int, str], SlotStats]:
+    """Sample each slot's |input| rows over `ids`, and its column energies."""
+    rows: dict[tuple[int, str], list[torch.Tensor]] = {}
+
+    def watch(i, slot, x, weights):
+        rows.setdefault((i, slot), []).append(x.abs().half())
+        return bm.block_matmul(x, weights)
+
+    with reference_passes(model, watch):
+        cache = model.new_cache(length)
+        for seg in segments(ids, length, bos):
+            cache.truncate(0)
+            model.hidden(seg, cache)
+    g = torch.Generator().manual_seed(seed)
+    stats = {}
+    for (i, slot), parts in rows.items():
+        x = torch.cat(parts)
+        pick = torch.randperm(x.shape[0], generator=g)[:SAMPLE_ROWS]
+        energy = sum(w.dequantize().pow(2).sum(0) for w in slot_weights(model.layers[i], slot))
+        stats[(i, slot)] = SlotStats(x[pick].float(), energy)
+    return stats
+
+
+@dataclass
+class Allocation:
+    levels: list[dict[str, float]]  # per layer: slot -> sparsity level
+    thresholds: Thresholds
+
+    def mean_sparsity(self) -> float:
+        """Planned mean over the body's matmuls (q, k, v, o, gate, up, down each once)."""
+        per = [sum(MATMULS[s] * lv[s] for s in SLOTS) / sum(MATMULS.values())
+               for lv in self.levels]
+        return sum(per) / max(1, len(per))
+
+
+def allocate(stats: dict[tuple[int, str], SlotStats], n_layers: int, target: float) -> Allocation:
+    """Per block, greedy: raise the slot whose next 5% costs the least error per matmul
+    sparsity gained, until the block's matmul mean reaches `target`."""
+    total = sum(MATMULS.values())
+    levels, thresholds = [], []
+    for i in range(n_layers):
+        at = {s: 0 for s in SLOTS}  # index into LEVELS
+        errors = {s: [stats[(i, s)].error(lv) for lv in LEVELS] for s in SLOTS}
+        while sum(MATMULS[s] * LEVELS[at[s]] for s in SLOTS) / total < target - 1e-9:
+            movable = [s for s in SLOTS if at[s] + 1 < len(LEVELS)]
+            if not movable:
+                break
+            best = min(movable, key=lambda s: (errors[s][at[s] + 1] - errors[s][at[s]])
+                       / (MATMULS[s] * STEP))
+            at[best] += 1
+        levels.append({s: LEVELS[at[s]] for s in SLOTS})
+        thresholds.append({s: stats[(i, s)].threshold(LEVELS[at[s]]) for s in SLOTS
+                           if at[s] > 0})
+    return Allocation(levels, thresholds)
+
+
+@dataclass
+class InputCalibration:
+    target: float  # the planned mean sparsity over the body's matmuls
+    allocation: Allocation
+    ppl_ratio: float
+    agreement: float
+    dense_ppl: float
+    tried: list[dict] = field(default_factory=list)
+    stats: dict = field(default_factory=dict, repr=False)  # (layer, slot) -> SlotStats
+
+
+def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | None,
+                     budget: float, length: int, log: Callable[[str], None] = lambda m: None,
+                     steps: int = 6, layout: str = "q8_0") -> tuple[InputCalibration, InputSparsity]:
+    """Thresholds for `model` (a QuantModel) at the highest target sparsity whose held-out
+    perplexity stays within 1 + budget of the dense model's; returns them with the runtime
+    (left applied to the model at the chosen thresholds)."""
+    stats = collect_slot_stats(model, train, bos, length)
+    log(f"statistics of {len(stats)} matmul inputs collected")
+    dense = score(model, held_out, length, bos)
+    runtime = apply_input_sparsity(model, [{} for _ in model.layers], layout)
+    tried: list[dict] = []
+
+    def measure(target: float):
+        alloc = allocate(stats, len(model.layers), target)
+        runtime.set_thresholds(alloc.thresholds)
+        s = score(model, held_out, length, bos)
+        ratio = s.ppl / dense.ppl
+        tried.append({"target": round(target, 4), "ppl_ratio": round(ratio, 4),
+                      "agreement": round(dense.agreement(s), 4)})
+        log(f"target {target:.1%}: held-out perplexity x{ratio:.4f}, top-1 agreement "
+            f"{dense.agreement(s):.1%}")
+        return alloc, ratio, dense.agreement(s)
+
+    lo, hi = 0.0, 0.9
+    best = (0.0, allocate(stats, len(model.layers), 0.0), 1.0, 1.0)  # dense: no thresholds
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        alloc, ratio, agree = measure(mid)
+        if ratio <= 1 + budget:
+            lo, best = mid, (mid, alloc, ratio, agree)
+        else:
+            hi = mid
+    target, alloc, ratio, agree = best
+    runtime.set_thresholds(alloc.thresholds)
+    return InputCalibration(target, alloc, ratio, agree, dense.ppl, tried, stats), runtime

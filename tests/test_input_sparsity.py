@@ -1,0 +1,195 @@
+"""Input thresholds at run time (offload/input_sparsity.py) and their calibration
+(offload/input_calibration.py) on tiny models: the thresholded C++ step against the masked
+dense reference, bit for bit; counters; allocation; the profile and engine round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.kernels import block_matmul as bm
+from ember.kernels import input_sparse as isp
+from ember.models.kv import ContiguousKVCache
+from ember.models.loader import load_model
+from ember.offload import quant_model
+from ember.offload.input_calibration import (SlotStats, allocate, collect_slot_stats,
+                                             reference_passes)
+from ember.offload.input_sparsity import MATMULS, SLOTS, apply_input_sparsity, check_thresholds
+from ember.offload.quant_model import QuantModel
+from ember.models.errors import ConfigError
+
+needs_native = pytest.mark.skipif(not quant_model.applies(),
+                                  reason="C++ kernels not built on this machine")
+PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
+
+
+def thresholds_for(model, value: float, slots=SLOTS) -> list[dict]:
+    return [{s: value for s in slots} for _ in model.layers]
+
+
+def masked_reference(runtime):
+    """matmul(i, slot, x, weights) of the masked dense reference: a thresholded slot's input
+    with every |x| <= threshold zeroed, multiplied densely over the same input-major layout."""
+    def matmul(i, slot, x, weights):
+        thr = runtime.thresholds[i].get(slot)
+        if thr is None:
+            return bm.block_matmul(x, weights)
+        masked = torch.where(x.abs() > thr, x, torch.zeros_like(x))
+        return isp.input_sparse_matmul(masked.contiguous(), runtime.layouts[(i, slot)])
+    return matmul
+
+
+def run(model, ids: list[int], decode: int = 4) -> list[torch.Tensor]:
+    """Hidden states of a prefill of `ids` and of `decode` greedy single-row steps."""
+    cache = ContiguousKVCache(model.cfg, 64, dtype=model.kv_dtype)
+    out = [model.hidden(torch.tensor(ids), cache)]
+    for _ in range(decode):
+        tok = int(model.logits(out[-1][-1:]).argmax())
+        out.append(model.hidden(torch.tensor([tok]), cache))
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["llama-silu_glu", "gemma3"])
+def test_thresholded_step_matches_masked_dense_reference_exactly(tiny_models, name):
+    model = QuantModel(load_model(tiny_models[name][2]).source)
+    runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
+    got = run(model, PROMPT)
+    with reference_passes(model, masked_reference(runtime)):
+        want = run(model, PROMPT)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    realized = runtime.realized()
+    assert 0.05 < realized["mean_thresholded"] < 0.95
+    weighted = [sum(MATMULS[k] * v for k, v in row.items()) / 7 for row in realized["per_layer"]]
+    assert realized["mean_body"] == pytest.approx(sum(weighted) / len(weighted), abs=1e-3)
+
+
+@needs_native
+def test_thresholds_change_the_output_and_zero_thresholds_nearly_do_not(tiny_models):
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    dense = run(model, PROMPT, decode=0)[0]
+    runtime = apply_input_sparsity(model, thresholds_for(model, 0.0))
+    # threshold 0 keeps every nonzero input: only the re-layout's Q8_0 rounding remains
+    near = run(model, PROMPT, decode=0)[0]
+    assert (near - dense).abs().max() < 0.05 * dense.abs().max()
+    runtime.set_thresholds(thresholds_for(model, 1.0))
+    far = run(model, PROMPT, decode=0)[0]
+    assert not torch.allclose(far, dense, atol=1e-3)
+    runtime.set_thresholds([{} for _ in model.layers])  # every slot back on the file
+    assert torch.equal(run(model, PROMPT, decode=0)[0], dense)
+
+
+@needs_native
+def test_counters_count_what_the_kernel_kept(tiny_models):
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    runtime = apply_input_sparsity(model, thresholds_for(model, 0.5, slots=("down",)))
+    seen = {}
+
+    def watch(i, slot, x, weights):
+        if slot == "down":
+            seen[i] = seen.get(i, 0) + int((x.abs() > 0.5).sum())
+        return masked_reference(runtime)(i, slot, x, weights)
+
+    run(model, PROMPT, decode=0)
+    kept = {i: int(runtime.stats[(i, "down")][0]) for i in range(len(model.layers))}
+    with reference_passes(model, watch):
+        run(model, PROMPT, decode=0)
+    assert kept == seen
+    realized = runtime.realized()
+    assert all(row["qkv"] == 0 for row in realized["per_layer"])
+    dense_bytes, read = runtime.bytes_per_token()
+    assert read < dense_bytes
+
+
+def test_check_thresholds_rejects_bad_values():
+    with pytest.raises(ConfigError, match="list of 2 layers"):
+        check_thresholds([{}], 2)
+    with pytest.raises(ConfigError, match="slots"):
+        check_thresholds([{"up": 1.0}], 1)
+    with pytest.raises(ConfigError, match="finite number"):
+        check_thresholds([{"down": -1.0}], 1)
+    assert check_thresholds([{"down": 1}], 1) == [{"down": 1.0}]
+
+
+def _stats(scales: dict[str, float]) -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {(0, s): SlotStats(torch.randn(64, 32, generator=g).abs() * v, torch.ones(32))
+            for s, v in scales.items()}
+
+
+def test_allocation_reaches_the_target_and_prefers_cheap_slots():
+    stats = _stats({s: 1.0 for s in SLOTS})
+    # one slot's inputs are spread much wider: dropping its small ones costs less energy
+    g = torch.Generator().manual_seed(1)
+    stats[(0, "down")] = SlotStats(torch.randn(64, 32, generator=g).abs().pow(4), torch.ones(32))
+    alloc = allocate(stats, 1, 0.4)
+    assert alloc.mean_sparsity() >= 0.4 - 1e-9
+    assert alloc.levels[0]["down"] >= max(alloc.levels[0][s] for s in ("o",))
+    assert set(alloc.thresholds[0]) == {s for s in SLOTS if alloc.levels[0][s] > 0}
+    assert allocate(stats, 1, 0.0).thresholds == [{}]
+
+
+def test_slot_stats_threshold_and_error():
+    st = SlotStats(torch.arange(1, 101, dtype=torch.float32).reshape(1, 100), torch.ones(100))
+    assert st.threshold(0.3) == 30.0
+    assert st.error(0.0) == 0.0
+    assert st.error(0.3) == pytest.approx(sum(i * i for i in range(1, 31))
+                                          / sum(i * i for i in range(1, 101)))
+
+
+@needs_native
+def test_collect_slot_stats_covers_every_slot(tiny_models):
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    stats = collect_slot_stats(model, PROMPT * 3, 2, 16)
+    assert set(stats) == {(i, s) for i in range(len(model.layers)) for s in SLOTS}
+    assert stats[(0, "down")].sample.shape[1] == model.cfg.ffn_size
+    assert stats[(0, "qkv")].col_energy.shape == (model.cfg.hidden_size,)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    from pathlib import Path
+
+    src = Path(__file__).parent / "data" / "english.txt"
+    path = tmp_path_factory.mktemp("calib") / "calib.txt"
+    path.write_text(src.read_text()[:2500])
+    return path
+
+
+@needs_native
+def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_models, text_file):
+    """`ember profile` on a SwiGLU model writes input thresholds (no predictors); `generate
+    --profile --json` applies them and reports the sparsity realized per layer and matmul."""
+    import json
+
+    from ember.app.cli import main
+    from ember.offload.profile_artifact import load_profile
+
+    path = tiny_models["llama-silu_glu"][2]
+    out = tmp_path / "p.safetensors"
+    code = main(["profile", "--model", str(path), "--text", str(text_file), "-o", str(out),
+                 "--json", "--quality-budget", "20"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["glu"]["method"] == "input thresholds" and report["predictors"] == []
+    quality = report["quality"]
+    assert quality["meets_quality_budget"] is True
+    loaded = load_model(path)
+    profile = load_profile(out, loaded.config, loaded.source.fingerprint)
+    assert len(profile.meta["input_thresholds"]) == loaded.config.n_layers
+    code = main(["generate", "--model", str(path), "--profile", str(out), "--max-tokens", "4",
+                 "--json", "the cat"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["hybrid"] is None
+    realized = result["input_sparsity"]
+    assert len(realized["per_layer"]) == loaded.config.n_layers
+    assert set(realized["per_layer"][0]) == set(SLOTS)
+    assert 0 <= realized["mean_body"] <= 1
+    # with --ffn-mode dense the profile's thresholds are not applied
+    code = main(["generate", "--model", str(path), "--profile", str(out), "--ffn-mode", "dense",
+                 "--max-tokens", "2", "--json", "the cat"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["input_sparsity"] is None
