@@ -28,6 +28,7 @@ from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
 from .ffn_rows import as_rows
+from .tier_dtypes import TierChoice
 
 # x (T, hidden) on the host -> cold-local neuron indices to compute (sorted int64), or None
 # for all of them.
@@ -67,9 +68,11 @@ class HybridFFN(nn.Module):
     @classmethod
     def split(cls, ffn, layer: int, hot_idx: np.ndarray, gpu: torch.device,
               worker: CpuWorker, cold_dtype: str = "fp32",
-              selector: Selector | None = None, bundles: bool = True) -> "HybridFFN":
+              selector: Selector | None = None, bundles: bool = True,
+              tier: TierChoice | None = None) -> "HybridFFN":
         """Slice one FFN layer into its two homes. `ffn`: a float FeedForward ((in, out)
         weights on the host) or a row source (offload/ffn_rows.py: the file's blocks).
+        `tier`: the hot rows' formats by file type (None: float32).
 
         bundles=False: no cold bundles when nothing is hot, for a layer no selector will
         gate; it runs its dense twin (`source`) and the bundles would be derived bytes
@@ -83,7 +86,10 @@ class HybridFFN(nn.Module):
         hot = cold = None
         if hot_idx.size:
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(hot_idx))
-            hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu)
+            formats, half = ("fp32", "fp32"), torch.bfloat16
+            if tier is not None:
+                formats, half = tier.formats(*rows.types()), tier.half
+            hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu, formats, half)
         if cold_idx.size and (bundles or hot_idx.size or selector is not None):
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
             cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation, cold_dtype)
@@ -158,9 +164,9 @@ class HybridFFN(nn.Module):
 
     def down_nm_bytes(self) -> int:
         """Bytes of the neuron-major down rows both sides hold: derived from the file's
-        (hidden, ffn) down, not a view of it (the hot tier's fp32 rows, the cold bundles'
-        int8 rows and scales or fp32 rows)."""
-        hot = 0 if self.hot is None else self.hot.down.numel() * self.hot.down.element_size()
+        (hidden, ffn) down, not a view of it (the hot tier's down in its format, the cold
+        bundles' int8 rows and scales or fp32 rows)."""
+        hot = 0 if self.hot is None else self.hot.down_nbytes()
         cold = 0 if self.cold is None else self.cold.nbytes() // self.cold.nrows
         return hot + cold
 
