@@ -73,6 +73,8 @@ class HybridModel:
             # Of both sides' bytes: down made neuron-major (derived from the file, not a view).
             "down_neuron_major_bytes": sum(layer.down_nm_bytes() for layer in self.layers),
             "computed_fraction_per_layer": [None if c is None else round(c, 4) for c in computed],
+            # Per layer, mean ms per decode token: hot side, cold side, the caller's wait.
+            "layer_timing_ms": [layer.counters.timing_ms() for layer in self.layers],
             "sparsity": None if not known else round(1 - sum(known) / len(known), 4),
         }
 

@@ -58,6 +58,9 @@ def test_each_tier_format_runs_charged_exactly_and_decodes_as_the_dense_model(ti
         _charges_match(engine)
         got_tokens, _ = greedy_with_gaps(engine, PROMPT, 8)
         assert_agrees_until_near_tie(want, gaps, got_tokens)
+        # Per layer, per decode token: the hot side, the cold side and the caller's wait.
+        timing = engine.hybrid_report()["layer_timing_ms"]
+        assert all(t is not None and t["hot"] > 0 and t["cold"] > 0 for t in timing)
     finally:
         engine.close()
 
