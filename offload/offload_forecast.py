@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from ember.kernels.hot_ffn import hot_ffn_bytes
 from ember.models.errors import ConfigError
@@ -37,7 +38,7 @@ GPU_GBPS, CPU_GBPS = 900.0, 30.0  # a desktop GPU (RTX 3090/4090 class); dual-ch
 GPU_BASE_MS, CPU_BASE_MS, SYNC_MS = 0.010, 0.005, 0.030
 WORKSPACE = 256 << 20  # compute buffers either runtime keeps on the GPU
 QUANTS = ("Q4_K_M", "Q4_0", "Q8_0", "F16")
-SM80 = TierCaps(int4=True, half=__import__("torch").bfloat16)
+SM80 = TierCaps(int4=True, half=torch.bfloat16)  # the GPU the forecast assumes
 
 
 @dataclass(frozen=True)

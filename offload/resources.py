@@ -118,7 +118,7 @@ def builds_float_model(source: ModelSource, options, device: torch.device) -> bo
 def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
     (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
-    float hot rows (within --gpu-budget). 0 without a split."""
+    hot rows (within --gpu-budget; bounded by float32 rows). 0 without a split."""
     from .hybrid_setup import resolve_cold_dtype
     from .memory_plan import cold_neuron_bytes, neuron_bytes
 
