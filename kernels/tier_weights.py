@@ -106,6 +106,18 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return float((approx.float() - exact.float()).norm()) / norm if norm > 0 else 0.0
 
 
+def conversion_error(w: torch.Tensor, fmt: str, half: torch.dtype = torch.bfloat16) -> float:
+    """What storing rows w (N, K) in `fmt` loses: the relative error `TierLinear.pack`
+    records, without packing (for estimates from a sample of rows)."""
+    w = w.float()
+    if fmt == "int4":
+        return relative_error(dequantize_int4(*quantize_int4(w)), w)
+    if fmt == "int8":
+        q, scale = quantize_int8(w, half)
+        return relative_error(q.float() * scale.float()[:, None], w)
+    return relative_error(w.to(_FLOAT[fmt]), w)
+
+
 # -- the tier's weights ---------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.kernels.tier_weights import FORMATS, has_kernel, wider
+from ember.kernels.tier_weights import (FORMATS, INT4_GROUP, conversion_error, has_kernel,
+                                        int4_fits, wider)
 from ember.models.errors import ConfigError
 
 TIER_CHOICES = ("auto",) + FORMATS
@@ -87,3 +88,25 @@ class TierChoice:
         gu = [format_for_type(t, self.caps) for t in gate_up_types]
         fused = gu[0] if len(gu) == 1 else wider(gu[0], gu[1])
         return fused, format_for_type(down_type, self.caps)
+
+
+def sampled_errors(weights, n_layers: int, gated: bool, formats: list[tuple[str, str]],
+                   half: torch.dtype, rows: int = 64) -> dict[str, float]:
+    """Conversion error of the tier formats against the file's rows, from `rows` rows of
+    the first, middle and last layers (max over them): gate/up rows are neurons; down's
+    file rows (one per hidden unit, across all neurons) are what the tier's down matrix
+    quantizes along, so they sample it as well. For `ember info`, which loads no model."""
+    out = {"gate_up": 0.0, "down": 0.0}
+    for i in sorted({0, n_layers // 2, n_layers - 1}):
+        p = f"blk.{i}."
+        names = {"gate_up": ([p + "ffn_gate.weight"] if gated else []) + [p + "ffn_up.weight"],
+                 "down": [p + "ffn_down.weight"]}
+        for kind, fmt in zip(("gate_up", "down"), formats[i]):
+            for name in names[kind]:
+                t = weights.get(name)
+                w = t.dequantize_rows(torch.arange(min(rows, t.shape[0])))
+                if fmt == "int4" and not int4_fits(16, w.shape[1]):
+                    fmt = "int8"  # what HotFFNWeights falls back to
+                w = w[:, : w.shape[1] - w.shape[1] % INT4_GROUP] if fmt == "int4" else w
+                out[kind] = max(out[kind], conversion_error(w, fmt, half))
+    return out

@@ -156,3 +156,23 @@ def test_a_half_kv_pool_swaps_out_and_back_bit_for_bit(tiny_q4_k_m, device, dtyp
         got_k, got_v = view.read(layer, 0, n)
         assert got_k.dtype == dtype and torch.equal(got_k.cpu(), k) and torch.equal(got_v.cpu(), v)
     assert cache.usage()["bytes_out"] == cache.usage()["bytes_in"] > 0
+
+
+def test_info_states_the_conversion_error_the_engine_measures(tiny_q4_k_m):
+    """`ember info`'s sampled error (64 rows of three layers, no model loaded) is the error
+    the engine measures over every row it packs, to sampling."""
+    from ember.offload.tier_dtypes import sampled_errors
+
+    loaded = load_model(tiny_q4_k_m[2])
+    cfg = loaded.config
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=1 << 30))
+    try:
+        measured = engine.hybrid_report()["gpu_ffn_formats"]
+        assert engine.hybrid_report()["hot_fraction"] == 1.0
+        sampled = sampled_errors(loaded.source.weights, cfg.n_layers, cfg.gated,
+                                 list(engine.hybrid.plan.sizes.formats), torch.bfloat16)
+    finally:
+        engine.close()
+    for kind in ("gate_up", "down"):
+        assert 0 < sampled[kind] < 0.05
+        assert 0.5 < sampled[kind] / measured[kind]["error_max"] < 2.0, (kind, sampled, measured)

@@ -20,7 +20,8 @@ def run(args) -> int:
     plan = _gpu_plan(source.config, args, source)
     if plan is not None:
         rows, dtype = _host_rows(source.config, plan)
-        s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype}
+        s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
+                         "tier_conversion_error": _tier_errors(source.config, source, plan)}
     if args.json:
         print_json(s)
         return 0
@@ -49,6 +50,9 @@ def run(args) -> int:
           "--weights fp32/q8 or a GPU device)")
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
+        err = s["gpu_plan"]["tier_conversion_error"]
+        print(f"    conversion error against the file's rows (64 rows of the first, middle and "
+              f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
     return 0
 
 
@@ -113,6 +117,13 @@ def _gpu_plan(cfg, args, source=None):
                                     formats=layer_formats(cfg, source, tier), half=tier.half,
                                     attention_movable=False)
     return plan_memory(cfg, budget, sizes, args.split)
+
+
+def _tier_errors(cfg, source, plan) -> dict[str, float]:
+    from ember.offload.tier_dtypes import sampled_errors
+
+    return sampled_errors(source.weights, cfg.n_layers, cfg.gated, list(plan.sizes.formats),
+                          plan.sizes.half)
 
 
 def layer_formats(cfg, source, tier) -> list[tuple[str, str]]:
