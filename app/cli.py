@@ -26,6 +26,11 @@ def _split_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="auto", choices=("auto", "cpu-only", "gpu-only"),
                    help="FFN split under --gpu-budget: auto (hot neurons fill the budget), "
                         "cpu-only (none hot) or gpu-only (all hot)")
+    p.add_argument("--tier-dtype", default="auto",
+                   choices=("auto", "int4", "int8", "fp16", "bf16", "fp32"),
+                   help="hot FFN rows on the GPU tier: auto (by each tensor's file type and the "
+                        "device: int4 for Q4-family rows where PyTorch's int4 matmul runs, int8 "
+                        "for Q5/Q6/Q8, fp16 for float files) or one type for all")
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -199,7 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=("fp32", "int8"), help="only this weight type")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_kernels")
-    b = bench.add_parser("placement", help="hot/cold placement: ILP vs greedy on a 70B-shaped problem")
+    b = bench.add_parser("placement", help="hot/cold placement: ILP vs greedy on a 70B-shaped "
+                         "problem, or with --shape Ember's split vs whole-layer offload")
+    b.add_argument("--shape", choices=("llama2-7b", "llama2-13b", "llama2-70b"),
+                   help="forecast this paper shape: Ember's neuron split and llama.cpp-style "
+                        "whole-layer offload, predicted ms/token at --gpu-budget")
+    b.add_argument("--quant", default="Q4_K_M", choices=("Q4_K_M", "Q4_0", "Q8_0", "F16"),
+                   help="the file's quant mix (with --shape)")
+    b.add_argument("--gpu-budget", metavar="SIZE", default="24GiB",
+                   help="GPU memory for both plans (with --shape; default 24GiB)")
+    b.add_argument("--ctx", type=int, default=4096, metavar="N",
+                   help="context the KV cache is sized for (with --shape)")
     b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
     b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
     b.add_argument("--group-size", type=int, metavar="N",

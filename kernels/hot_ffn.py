@@ -2,15 +2,18 @@
 
 On the GPU tier every hot neuron is computed for every token (a GPU reads its weights at a
 bandwidth where skipping a few percent of rows buys nothing, and a dense matmul has no
-gather), optionally masked afterwards by a predictor. The layout keeps one matmul per side:
+gather), optionally masked afterwards by a predictor. The layout keeps one matmul per side,
+each a `TierLinear` (kernels/tier_weights.py: int4, int8, fp16/bf16 or fp32):
 
-    gate_up (hidden, 2n)   hot gate columns then hot up columns (gated activations), or
-            (hidden, n)    hot up columns (plain "relu"/"relu2")
-    down    (n, hidden)    the hot neurons' down weights, neuron-major
+    gate_up  W (2n, hidden)   hot gate rows then hot up rows (gated activations), or
+             W (n, hidden)    hot up rows (plain "relu"/"relu2")
+    down     W (hidden, n)    the hot neurons' down columns
 
-so a token costs two matmuls whatever the device. Nothing here imports a GPU library: the
-tensors' device decides where it runs (CUDA when the tier is a GPU, the CPU in tests).
-`reference_hot_ffn` states the semantics with the sparse kernel's reference.
+so a token costs two matmuls whatever the device. n is the hot count padded to the formats'
+granule (int4 tiles take 32 neurons at a time): padded neurons have zero rows, so they add
+exactly nothing. Nothing here imports a GPU library: the tensors' device decides where it
+runs (CUDA when the tier is a GPU, the CPU in tests). `reference_hot_ffn` states the
+semantics with the sparse kernel's reference.
 """
 
 from __future__ import annotations
@@ -22,52 +25,113 @@ import torch
 from ember.models.transformer import activate
 
 from .sparse_ffn_reference import is_gated, reference_sparse_ffn
+from .tier_weights import INT4_GROUP, TierLinear, int4_fits, linear_bytes
+
+
+def granule(formats: tuple[str, str]) -> int:
+    """Hot neurons come in multiples of this (int4's down takes neurons as K, in groups)."""
+    return INT4_GROUP if "int4" in formats else 1
+
+
+def padded(n: int, formats: tuple[str, str]) -> int:
+    g = granule(formats)
+    return -(-n // g) * g
+
+
+def fitted(formats: tuple[str, str], n: int, hidden: int, gated: bool) -> tuple[str, str]:
+    """`formats` with int4 swapped for int8 on a side whose shape the int4 tiles cannot take
+    (hidden not in whole groups)."""
+    rows = (2 if gated else 1) * padded(n, formats)
+    gu, down = formats
+    if gu == "int4" and not int4_fits(rows, hidden):
+        gu = "int8"
+    if down == "int4" and not int4_fits(hidden, padded(max(n, 1), (down, down))):
+        down = "int8"
+    return gu, down
+
+
+def hot_ffn_bytes(n: int, hidden: int, gated: bool, formats: tuple[str, str],
+                  half: torch.dtype = torch.bfloat16) -> int:
+    """Exact tier bytes of n hot neurons in `formats` (gate_up, down), padding included:
+    what `HotFFNWeights.nbytes()` will be."""
+    if n == 0:
+        return 0
+    formats = fitted(formats, n, hidden, gated)
+    p = padded(n, formats)
+    return (linear_bytes(formats[0], (2 if gated else 1) * p, hidden, half)
+            + linear_bytes(formats[1], hidden, p, half))
 
 
 @dataclass(frozen=True)
 class HotFFNWeights:
     activation: str
-    gate_up: torch.Tensor  # (hidden, 2n) or (hidden, n), see the module docstring
-    down: torch.Tensor  # (n, hidden)
+    gate_up: TierLinear  # W (2n or n, hidden), see the module docstring
+    down: TierLinear  # W (hidden, n)
+    n_real: int  # hot neurons (the rest of n is padding)
 
     @classmethod
     def from_rows(cls, gate: torch.Tensor | None, up: torch.Tensor, down_nm: torch.Tensor,
-                  activation: str, device: torch.device | str = "cpu") -> "HotFFNWeights":
-        """From neuron-major rows (n, hidden) each (gate None for plain activations)."""
+                  activation: str, device: torch.device | str = "cpu",
+                  formats: tuple[str, str] = ("fp32", "fp32"),
+                  half: torch.dtype = torch.bfloat16, fast_int8: bool | None = None) -> "HotFFNWeights":
+        """From neuron-major float rows (n, hidden) each (gate None for plain activations),
+        stored in `formats` (gate_up's, down's) on `device`."""
         if is_gated(activation) != (gate is not None):
             raise ValueError(f"activation {activation!r} "
                              f"{'needs' if is_gated(activation) else 'takes no'} gate rows")
-        cols = up.t() if gate is None else torch.cat((gate, up), dim=0).t()
-        return cls(activation, cols.float().contiguous().to(device),
-                   down_nm.float().contiguous().to(device))
+        n, hidden = up.shape
+        formats = fitted(formats, n, hidden, gate is not None)
+        pad = padded(n, formats) - n
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            t = t.float()
+            return torch.cat((t, t.new_zeros(pad, hidden))) if pad else t
+
+        gu = rows(up) if gate is None else torch.cat((rows(gate), rows(up)))
+        return cls(activation,
+                   TierLinear.pack(gu, formats[0], device, half, fast_int8),
+                   TierLinear.pack(rows(down_nm).t(), formats[1], device, half, fast_int8), n)
 
     @property
     def n(self) -> int:
-        return self.down.shape[0]
+        """Neurons the matmuls compute (hot ones plus padding)."""
+        return self.down.shape[1]
 
     @property
     def device(self) -> torch.device:
         return self.down.device
 
+    @property
+    def formats(self) -> tuple[str, str]:
+        return self.gate_up.fmt, self.down.fmt
+
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.gate_up, self.down))
+        return self.gate_up.nbytes() + self.down.nbytes()
+
+    def down_nbytes(self) -> int:
+        return self.down.nbytes()
+
+    def conversion_error(self) -> dict[str, float]:
+        """Relative error of each stored matrix against the float rows it was made from."""
+        return {"gate_up": self.gate_up.error, "down": self.down.error}
 
 
 def hot_ffn(x: torch.Tensor, w: HotFFNWeights, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, hidden) on w's device -> (T, hidden): sum over hot neurons of h * down row.
+    """x (T, hidden) on w's device -> (T, hidden) float32: sum over hot neurons of h * down.
 
-    mask (T, n) bool, optional: neurons to drop per token (a predictor's verdict)."""
-    if w.n == 0:
-        return torch.zeros_like(x)
-    both = x @ w.gate_up  # (T, 2n) or (T, n)
+    mask (T, n_real) bool, optional: neurons to drop per token (a predictor's verdict)."""
+    if w.n_real == 0:
+        return torch.zeros_like(x, dtype=torch.float32)
+    # The matmuls in the formats' compute types; the activation in float32 (T, n elements).
+    both = w.gate_up(x).float()  # (T, 2n) or (T, n)
     if is_gated(w.activation):
         gate, up = both.split(w.n, dim=1)
     else:
         gate, up = None, both
     h = activate(w.activation, gate, up)  # (T, n)
     if mask is not None:
-        h = h * mask
-    return h @ w.down
+        h = h * torch.nn.functional.pad(mask, (0, w.n - w.n_real)).to(h.dtype)
+    return w.down(h).float()
 
 
 def reference_hot_ffn(x: torch.Tensor, gate: torch.Tensor | None, up: torch.Tensor,

@@ -38,6 +38,7 @@ from .runner import Runner
 from .sampler import Sampler, SamplingParams
 from .speculative import SpecStats, TreeSizer, speculative_steps
 from .speculative_setup import SPECULATE_CHOICES, make_drafter
+from .tier_dtypes import TIER_CHOICES, TierChoice
 from .token_tree import parse_tree
 from .stopping import StopStrings
 
@@ -61,6 +62,9 @@ class EngineOptions:
     gpu_budget: int | None = None
     split: str = "auto"  # "auto" | "cpu-only" | "gpu-only" (see memory_plan)
     cold_dtype: str = "auto"  # host-side FFN rows: "fp32", "int8", "auto" (int8 with a q8 body)
+    # GPU-tier hot rows: "auto" (by file type and device: int4/int8/fp16, tier_dtypes.py) or
+    # one format for every matrix ("int4", "int8", "fp16", "bf16", "fp32").
+    tier_dtype: str = "auto"
     # A profile artifact (`ember profile`): its placement guides the split and its
     # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
     profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
@@ -103,6 +107,9 @@ class EngineOptions:
         if self.ffn_mode == "sparse" and self.profile is None:
             raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
                               "`ember profile`)")
+        if self.tier_dtype not in TIER_CHOICES:
+            raise ConfigError(f"unknown --tier-dtype {self.tier_dtype!r}; choose one of "
+                              f"{', '.join(TIER_CHOICES)}")
         if self.split not in SPLITS:
             raise ConfigError(f"unknown --split {self.split!r}; choose one of {', '.join(SPLITS)}")
         if self.gpu_budget is not None and self.gpu_budget < 0:
@@ -195,6 +202,7 @@ class Engine:
         predictors = None if profile is None else profile_predictors(profile, self.loaded.config)
         sparse = predictors is not None and options.ffn_mode != "dense"
         how = dict(
+            tier=TierChoice.resolve(options.tier_dtype, self.device),
             split=split, cold_dtype=resolve_cold_dtype(options.cold_dtype, options.weights),
             preferred=None if profile is None else profile.placement,
             neuron_order=None if profile is None else profile.neuron_order(),
@@ -205,8 +213,10 @@ class Engine:
             # Layers no predictor gates compute every cold neuron: with nothing hot they run
             # on the file's blocks, with no bundles derived.
             gates = predictors.predict if sparse else [None] * len(blocks.layers)
+            # Attention and its KV run on the blocks in host RAM: the tier holds FFN rows.
             hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, self.device,
-                                kv_bytes, ungated=[g is None for g in gates], **how)
+                                kv_bytes, ungated=[g is None for g in gates],
+                                attention_movable=False, **how)
         else:
             use_body(loaded.model, "fp32")  # an earlier engine's q8 body off: float FFNs
             hybrid = build_hybrid(loaded.model, budget, self.device, kv_bytes, **how)

@@ -35,6 +35,10 @@ class FloatFFNRows:
         self.dense, self.activation = ffn, ffn.activation
         self.ffn_size = ffn.up.shape[1]
 
+    def types(self) -> tuple[list[None], None]:
+        """No file types: float32 rows (the GPU tier keeps them float32, see tier_dtypes)."""
+        return [None] * (1 if self.dense.gate is None else 2), None
+
     def neuron_rows(self, idx: torch.Tensor) -> Rows:
         ffn = self.dense
         gate = None if ffn.gate is None else ffn.gate[:, idx].t()
@@ -60,6 +64,10 @@ class FileFFNRows:
         self.ffn_size, self.hidden = self.up.shape
         self.dense = self  # runs dense on the blocks themselves (see __call__)
         self._down_nm: torch.Tensor | None = None
+
+    def types(self) -> tuple[list[str], str]:
+        """The file's types of gate/up and of down (what the GPU tier's formats follow)."""
+        return [t.qtype_name for t in self.gate_up], self.down.qtype_name
 
     def neuron_rows(self, idx: torch.Tensor) -> Rows:
         """Float32 rows of neurons `idx`: gate/up dequantized from their own blocks only,

@@ -28,6 +28,8 @@ from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
 from .ffn_rows import as_rows
+from .tier_dtypes import TierChoice
+from .tier_transfer import TierTransfer
 
 # x (T, hidden) on the host -> cold-local neuron indices to compute (sorted int64), or None
 # for all of them.
@@ -40,9 +42,22 @@ class LayerCounters:
 
     tokens: int = 0  # decode tokens seen (prefill chunks are dense and not counted)
     cold_computed: int = 0  # cold neurons computed over those tokens
+    # Seconds over those tokens: the hot side (copies and its one sync included), the cold
+    # side on its CPU thread, and what the caller waited for the cold side after the hot.
+    hot_s: float = 0.0
+    cold_s: float = 0.0
+    wait_s: float = 0.0
 
     def reset(self) -> None:
         self.tokens = self.cold_computed = 0
+        self.hot_s = self.cold_s = self.wait_s = 0.0
+
+    def timing_ms(self) -> dict | None:
+        """Mean per decode token, in ms (None before any)."""
+        if self.tokens == 0:
+            return None
+        return {k: round(getattr(self, k + "_s") * 1000 / self.tokens, 4)
+                for k in ("hot", "cold", "wait")}
 
 
 class HybridFFN(nn.Module):
@@ -61,15 +76,18 @@ class HybridFFN(nn.Module):
         # masked dense computation: the same sums as per-token sparse decoding, batched).
         self.sparse_rows = False
         self.counters = LayerCounters()
+        self.transfer: TierTransfer | None = None  # made on first use, for the hot side's device
         # The dense module this was split from (set by hybrid_setup; kept on the host only).
         object.__setattr__(self, "source", None)
 
     @classmethod
     def split(cls, ffn, layer: int, hot_idx: np.ndarray, gpu: torch.device,
               worker: CpuWorker, cold_dtype: str = "fp32",
-              selector: Selector | None = None, bundles: bool = True) -> "HybridFFN":
+              selector: Selector | None = None, bundles: bool = True,
+              tier: TierChoice | None = None) -> "HybridFFN":
         """Slice one FFN layer into its two homes. `ffn`: a float FeedForward ((in, out)
         weights on the host) or a row source (offload/ffn_rows.py: the file's blocks).
+        `tier`: the hot rows' formats by file type (None: float32).
 
         bundles=False: no cold bundles when nothing is hot, for a layer no selector will
         gate; it runs its dense twin (`source`) and the bundles would be derived bytes
@@ -83,7 +101,10 @@ class HybridFFN(nn.Module):
         hot = cold = None
         if hot_idx.size:
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(hot_idx))
-            hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu)
+            formats, half = ("fp32", "fp32"), torch.bfloat16
+            if tier is not None:
+                formats, half = tier.formats(*rows.types()), tier.half
+            hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu, formats, half)
         if cold_idx.size and (bundles or hot_idx.size or selector is not None):
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
             cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation, cold_dtype)
@@ -104,20 +125,36 @@ class HybridFFN(nn.Module):
             active = self.selector(x_host) if self.selector is not None and x.shape[0] == 1 else None
             pending = self.worker.submit(self._cold_side, x_host, active, label=f"cold{self.layer}")
         out = None
+        decode = x.shape[0] == 1
         if self.hot is not None:
-            out = self._hot_side(x)
+            out = self._hot_side(x, decode)
         if pending is not None:
+            t0 = time.perf_counter()
             cold_out = pending.result().to(x.device)
+            if decode:
+                self.counters.wait_s += time.perf_counter() - t0
             out = cold_out if out is None else out + cold_out
         return out
 
-    def _hot_side(self, x: torch.Tensor) -> torch.Tensor:
+    def _hot_side(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = hot_ffn(x.to(self.hot.device), self.hot).to(x.device)
-        self.worker.record(f"hot{self.layer}", t0, time.perf_counter())  # no-op untraced
+        if self.transfer is None or self.transfer.device != self.hot.device:
+            self.transfer = TierTransfer(self.hot.device)
+        out = self.transfer.to_host(hot_ffn(self.transfer.to_tier(x), self.hot)).to(x.device)
+        t1 = time.perf_counter()
+        if decode:
+            self.counters.hot_s += t1 - t0
+        self.worker.record(f"hot{self.layer}", t0, t1)  # no-op untraced
         return out
 
     def _cold_side(self, x_host: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = self._cold_rows(x_host, active)
+        if x_host.shape[0] == 1:
+            self.counters.cold_s += time.perf_counter() - t0
+        return out
+
+    def _cold_rows(self, x_host: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
         if active is not None:
             self.counters.cold_computed += int(active.numel())
             return self._compensate(sparse_ffn(x_host, self.cold, active))
@@ -158,9 +195,9 @@ class HybridFFN(nn.Module):
 
     def down_nm_bytes(self) -> int:
         """Bytes of the neuron-major down rows both sides hold: derived from the file's
-        (hidden, ffn) down, not a view of it (the hot tier's fp32 rows, the cold bundles'
-        int8 rows and scales or fp32 rows)."""
-        hot = 0 if self.hot is None else self.hot.down.numel() * self.hot.down.element_size()
+        (hidden, ffn) down, not a view of it (the hot tier's down in its format, the cold
+        bundles' int8 rows and scales or fp32 rows)."""
+        hot = 0 if self.hot is None else self.hot.down_nbytes()
         cold = 0 if self.cold is None else self.cold.nbytes() // self.cold.nrows
         return hot + cold
 

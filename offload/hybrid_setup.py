@@ -24,6 +24,7 @@ from .cpu_worker import CpuWorker
 from .ffn_rows import as_rows
 from .hybrid_ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
+from .tier_dtypes import TierChoice
 
 COLD_DTYPES = ("fp32", "int8")
 COLD_CHOICES = ("auto",) + COLD_DTYPES
@@ -68,14 +69,34 @@ class HybridModel:
             "gpu_ffn_bytes_per_layer": [layer.gpu_bytes() for layer in self.layers],
             "host_ffn_bytes": sum(layer.host_bytes() for layer in self.layers),
             "host_ffn_dtype": self.cold_dtype,
+            "gpu_ffn_formats": tier_summary(self.layers),
             # Of both sides' bytes: down made neuron-major (derived from the file, not a view).
             "down_neuron_major_bytes": sum(layer.down_nm_bytes() for layer in self.layers),
             "computed_fraction_per_layer": [None if c is None else round(c, 4) for c in computed],
+            # Per layer, mean ms per decode token: hot side, cold side, the caller's wait.
+            "layer_timing_ms": [layer.counters.timing_ms() for layer in self.layers],
             "sparsity": None if not known else round(1 - sum(known) / len(known), 4),
         }
 
     def close(self) -> None:
         self.worker.close()
+
+
+def tier_summary(layers: list[HybridFFN]) -> dict:
+    """Per matrix kind: the tier formats in use (format -> layers) and the conversion error
+    from the file's rows, measured at split (relative Frobenius, mean and max over layers)."""
+    out = {}
+    for kind in ("gate_up", "down"):
+        hot = [layer.hot for layer in layers if layer.hot is not None]
+        fmts: dict[str, int] = {}
+        for w in hot:
+            fmt = getattr(w, kind).fmt
+            fmts[fmt] = fmts.get(fmt, 0) + 1
+        errors = [w.conversion_error()[kind] for w in hot]
+        out[kind] = {"formats": fmts,
+                     "error_mean": round(sum(errors) / len(errors), 5) if errors else None,
+                     "error_max": round(max(errors), 5) if errors else None}
+    return out
 
 
 def dense_ffn_of(block) -> FeedForward:
@@ -91,13 +112,14 @@ def dense_ffn_of(block) -> FeedForward:
 def build_hybrid(model: Transformer, budget: int, gpu: torch.device, kv_pool_bytes: int,
                  split: str = "auto", cold_dtype: str = "fp32", preferred=None,
                  neuron_order=None, selectors: list[Selector | None] | None = None,
-                 predictor_bytes: int = 0, choose=None) -> HybridModel:
+                 predictor_bytes: int = 0, choose=None,
+                 tier: TierChoice | None = None) -> HybridModel:
     """Split the float32 model's FFN layers (`split_ffns`) and install them in its blocks:
     the legacy path, on a shared Transformer (`restore_dense` undoes it)."""
     restore_dense(model)
     dense = [dense_ffn_of(block) for block in model.blocks]
     hybrid = split_ffns(model.cfg, dense, budget, gpu, kv_pool_bytes, split, cold_dtype,
-                        preferred, neuron_order, selectors, predictor_bytes, choose)
+                        preferred, neuron_order, selectors, predictor_bytes, choose, tier=tier)
     for block, layer in zip(model.blocks, hybrid.layers):
         block.ffn = layer
     return hybrid
@@ -107,12 +129,15 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                split: str = "auto", cold_dtype: str = "fp32", preferred=None,
                neuron_order=None, selectors: list[Selector | None] | None = None,
                predictor_bytes: int = 0, choose=None,
-               ungated: list[bool] | None = None) -> HybridModel:
+               ungated: list[bool] | None = None, tier: TierChoice | None = None,
+               attention_movable: bool = True) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
     shared: `ffns` are per layer float FeedForwards or row sources (offload/ffn_rows.py, e.g.
     the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
     selector, so with nothing hot it runs its dense twin and needs no cold bundles (None:
-    every layer gets them, for callers that attach selectors later).
+    every layer gets them, for callers that attach selectors later). `tier`: the hot rows'
+    formats by file type (None: float32); `attention_movable` False: attention runs on the
+    host's file blocks, so the tier holds FFN rows only.
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
     if cold_dtype not in COLD_CHOICES:
@@ -121,7 +146,11 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "
                           f"{', '.join(COLD_CHOICES)}")
     cold_dtype = resolve_cold_dtype(cold_dtype)
-    sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes)
+    formats = [tier_formats(tier, f) for f in ffns]
+    sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes,
+                                    formats=formats,
+                                    half=torch.bfloat16 if tier is None else tier.half,
+                                    attention_movable=attention_movable)
     plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
     worker = CpuWorker()
     layers = []
@@ -130,13 +159,18 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
         try:  # one layer's derived rows at a time (the file's down, made neuron-major)
             hybrid = HybridFFN.split(rows, i, plan.placement.hot[i], gpu, worker, cold_dtype,
                                      None if selectors is None else selectors[i],
-                                     bundles=ungated is None or not ungated[i])
+                                     bundles=ungated is None or not ungated[i], tier=tier)
         finally:
             rows.release()
         # A plain attribute, not a submodule: `.to(device)` never moves the dense twin.
         object.__setattr__(hybrid, "source", rows.dense)
         layers.append(hybrid)
     return HybridModel(plan, layers, worker, gpu, cold_dtype)
+
+
+def tier_formats(tier: TierChoice | None, ffn) -> tuple[str, str]:
+    """(gate_up's, down's) tier format for one layer's FFN (float32 without a choice)."""
+    return ("fp32", "fp32") if tier is None else tier.formats(*as_rows(ffn).types())
 
 
 class HostLMHead(torch.nn.Module):

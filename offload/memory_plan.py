@@ -8,6 +8,12 @@ whole: if they do not fit they stay in host RAM and the budget goes to FFN neuro
 never charges more than the budget; a budget below the working space is an error that
 names the minimum.
 
+Hot FFN neurons are charged the exact bytes of their tier format per layer
+(`kernels.hot_ffn.hot_ffn_bytes`: int4 codes and scales, int8 codes and row scales, 16- or
+32-bit values, padding to int4's 32-neuron groups included), so the plan's charge is what
+the tier's tensors take. When attention runs on the file's blocks in host RAM (the engine's
+default runtime), attention, its KV pool and the LM head are not the tier's to hold.
+
 Split policies: "auto" (hot neurons fill the rest), "cpu-only" (no hot neurons), "gpu-only"
 (every FFN neuron hot: an error if they do not all fit).
 """
@@ -16,6 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from ember.kernels.hot_ffn import granule, hot_ffn_bytes
 from ember.models.config import ModelConfig
 from ember.models.errors import ConfigError
 from ember.placement.layout import Placement
@@ -35,25 +44,54 @@ class ComponentBytes:
     kv_pool: int  # the device KV pool
     lm_head: int
     predictors: int
-    neuron: tuple[int, ...]  # per layer: one hot neuron's gate/up/down weights
+    neuron: tuple[int, ...]  # per layer: one more hot neuron's bytes (the marginal cost)
+    # per layer (gate_up's, down's) tier format, and what hot_ffn_bytes needs besides
+    formats: tuple[tuple[str, str], ...] = ()
+    hidden: int = 0
+    gated: bool = True
+    half: torch.dtype = torch.bfloat16
+    attention_movable: bool = True  # False: attention runs on the host's file blocks
 
     @classmethod
     def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int | None = None,
-                 predictors: int = 0) -> "ComponentBytes":
-        """lm_head None: the float32 head a GPU tier would hold."""
+                 predictors: int = 0, formats: list[tuple[str, str]] | None = None,
+                 half: torch.dtype = torch.bfloat16,
+                 attention_movable: bool = True) -> "ComponentBytes":
+        """lm_head None: the float32 head a GPU tier would hold. formats None: float32 hot
+        rows in every layer."""
         if lm_head is None:
             lm_head = cfg.vocab_size * cfg.hidden_size * FP32
         hd, h = cfg.head_dim, cfg.hidden_size
         proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
         norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
         attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
-        per_neuron = neuron_bytes(h, cfg.gated)
-        return cls(attention, kv_pool, lm_head, predictors, (per_neuron,) * cfg.n_layers)
+        formats = tuple(formats or [("fp32", "fp32")] * cfg.n_layers)
+        per_neuron = tuple(neuron_bytes(h, cfg.gated, f, half) for f in formats)
+        return cls(attention, kv_pool, lm_head, predictors, per_neuron, formats, h, cfg.gated,
+                   half, attention_movable)
+
+    def hot_bytes(self, layer: int, n: int) -> int:
+        """Exact tier bytes of n hot neurons in `layer` (what its HotFFNWeights will take)."""
+        if not self.formats:  # sizes made by hand (tests): the per-neuron cost alone
+            return n * self.neuron[layer]
+        return hot_ffn_bytes(n, self.hidden, self.gated, self.formats[layer], self.half)
+
+    def slack(self, layer: int) -> int:
+        """Bytes beyond n * neuron[layer] that hot_bytes may add (int4 padding, int8's
+        per-layer row scales): kept free when a solver places neurons by the marginal cost."""
+        if not self.formats:
+            return 0
+        g = granule(self.formats[layer])
+        return max(0, self.hot_bytes(layer, 1) - self.neuron[layer]) + (g - 1) * self.neuron[layer]
 
 
-def neuron_bytes(hidden: int, gated: bool) -> int:
-    """GPU-tier bytes of one hot neuron: gate (if any), up and down weights, fp32."""
-    return (3 if gated else 2) * hidden * FP32
+def neuron_bytes(hidden: int, gated: bool, formats: tuple[str, str] = ("fp32", "fp32"),
+                 half: torch.dtype = torch.bfloat16) -> int:
+    """GPU-tier bytes of one more hot neuron (gate if any, up and down) in `formats`: the
+    marginal cost over whole groups (exact for fp32: 4 bytes a weight)."""
+    g = granule(formats) * 64
+    return -(-(hot_ffn_bytes(2 * g, hidden, gated, formats, half)
+               - hot_ffn_bytes(g, hidden, gated, formats, half)) // g)
 
 
 def cold_neuron_bytes(hidden: int, gated: bool, cold_dtype: str) -> int:
@@ -91,8 +129,22 @@ class MemoryPlan:
 
     @property
     def ffn_bytes(self) -> int:
-        return sum(self.placement.hot_count(i) * self.sizes.neuron[i]
+        return sum(self.sizes.hot_bytes(i, self.placement.hot_count(i))
                    for i in range(self.placement.n_layers))
+
+    @property
+    def hot_parameters(self) -> int:
+        """FFN weights the tier holds (gate, up, down of every hot neuron)."""
+        per = (3 if self.sizes.gated else 2) * self.sizes.hidden
+        return per * sum(self.placement.hot_count(i) for i in range(self.placement.n_layers))
+
+    def format_counts(self) -> dict[str, dict[str, int]]:
+        """Per matrix kind (gate_up, down): tier format -> layers that hold it."""
+        out: dict[str, dict[str, int]] = {"gate_up": {}, "down": {}}
+        for gu, down in self.sizes.formats:
+            for kind, fmt in (("gate_up", gu), ("down", down)):
+                out[kind][fmt] = out[kind].get(fmt, 0) + 1
+        return out
 
     def charges(self) -> dict[str, int]:
         s = self.sizes
@@ -113,6 +165,7 @@ class MemoryPlan:
         return {
             "budget_bytes": self.budget, "split": self.split, "gpu_bytes": self.gpu_bytes,
             "charges": self.charges(),
+            "hot_ffn_parameters": self.hot_parameters, "tier_formats": self.format_counts(),
             "on_gpu_tier": {"attention_and_kv": self.attention_on_gpu,
                             "predictors": self.predictors_on_gpu, "lm_head": self.lm_head_on_gpu},
             **self.placement.summary(),
@@ -133,6 +186,11 @@ class MemoryPlan:
                      "per layer " + " ".join(f"{f:.0%}" for f in fractions))
         lines.append(f"  hot FFN neurons: {self.placement.total_hot_fraction():.1%} overall, "
                      + per_layer)
+        if self.sizes.formats:
+            kinds = ", ".join(f"{kind} " + " ".join(f"{fmt} x{n}" for fmt, n in c.items())
+                              for kind, c in self.format_counts().items())
+            lines.append(f"  hot rows held as {kinds} (layers); "
+                         f"{self.hot_parameters / 1e9:.2f}B FFN parameters on the tier")
         if host_ffn is not None:
             lines.append(f"  cold FFN rows in host RAM: {format_size(host_ffn[0])} of "
                          f"{host_ffn[1]} bundles, derived from the file (down made "
@@ -149,8 +207,8 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
         preferred: hot neurons a profile asks for (used as is when it fits the FFN share,
             else cut down hottest-first); None spreads the FFN share evenly over layers.
         neuron_order: per layer, neurons hottest first (from a profile) for cutting down.
-        choose: room in bytes -> Placement (a solver over a profile's statistics); takes
-            precedence over `preferred` under split "auto".
+        choose: (room in bytes, per-layer bytes of a hot neuron) -> Placement (a solver
+            over a profile's statistics); takes precedence over `preferred` under split "auto".
     """
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -163,13 +221,13 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
                           f"{format_size(space)} (working space for a "
                           f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk); raise it")
     left = budget - space
-    attention = sizes.attention + sizes.kv_pool <= left
+    attention = sizes.attention_movable and sizes.attention + sizes.kv_pool <= left
     if attention:
         left -= sizes.attention + sizes.kv_pool
     predictors = attention and 0 < sizes.predictors <= left
     if predictors:
         left -= sizes.predictors
-    all_ffn = sum(n * b for n, b in zip(ffn_sizes, sizes.neuron))
+    all_ffn = _charge(sizes, ffn_sizes)
     # The head only when FFN neurons cannot use the room better: after the FFN is all hot,
     # or when it is the bigger per-token read (it is read in full every token, like hot rows).
     lm_head = attention and sizes.lm_head <= left and (split != "gpu-only" or
@@ -177,7 +235,9 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
     if lm_head:
         left -= sizes.lm_head
     if choose is not None and split == "auto":
-        placement = choose(left)
+        # The solver prices neurons at the marginal bytes; the slack covers the rest.
+        room = max(0, left - sum(map(sizes.slack, range(cfg.n_layers))))
+        placement = _within(choose(room, list(sizes.neuron)), sizes, left, neuron_order)
     else:
         placement = _hot_neurons(ffn_sizes, sizes, left, split, preferred, neuron_order)
     plan = MemoryPlan(budget, split, space, attention, predictors, lm_head, placement, sizes)
@@ -195,21 +255,40 @@ def _hot_neurons(ffn_sizes, sizes: ComponentBytes, room: int, split: str,
     if split == "cpu-only":
         return Placement.uniform(ffn_sizes, 0.0)
     if split == "gpu-only":
-        fits = sum(n * b for n, b in zip(ffn_sizes, sizes.neuron)) <= room
+        fits = sum(sizes.hot_bytes(i, n) for i, n in enumerate(ffn_sizes)) <= room
         return Placement.uniform(ffn_sizes, 1.0 if fits else 0.0)
     if preferred is not None:
         if preferred.ffn_sizes != ffn_sizes:
             raise ConfigError(f"the placement is for FFN sizes {preferred.ffn_sizes[:3]}..., "
                               f"this model has {ffn_sizes[:3]}...")
-        want = sum(preferred.hot_count(i) * sizes.neuron[i] for i in range(len(ffn_sizes)))
-        if want <= room:
-            return preferred
-        scale = room / want
-        counts = [int(preferred.hot_count(i) * scale) for i in range(len(ffn_sizes))]
-        return Placement.from_counts(ffn_sizes, counts, order)
+        return _within(preferred, sizes, room, order)
     # No statistics: every layer gets the same share, so each one's cold side is as small
-    # as the others' (the per-token latency is the sum of layer latencies).
+    # as the others' (the per-token latency is the sum of layer latencies), in whole int4
+    # groups where a layer has them (padding would be bytes for nothing).
     per_round = sum(sizes.neuron)
     n = min(min(ffn_sizes), room // per_round) if per_round else 0
-    counts = [n] * len(ffn_sizes)
-    return Placement.from_counts(ffn_sizes, counts, order)
+    step = max([granule(f) for f in sizes.formats] or [1])
+    if n < min(ffn_sizes):
+        n -= n % step
+    while n > 0 and _charge(sizes, [n] * len(ffn_sizes)) > room:
+        n = max(0, n - step)
+    return Placement.from_counts(ffn_sizes, [n] * len(ffn_sizes), order)
+
+
+def _charge(sizes: ComponentBytes, counts) -> int:
+    return sum(sizes.hot_bytes(i, n) for i, n in enumerate(counts))
+
+
+def _within(placement: Placement, sizes: ComponentBytes, room: int, order) -> Placement:
+    """`placement` as is when its exact charge fits `room`, else every layer's hot count
+    cut by one factor (hottest kept first) until it does."""
+    counts = [placement.hot_count(i) for i in range(placement.n_layers)]
+    want = _charge(sizes, counts)
+    if want <= room:
+        return placement
+    scale = room / want
+    while True:
+        cut = [int(c * scale) for c in counts]
+        if _charge(sizes, cut) <= room:
+            return Placement.from_counts(placement.ffn_sizes, cut, order)
+        scale *= 0.98

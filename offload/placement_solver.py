@@ -48,8 +48,11 @@ def solve_for_room(problem: PlacementProblem, method: str = "ilp",
 
 
 def chooser(frequency, dense_layers, neuron_bytes, costs: SideCosts):
-    """room -> Placement, for `plan_memory(choose=...)`."""
-    def choose(room: int) -> Placement:
-        problem = placement_problem(frequency, dense_layers, neuron_bytes, costs, room)
+    """(room, per-layer bytes of a hot neuron or None) -> Placement, for
+    `plan_memory(choose=...)`, which passes the tier formats' bytes (None: `neuron_bytes`)."""
+    def choose(room: int, per_neuron=None) -> Placement:
+        problem = placement_problem(frequency, dense_layers,
+                                    neuron_bytes if per_neuron is None else per_neuron,
+                                    costs, room)
         return solve_for_room(problem).placement
     return choose

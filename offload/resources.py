@@ -57,7 +57,9 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
             held += f" + {split / GIB:.2f} GiB of FFN rows the hybrid split derives"
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
-    host_need = weights + host_kv + (0 if on_gpu else device_kv) + RUNTIME_ALLOWANCE
+    # The file-blocks runtime keeps its KV pool in host RAM (on CUDA only hot FFN rows move).
+    kv_on_gpu = on_gpu and builds_float_model(source, options, device)
+    host_need = weights + host_kv + (0 if kv_on_gpu else device_kv) + RUNTIME_ALLOWANCE
     detail = (f"weights {weights / GIB:.2f} GiB {held}, KV cache {device_kv / GIB:.2f} GiB "
               f"for {n_ctx} tokens + {host_kv / GIB:.2f} GiB swap pool")
     _require("RAM", host_need, psutil.virtual_memory().available, detail)
@@ -116,7 +118,7 @@ def builds_float_model(source: ModelSource, options, device: torch.device) -> bo
 def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
     (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
-    float hot rows (within --gpu-budget). 0 without a split."""
+    hot rows (within --gpu-budget; bounded by float32 rows). 0 without a split."""
     from .hybrid_setup import resolve_cold_dtype
     from .memory_plan import cold_neuron_bytes, neuron_bytes
 

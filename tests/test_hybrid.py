@@ -205,11 +205,11 @@ def test_cpu_and_gpu_sides_overlap(monkeypatch):
             raise TimeoutError("the GPU-tier side never ran while the CPU side did")
         return real_cold(x_host, active)
 
-    def hot_side(x):
+    def hot_side(x, *rest):
         hot_started.set()
         if not cold_started.wait(5):
             raise TimeoutError("the CPU side never ran while the GPU-tier side did")
-        return real_hot(x)
+        return real_hot(x, *rest)
 
     monkeypatch.setattr(layer, "_cold_side", cold_side)
     monkeypatch.setattr(layer, "_hot_side", hot_side)
@@ -220,6 +220,8 @@ def test_cpu_and_gpu_sides_overlap(monkeypatch):
         torch.testing.assert_close(out, layer(x))
         labels = [label for label, _, _ in worker.trace]
         assert "cold0" in labels and "hot0" in labels  # the trace records both sides
+        timing = layer.counters.timing_ms()  # per decode token: both sides and the wait
+        assert set(timing) == {"hot", "cold", "wait"} and timing["cold"] > 0
     finally:
         worker.close()
 

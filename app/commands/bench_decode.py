@@ -177,6 +177,8 @@ def run(args) -> int:
     copy_bps = max(copy_bps, copy_bandwidth())  # before and after the runs: the better one
     report["ember"]["bandwidth"] = _bandwidth_report(
         engine, report["ember"]["decode"]["median"], copy_bps)
+    # A split engine's plan, tier formats and per-layer hot/cold/wait times (None unsplit).
+    report["ember"]["hybrid"] = engine.hybrid_report()
     if other:
         ratio = {k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]
                  for k in ("prefill", "decode")}

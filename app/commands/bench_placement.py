@@ -1,4 +1,6 @@
-"""`ember bench placement`: the ILP against the greedy baseline on a 70B-shaped problem.
+"""`ember bench placement`: the ILP against the greedy baseline on a 70B-shaped problem, or
+with `--shape` a forecast of Ember's split against whole-layer offload
+(offload/offload_forecast.py).
 
 The problem is synthetic but sized like Llama-2/3 70B: 80 FFN layers of 28,672 neurons at
 hidden 8192, GQA attention with 8 KV heads of 128. Per layer, neuron frequencies follow a power
@@ -93,6 +95,8 @@ def _brief(result) -> dict:
 
 
 def run(args) -> int:
+    if args.shape is not None:
+        return _forecast(args)
     from ember.placement import solve
 
     if args.group_size is not None and args.group_size < 1:
@@ -116,5 +120,31 @@ def run(args) -> int:
         if ilp.objective_ms > 0 else None,
         "ilp_status": ilp.status,
     }
+    print_json(report)
+    return 0
+
+
+def _forecast(args) -> int:
+    """`--shape`: Ember's split and whole-layer offload side by side (offload_forecast)."""
+    from ember.offload.offload_forecast import forecast
+    from ember.offload.sizes import format_size, parse_size
+
+    if args.ctx < 1:
+        raise ConfigError("--ctx must be at least 1")
+    report = forecast(args.shape, args.quant, parse_size(args.gpu_budget, "--gpu-budget"),
+                      args.ctx, args.seed)
+    if not args.json:
+        e, w = report["ember_split"], report["whole_layer_offload"]
+        print(f"{args.shape} {args.quant} at --gpu-budget {args.gpu_budget} "
+              f"(predicted, bandwidth model: GPU {report['assumptions']['gpu_gbps']:.0f} GB/s, "
+              f"CPU {report['assumptions']['cpu_gbps']:.0f} GB/s)")
+        print(f"  Ember split     {e['hot_fraction']:.0%} of FFN neurons hot "
+              f"({e['ffn_parameters_on_gpu'] / 1e9:.1f}B parameters, "
+              f"{format_size(e['gpu_bytes'])}), attention on the host: "
+              f"{e['dense_ms_per_token']:.1f} ms/token dense, "
+              f"{e['sparse_ms_per_token']:.1f} sparse")
+        print(f"  whole layers    {w['gpu_layers']} layers on the GPU "
+              f"({w['ffn_parameters_on_gpu'] / 1e9:.1f}B FFN parameters, "
+              f"{format_size(w['gpu_bytes'])}): {w['ms_per_token']:.1f} ms/token")
     print_json(report)
     return 0

@@ -68,7 +68,8 @@ def _split_options(args, gpu_budget: int | None) -> dict:
         raise EmberError("--ffn-mode sparse needs --profile (the predictors come from "
                          "`ember profile`)")
     return dict(split=split, profile=profile, ffn_mode=ffn_mode,
-                cold_dtype=getattr(args, "cold_dtype", "auto"))
+                cold_dtype=getattr(args, "cold_dtype", "auto"),
+                tier_dtype=getattr(args, "tier_dtype", "auto"))
 
 
 def _speculation_options(args) -> dict:

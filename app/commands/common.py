@@ -32,6 +32,7 @@ def load_engine(args):
                             weights=getattr(args, "weights", "auto"),
                             gpu_budget=size("gpu-budget"), split=getattr(args, "split", "auto"),
                             cold_dtype=getattr(args, "cold_dtype", "auto"),
+                            tier_dtype=getattr(args, "tier_dtype", "auto"),
                             profile=_profile(getattr(args, "profile", "auto")),
                             ffn_mode=getattr(args, "ffn_mode", "auto"),
                             speculate=getattr(args, "speculate", "off"),

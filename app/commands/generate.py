@@ -103,6 +103,12 @@ def _print_hybrid(hybrid: dict) -> None:
           f"({hybrid['host_ffn_dtype']}); down made neuron-major for the split: "
           f"{hybrid['down_neuron_major_bytes'] / 2**20:.1f} MiB of both sides' rows",
           file=sys.stderr)
+    tier = [f"{kind} " + "/".join(f"{fmt} x{n}" for fmt, n in f["formats"].items())
+            + f" (error {f['error_max']:.2%} at most)"
+            for kind, f in hybrid["gpu_ffn_formats"].items() if f["formats"]]
+    if tier:
+        print("ember: hot rows on the tier as " + ", ".join(tier) + " against the file's rows",
+              file=sys.stderr)
     check = (hybrid.get("profile") or {}).get("check")
     if check:
         print(f"ember: profile check on held-out text: perplexity x{check['ppl_ratio']:.3f} of "

@@ -17,10 +17,11 @@ def run(args) -> int:
     s = summarize(source, args.ctx_size)
     s["chat_format"] = _chat_formats(source)
     s["memory"]["weights_in"] = _weights_in(source)
-    plan = _gpu_plan(source.config, args)
+    plan = _gpu_plan(source.config, args, source)
     if plan is not None:
         rows, dtype = _host_rows(source.config, plan)
-        s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype}
+        s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
+                         "tier_conversion_error": _tier_errors(source.config, source, plan)}
     if args.json:
         print_json(s)
         return 0
@@ -49,6 +50,9 @@ def run(args) -> int:
           "--weights fp32/q8 or a GPU device)")
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
+        err = s["gpu_plan"]["tier_conversion_error"]
+        print(f"    conversion error against the file's rows (64 rows of the first, middle and "
+              f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
     return 0
 
 
@@ -94,15 +98,41 @@ def _host_rows(cfg, plan) -> tuple[int, str]:
     return host_ffn_bytes(cfg, plan.placement, "int8"), "int8"
 
 
-def _gpu_plan(cfg, args):
-    """The GPU-tier plan `--gpu-budget` would give (as the engine makes it), or None."""
+def _gpu_plan(cfg, args, source=None):
+    """The GPU-tier plan `--gpu-budget` would give (as the engine on the file's blocks makes
+    it: hot rows in their tier formats, attention on the host), or None."""
     if args.gpu_budget is None:
         return None
+    from ember.offload.device import resolve_device
     from ember.offload.kv_plan import plan_kv
     from ember.offload.memory_plan import ComponentBytes, plan_memory
     from ember.offload.sizes import parse_size
+    from ember.offload.tier_dtypes import TierChoice
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
+    tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"),
+                              resolve_device(getattr(args, "device", "auto")))
     kv = plan_kv(cfg, min(args.ctx_size, cfg.context_length))
-    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes)
+    sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
+                                    formats=layer_formats(cfg, source, tier), half=tier.half,
+                                    attention_movable=False)
     return plan_memory(cfg, budget, sizes, args.split)
+
+
+def _tier_errors(cfg, source, plan) -> dict[str, float]:
+    from ember.offload.tier_dtypes import sampled_errors
+
+    return sampled_errors(source.weights, cfg.n_layers, cfg.gated, list(plan.sizes.formats),
+                          plan.sizes.half)
+
+
+def layer_formats(cfg, source, tier) -> list[tuple[str, str]]:
+    """Per layer (gate_up's, down's) tier format from the file's tensor types."""
+    w = source.weights
+    out = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        gate_up = ([p + "ffn_gate.weight"] if cfg.gated else []) + [p + "ffn_up.weight"]
+        out.append(tier.formats([w.get(n).qtype_name for n in gate_up],
+                                w.get(p + "ffn_down.weight").qtype_name))
+    return out

@@ -1,0 +1,101 @@
+"""The GPU tier on a real CUDA device: every format's matmul against the same codes on the
+host, the engine's split on CUDA (each --tier-dtype) against the CPU's unsplit model up to a
+near-tie, the plan against what CUDA allocated, and one synchronisation per split layer.
+Skipped without CUDA; bench/gpu_check.sh runs them on a lent machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, reference_hot_ffn
+from ember.kernels.tier_weights import TierLinear, dequantize_int4, quantize_int4
+from ember.models.loader import load_model
+from ember.offload import quant_model
+from ember.offload.engine import Engine, EngineOptions
+from ember.offload.memory_plan import workspace_bytes
+from ember.offload.tier_dtypes import TierCaps
+
+from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
+
+PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+def _formats():
+    caps = TierCaps.of(torch.device("cuda")) if torch.cuda.is_available() else None
+    out = ["int8", "fp16", "fp32"]
+    if caps is not None and caps.int4:
+        out.append("int4")
+    if caps is not None and caps.half == torch.bfloat16:
+        out.append("bf16")
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8", "fp16", "bf16", "fp32"])
+def test_each_format_on_cuda_multiplies_as_its_codes(fmt):
+    if fmt not in _formats():
+        pytest.skip(f"{fmt} is not offered on this GPU")
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(256, 512, generator=g) * 0.05, torch.randn(3, 512, generator=g)
+    lin = TierLinear.pack(w, fmt, "cuda", TierCaps.of(torch.device("cuda")).half)
+    if fmt == "int4":  # the CUDA tile layout must hold the codes the CPU reference decodes
+        want_w = dequantize_int4(*quantize_int4(w))
+    else:
+        want_w = lin.dequantize()
+    want = x.to(lin.compute).float() @ want_w.t()
+    got = lin(x.cuda()).float().cpu()
+    tol = 1e-4 if fmt == "fp32" else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * float(want.abs().max()))
+    assert lin.nbytes() == sum(t.numel() * t.element_size() for t in lin.tensors.values())
+
+
+@pytest.mark.parametrize("formats", [("int4", "int4"), ("int4", "int8"), ("int8", "int8"),
+                                     ("fp16", "fp16")])
+def test_hot_ffn_on_cuda_is_the_reference(formats):
+    if not set(formats) <= set(_formats()):
+        pytest.skip("format not offered on this GPU")
+    g = torch.Generator().manual_seed(1)
+    gate, up, down = (torch.randn(70, 256, generator=g) * 0.2 for _ in range(3))
+    w = HotFFNWeights.from_rows(gate, up, down, "silu_glu", "cuda", formats,
+                                TierCaps.of(torch.device("cuda")).half)
+    x = torch.randn(2, 256, generator=g)
+    got = hot_ffn(x.cuda(), w).cpu()
+    want = reference_hot_ffn(x, gate, up, down, "silu_glu")
+    assert float((got - want).norm() / want.norm()) < 0.25
+
+
+@pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+@pytest.mark.parametrize("tier", ["auto", "int4", "int8", "fp16", "bf16", "fp32"])
+def test_a_cuda_split_decodes_as_the_cpu_model_within_its_plan(tiny_q4_k_m, tier):
+    if tier not in _formats() + ["auto"]:
+        pytest.skip(f"{tier} is not offered on this GPU")
+    loaded = load_model(tiny_q4_k_m[2])
+    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
+                                  PROMPT, 8)
+    budget = workspace_bytes(loaded.config) + 400_000
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    engine = Engine(loaded, EngineOptions(device="cuda", n_ctx=64, gpu_budget=budget,
+                                          tier_dtype=tier))
+    try:
+        assert isinstance(engine.model, quant_model.QuantModel)  # not the float32 model
+        plan = engine.hybrid.plan
+        held = torch.cuda.memory_allocated() - before
+        charged = plan.charges()["ffn_hot"]
+        # The tier holds what it charged; CUDA's allocator rounds each tensor up to 512 B.
+        tensors = sum(len(side.tensors) for layer in engine.hybrid.layers if layer.hot
+                      for side in (layer.hot.gate_up, layer.hot.down))
+        assert charged <= held <= charged + 512 * tensors and charged <= budget
+        got, _ = greedy_with_gaps(engine, PROMPT, 8)
+        assert_agrees_until_near_tie(want, gaps, got)
+        peak = torch.cuda.max_memory_allocated() - before
+        assert peak <= budget, f"CUDA peaked at {peak} bytes over a {budget}-byte budget"
+        split = [layer for layer in engine.hybrid.layers if layer.hot is not None]
+        tokens = split[0].counters.tokens
+        assert all(layer.transfer.syncs >= tokens for layer in split)
+    finally:
+        engine.close()
