@@ -30,9 +30,12 @@ from .quant_model import BlockLMHead
 # acts within about that long, on a loaded machine too (its chunks shrink). The cost: smaller
 # chunks prefill slower. Default model, one thread, one process (a loaded machine): chunks of
 # 512/128/64/32/16 tokens ran at 124/127/116/100/95 tokens/s; unloaded, 50 ms is ~40 tokens.
+# Chunks are whole multiples of MIN_CANCEL_CHUNK: the prefill kernels take 16 tokens at a time
+# (block_gemm_*.h) and fewer go through the row kernels, at a fraction of the speed on a big
+# model. So on a 7B (16 tokens ~0.7 s here) cancelling waits out one such chunk.
 CANCEL_CHUNK_S = 0.05
 FIRST_CANCEL_CHUNK = 16  # before anything was measured (then the pace of the latest chunk)
-MIN_CANCEL_CHUNK = 8
+MIN_CANCEL_CHUNK = 16
 
 
 @dataclass
@@ -106,11 +109,12 @@ class Runner:
 
     def _cancellable_chunk(self) -> int:
         """Tokens for the next chunk of a cancellable prefill: ~CANCEL_CHUNK_S at the latest
-        pace, within [MIN_CANCEL_CHUNK, prefill_chunk]."""
+        pace, a multiple of MIN_CANCEL_CHUNK within [MIN_CANCEL_CHUNK, prefill_chunk]."""
         if self._s_per_token is None:
             want = FIRST_CANCEL_CHUNK
         else:
             want = int(CANCEL_CHUNK_S / max(self._s_per_token, 1e-9))
+            want -= want % MIN_CANCEL_CHUNK
         return max(min(MIN_CANCEL_CHUNK, self.prefill_chunk), min(self.prefill_chunk, want))
 
     def decode(self, name: str, token: int) -> torch.Tensor:
