@@ -6,7 +6,7 @@ its K/V are written before any row attends), so causal prefill and tree masks ar
 "which slots a row reads". Per layer:
 
     h = rms_norm(x, attn_norm); q, k, v = h @ [Wq, Wk, Wv]  (one call, one quantization of h)
-    q/k head norms and rotary; K/V stored; o[t] = attention over slots[t]; a = o @ Wo
+    (+ q/k/v biases); q/k head norms and rotary; K/V stored; o[t] = attention over slots[t]; a = o @ Wo
     x, h = residual step (post-attention norm, add, FFN norm)
     f = down(act(h @ Wgate, h @ Wup)); x = x + post-normed f
 
@@ -52,6 +52,8 @@ class DecoderLayer(NamedTuple):
     post_ffn_norm: torch.Tensor | None
     eps: float
     scale: float  # attention scale
+    qkv_bias: torch.Tensor | None = None  # (q + 2 kv columns,): Qwen 2
+    attn_softcap: float = 0.0  # > 0: scores soft-capped (Gemma 2)
 
 
 def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Tensor:
@@ -66,6 +68,8 @@ def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos,
     """The attention sub-layer for T rows: (x + post-normed attention, FFN-normed input)."""
     L = layer
     qkv = matmul("qkv", rms_norm(x, L.attn_norm, L.eps), L.qkv)
+    if L.qkv_bias is not None:
+        qkv.add_(L.qkv_bias)
     qk_norm_rope_(qkv, L.n_heads, L.n_kv, L.head_dim, L.q_norm, L.k_norm, cos, sin,
                   L.interleaved, L.eps)
     q_cols, kv_cols = L.n_heads * L.head_dim, L.n_kv * L.head_dim
@@ -74,7 +78,7 @@ def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos,
         k_pool[int(slots[-1])] = k[t].view(L.n_kv, L.head_dim)
         v_pool[int(slots[-1])] = v[t].view(L.n_kv, L.head_dim)
     o = torch.cat([attend_slots(q[t].reshape(L.n_heads, L.head_dim), k_pool, v_pool, slots,
-                                L.scale) for t, slots in enumerate(read_slots)])
+                                L.scale, L.attn_softcap) for t, slots in enumerate(read_slots)])
     return residual_norm(x, matmul("o", o, [L.wo]).contiguous(), L.post_attn_norm,
                          L.ffn_norm, L.eps)
 
@@ -115,7 +119,8 @@ def _native_layer(layer: DecoderLayer) -> tuple:
     return (layer.attn_norm, qkv, qkv_types, layer.n_heads, layer.n_kv, layer.head_dim,
             layer.q_norm, layer.k_norm, layer.interleaved, layer.wo.rows(), layer.wo.qtype,
             layer.post_attn_norm, layer.ffn_norm, gate_up, gate_up_types, layer.down.rows(),
-            layer.down.qtype, layer.activation, layer.post_ffn_norm, layer.eps, layer.scale)
+            layer.down.qtype, layer.activation, layer.post_ffn_norm, layer.eps, layer.scale,
+            layer.qkv_bias, layer.attn_softcap)
 
 
 def available() -> bool:

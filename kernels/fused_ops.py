@@ -81,20 +81,21 @@ def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
                          sin.contiguous(), interleaved, eps)
 
 
-def attend_slots_reference(q, k_pool, v_pool, slots, scale) -> torch.Tensor:
+def attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap: float = 0.0) -> torch.Tensor:
     """Pools of float32 or float16 (the file-blocks runtime's), computed in float32."""
     keys, values = k_pool.index_select(0, slots).float(), v_pool.index_select(0, slots).float()
-    return attend(q[None], keys, values, None, None, None, scale)
+    return attend(q[None], keys, values, None, None, None, scale, softcap or None)
 
 
 def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                 slots: torch.Tensor, scale: float) -> torch.Tensor:
+                 slots: torch.Tensor, scale: float, softcap: float = 0.0) -> torch.Tensor:
     """One query row q (n_heads, hd) against the pool rows `slots` of k_pool/v_pool
-    (rows, n_kv_heads, hd; float32 or float16), read in place: (1, n_heads * hd)."""
+    (rows, n_kv_heads, hd; float32 or float16), read in place: (1, n_heads * hd).
+    softcap > 0: scores soft-capped first (Gemma 2)."""
     module = cpu_extension.load()
     if module is None:
-        return attend_slots_reference(q, k_pool, v_pool, slots, scale)
-    return module.attend_slots(q.contiguous(), k_pool, v_pool, slots, scale)
+        return attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap)
+    return module.attend_slots(q.contiguous(), k_pool, v_pool, slots, scale, softcap)
 
 
 def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,

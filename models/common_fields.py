@@ -10,6 +10,7 @@ from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
+from .rotary import llama3_rope_factors
 
 # Families and the model constructor compute with these before any tensor shape is checked
 # (head_dim ** -0.5, a tuple per layer, rotary tables of head_dim / 2), so they are bounded
@@ -34,21 +35,52 @@ def gguf_fields(f: GGUFFile, vocab_size: int, *, rope_base: float, rms_eps: floa
 
     hidden = size("embedding_length")
     n_heads = size("attention.head_count")
+    head_dim = size("attention.key_length", hidden // n_heads)
+    value_dim = f.field(a + "attention.value_length", int, head_dim)
+    if value_dim != head_dim:
+        raise ModelFormatError(f.path, f"metadata '{a}attention.value_length' ({value_dim}) differs "
+                                       f"from the key length ({head_dim}); Ember needs them equal")
+    rotated = f.field(a + "rope.dimension_count", int, head_dim)
+    if rotated != head_dim:  # partial rotary (some Phi / GPT-NeoX files): not implemented
+        raise ModelFormatError(f.path, f"metadata '{a}rope.dimension_count' is {rotated}: RoPE on "
+                                       f"part of each {head_dim}-value head is not supported")
     scaling = f.field(a + "rope.scaling.type", str, "none")
+    if scaling not in GGUF_ROPE_SCALINGS:
+        raise ModelFormatError(f.path, f"RoPE scaling '{scaling}' (metadata '{a}rope.scaling.type') "
+                                       f"is not supported (supported: {', '.join(GGUF_ROPE_SCALINGS)})")
     return dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
         n_layers=size("block_count", limit=MAX_LAYERS),
         n_heads=n_heads,
         n_kv_heads=size("attention.head_count_kv", n_heads),
-        head_dim=size("attention.key_length", hidden // n_heads),
+        head_dim=head_dim,
         ffn_size=size("feed_forward_length"),
         context_length=size("context_length"),
         rms_eps=f.field(a + "attention.layer_norm_rms_epsilon", float, rms_eps),
         rope_base=f.field(a + "rope.freq_base", float, rope_base),
         rope_scale=f.field(a + "rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
+        rope_factors=_gguf_rope_factors(f, head_dim),
         tied_embeddings="output.weight" not in f.tensors,
     )
+
+
+# Llama 3.1 files carry no scaling type: their scaling is the `rope_freqs` tensor.
+GGUF_ROPE_SCALINGS = ("none", "linear")
+
+
+def _gguf_rope_factors(f: GGUFFile, head_dim: int) -> tuple[float, ...]:
+    """A `rope_freqs.weight` tensor (Llama 3.1 and later): one divisor per rotary frequency."""
+    info = f.tensors.get("rope_freqs.weight")
+    if info is None:
+        return ()
+    if info.shape != (head_dim // 2,) or info.qtype != 0:  # F32, as llama.cpp writes it
+        raise ModelFormatError(f.path, f"tensor 'rope_freqs.weight' must be F32 of shape "
+                                       f"({head_dim // 2},), got {info.qtype_name} {info.shape}")
+    factors = tuple(float(x) for x in f.raw("rope_freqs.weight").view("<f4"))
+    if not all(x > 0 for x in factors):  # (also NaN)
+        raise ModelFormatError(f.path, "tensor 'rope_freqs.weight' must hold positive values")
+    return factors
 
 
 def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool) -> dict:
@@ -59,9 +91,16 @@ def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool) -> d
 
     hidden = size("hidden_size")
     n_heads = size("num_attention_heads")
+    head_dim = size("head_dim", hidden // n_heads)
     scaling = c.field("rope_scaling", dict, None) or {}
-    linear = scaling.get("rope_type", scaling.get("type")) == "linear"
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in HF_ROPE_SCALINGS:
+        raise ModelFormatError(c.path, f"'rope_scaling' type {kind!r} is not supported "
+                                       f"(supported: {', '.join(HF_ROPE_SCALINGS)})")
     factor = typed(c.path, "'rope_scaling.factor'", scaling.get("factor", 1.0), float)
+    if not factor > 0:
+        raise ModelFormatError(c.path, f"'rope_scaling.factor' must be positive, got {factor}")
+    linear = kind == "linear"
     return dict(
         name=c.folder.name,
         vocab_size=size("vocab_size"),
@@ -69,11 +108,34 @@ def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool) -> d
         n_layers=size("num_hidden_layers", limit=MAX_LAYERS),
         n_heads=n_heads,
         n_kv_heads=size("num_key_value_heads", n_heads),
-        head_dim=size("head_dim", hidden // n_heads),
+        head_dim=head_dim,
         ffn_size=size("intermediate_size"),
         context_length=size("max_position_embeddings"),
         rms_eps=c.field("rms_norm_eps", float, rms_eps),
         rope_base=c.field("rope_theta", float, rope_base),
         rope_scale=factor if linear else 1.0,
+        rope_factors=(_llama3_factors(c, scaling, factor, head_dim,
+                                      c.field("rope_theta", float, rope_base))
+                      if kind == "llama3" else ()),
         tied_embeddings=c.field("tie_word_embeddings", bool, tied),
     )
+
+
+HF_ROPE_SCALINGS = ("default", "linear", "llama3")
+
+
+def _llama3_factors(c: HFConfig, scaling: dict, factor: float, head_dim: int,
+                    base: float) -> tuple[float, ...]:
+    """config.json's `rope_scaling` (rope_type llama3) as per-frequency divisors."""
+    def number(key: str, default: float) -> float:
+        value = typed(c.path, f"'rope_scaling.{key}'", scaling.get(key, default), float)
+        if not value > 0:
+            raise ModelFormatError(c.path, f"'rope_scaling.{key}' must be positive, got {value}")
+        return value
+
+    low, high = number("low_freq_factor", 1.0), number("high_freq_factor", 4.0)
+    original = number("original_max_position_embeddings", 8192)
+    if not high > low:
+        raise ModelFormatError(c.path, "'rope_scaling.high_freq_factor' must exceed "
+                                       "'low_freq_factor'")
+    return llama3_rope_factors(head_dim, base, factor, low, high, original)

@@ -31,6 +31,9 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_base: float = 10_000.0
     rope_scale: float = 1.0  # linear position scaling (positions divided by this)
+    # Per rotary frequency divisors (head_dim / 2 of them; empty: none): Llama 3.1's scaling,
+    # from a GGUF file's `rope_freqs` tensor or config.json's `rope_scaling` (rope_type llama3).
+    rope_factors: tuple[float, ...] = ()
     # Rotary layout: False rotates the two halves of each head (HF / "NEOX"), True rotates
     # adjacent pairs (what llama.cpp's LLaMA GGUFs expect, their q/k rows are permuted).
     rope_interleaved: bool = False
@@ -39,6 +42,8 @@ class ModelConfig:
     local_rope_base: float | None = None  # RoPE base of sliding-window layers, if different
     attn_scale: float | None = None  # None: 1/sqrt(head_dim)
     qk_norm: bool = False
+    qkv_bias: bool = False  # Qwen 2: the q, k and v projections add a bias
+    attn_softcap: float | None = None  # Gemma 2: scores become cap * tanh(scores / cap)
     sandwich_norms: bool = False  # Gemma: extra norms after attention and after the FFN
     embed_scale: float = 1.0  # Gemma multiplies embeddings by sqrt(hidden)
     tied_embeddings: bool = True
@@ -73,6 +78,14 @@ class ModelConfig:
                              f"got {bad_windows[0]}")
         if self.rope_scale <= 0 or self.rope_base <= 0:
             raise ValueError("rope_base and rope_scale must be positive")
+        if self.rope_factors and (len(self.rope_factors) != self.head_dim // 2
+                                  or not all(f > 0 for f in self.rope_factors)):
+            raise ValueError(f"rope_factors must be {self.head_dim // 2} positive numbers "
+                             f"(head_dim / 2), got {len(self.rope_factors)}")
+        for name in ("attn_softcap", "final_logit_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and not cap >= 0:  # 0 (as None): no capping
+                raise ValueError(f"{name} must not be negative, got {cap}")
 
     @property
     def gated(self) -> bool:
@@ -85,6 +98,13 @@ class ModelConfig:
         if self.window(layer) is not None and self.local_rope_base is not None:
             return self.local_rope_base
         return self.rope_base
+
+    def layer_rope_scale(self, layer: int) -> float:
+        """Gemma 3's local layers keep their own RoPE unscaled (as in the HF model and
+        llama.cpp); every other layer divides positions by rope_scale."""
+        if self.window(layer) is not None and self.local_rope_base is not None:
+            return 1.0
+        return self.rope_scale
 
     @property
     def scale(self) -> float:

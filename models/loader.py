@@ -17,7 +17,7 @@ from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
 from .hf_config import HFConfig
-from .registry import family_for_gguf, family_for_hf
+from .registry import family_for_gguf, family_for_hf, unfused
 from .tokenizer import Tokenizer, VocabSpec, default_cache_path
 from .transformer import Transformer
 from .weights import WeightStore
@@ -142,7 +142,9 @@ def _with_weights_in_ram(source: ModelSource, report) -> ModelSource:
     mib = f.path.stat().st_size >> 20
     f.read_into_ram(lambda done, size: report(
         OPEN_SHARE * done / max(size, 1), f"reading weights into RAM ({done >> 20} of {mib} MiB)"))
-    return replace(source, weights=WeightStore.from_gguf(f))
+    weights = unfused(family_for_gguf(f.architecture, f.path), WeightStore.from_gguf(f),
+                      source.config)
+    return replace(source, weights=weights)
 
 
 def _open_gguf(path: Path) -> ModelSource:
@@ -153,8 +155,8 @@ def _open_gguf(path: Path) -> ModelSource:
     fingerprint = file_fingerprint(path)
     tokenizer = Tokenizer.from_vocab(spec, cache_path=default_cache_path(path, spec.fingerprint))
     template = f.field("tokenizer.chat_template", str, None)
-    return ModelSource(path, "gguf", config, WeightStore.from_gguf(f), tokenizer, template,
-                       fingerprint)
+    weights = unfused(family, WeightStore.from_gguf(f), config)
+    return ModelSource(path, "gguf", config, weights, tokenizer, template, fingerprint)
 
 
 def _checked_config(path: Path, build) -> ModelConfig:
@@ -217,7 +219,7 @@ def _open_hf_folder(folder: Path) -> ModelSource:
     if not tokenizer_json.is_file():
         raise ModelFormatError(folder, "no tokenizer.json in this model folder")
     tokenizer = Tokenizer.from_tokenizer_json(tokenizer_json)
-    weights = load_weights(folder, family)
+    weights = unfused(family, load_weights(folder, family), config)
     fingerprint = hashlib.sha256(
         "".join(file_fingerprint(p) for p in [hf.path, *shard_paths(folder)]).encode()
     ).hexdigest()

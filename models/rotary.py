@@ -6,14 +6,24 @@ Shared by the reference attention (models/transformer.py) and the fused decode o
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from .config import ModelConfig
 
 
 class Rotary:
-    """cos/sin tables for rotary position embeddings, grown on demand, one per RoPE base."""
+    """cos/sin tables for rotary position embeddings, grown on demand, one per RoPE base.
 
-    def __init__(self, head_dim: int, base: float, scale: float, interleaved: bool):
+    `factors` (head_dim / 2, or empty) divide each frequency: Llama 3.1's scaling, the way
+    llama.cpp applies a file's `rope_freqs` tensor.
+    """
+
+    def __init__(self, head_dim: int, base: float, scale: float, interleaved: bool,
+                 factors: tuple[float, ...] = ()):
         self.head_dim, self.base, self.scale, self.interleaved = head_dim, base, scale, interleaved
+        self.factors = tuple(factors)
         self.cos = self.sin = torch.empty(0, head_dim // 2)
         self._last: tuple = (None, None, None)  # (start, n, device), cos, sin of the last range
 
@@ -21,6 +31,8 @@ class Rotary:
         n = max(n, 2 * self.cos.shape[0], 256)
         # float64 for the angles: positions up to 32k times frequencies lose digits in fp32.
         inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        if self.factors:
+            inv_freq = inv_freq / torch.tensor(self.factors, dtype=torch.float64)
         angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
 
@@ -50,6 +62,39 @@ class Rotary:
             sin = self.sin[start:start + n].to(device)
             self._last = ((start, n, device), cos, sin)
         return cos, sin
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_context: float) -> tuple[float, ...]:
+    """Llama 3.1's per-frequency divisors (what llama.cpp's converter writes to `rope_freqs`):
+    wavelengths shorter than original_context / high_freq_factor keep their frequency, those
+    longer than original_context / low_freq_factor are divided by `factor`, and the band
+    between is interpolated smoothly (in frequency) from one to the other."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * math.pi * base ** (i / head_dim)
+        if wavelength < original_context / high_freq_factor:
+            out.append(1.0)
+        elif wavelength > original_context / low_freq_factor:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelength - low_freq_factor) / (high_freq_factor
+                                                                          - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(out)
+
+
+def layer_rotaries(cfg: ModelConfig) -> list[Rotary]:
+    """Each layer's Rotary; layers with the same base and scale share one (and its tables)."""
+    shared: dict[tuple[float, float], Rotary] = {}
+    out = []
+    for i in range(cfg.n_layers):
+        key = (cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
+        if key not in shared:
+            shared[key] = Rotary(cfg.head_dim, key[0], key[1], cfg.rope_interleaved,
+                                 cfg.rope_factors)
+        out.append(shared[key])
+    return out
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

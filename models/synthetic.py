@@ -15,8 +15,9 @@ from typing import Callable
 
 import torch
 
-from .quantize import quantize
 from .config import ModelConfig
+from .quantize import quantize
+from .rotary import llama3_rope_factors
 
 CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 PIECES = [
@@ -41,6 +42,33 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+# Llama 3.1-style RoPE scaling on a tiny model: an original context of 64 puts the 16-value
+# heads' eight frequencies in all three of its bands (kept, interpolated, divided by 8).
+LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_context=64)
+_SMALL = dict(hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_size=128,
+              context_length=256, activation="silu_glu")
+# The newer families' tiny shapes (tiny_config's `arch`; "llama3" is a `llama` file). Caps are
+# small so that tanh bends this random model's scores and logits, not just passes them.
+FAMILY_CONFIGS = {
+    "llama3": dict(_SMALL, architecture="llama", name="tiny-llama3", n_layers=3, rms_eps=1e-5,
+                   rope_base=500_000.0, rope_interleaved=True, tied_embeddings=False,
+                   rope_factors=llama3_rope_factors(16, 500_000.0, **LLAMA3_SCALING)),
+    "qwen2": dict(_SMALL, architecture="qwen2", name="tiny-qwen2", n_layers=3, rms_eps=1e-6,
+                  rope_base=1_000_000.0, qkv_bias=True, tied_embeddings=True),
+    # Qwen 3's heads are wider than hidden / heads (0.6B: 16 x 128 over 1024).
+    "qwen3": dict(_SMALL, architecture="qwen3", name="tiny-qwen3", n_layers=3, head_dim=32,
+                  rms_eps=1e-6, rope_base=1_000_000.0, qk_norm=True, tied_embeddings=False),
+    "gemma2": dict(_SMALL, architecture="gemma2", name="tiny-gemma2", n_layers=4,
+                   activation="gelu_glu", rms_eps=1e-6, sliding_window=(8, None, 8, None),
+                   sandwich_norms=True, embed_scale=8.0, attn_scale=16 ** -0.5,
+                   attn_softcap=2.0, final_logit_softcap=3.0, tied_embeddings=True),
+    # (Not named "phi3": llama.cpp then looks up Phi-3's own special tokens in the vocabulary.)
+    "phi3": dict(_SMALL, architecture="phi3", name="tiny-phi", n_layers=3, rms_eps=1e-5,
+                 tied_embeddings=False),
+}
+
+
 def tiny_config(arch: str = "gemma3", activation: str | None = None, **overrides) -> ModelConfig:
     vocab = len(tiny_vocab()[0])
     if arch == "gemma3":
@@ -58,6 +86,8 @@ def tiny_config(arch: str = "gemma3", activation: str | None = None, **overrides
             context_length=256, activation=activation or "relu_glu", rms_eps=1e-5,
             rope_base=10_000.0, tied_embeddings=False,
         )
+    elif arch in FAMILY_CONFIGS:
+        cfg = ModelConfig(vocab_size=vocab, **FAMILY_CONFIGS[arch])
     else:
         raise ValueError(f"no tiny model for architecture {arch!r}")
     return replace(cfg, **overrides)
@@ -96,6 +126,10 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
         if cfg.qk_norm:
             w[p + "attn_q_norm.weight"] = norm(hd)
             w[p + "attn_k_norm.weight"] = norm(hd)
+        if cfg.qkv_bias:
+            w[p + "attn_q.bias"] = rand(cfg.n_heads * hd, std=0.5)
+            w[p + "attn_k.bias"] = rand(cfg.n_kv_heads * hd, std=0.5)
+            w[p + "attn_v.bias"] = rand(cfg.n_kv_heads * hd, std=0.5)
         if cfg.sandwich_norms:
             w[p + "post_attention_norm.weight"] = norm(h)
             w[p + "post_ffw_norm.weight"] = norm(h)
@@ -129,12 +163,22 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     writer.add_uint32(a + "attention.value_length", cfg.head_dim)
     writer.add_float32(a + "attention.layer_norm_rms_epsilon", cfg.rms_eps)
     writer.add_float32(a + "rope.freq_base", cfg.rope_base)
+    writer.add_uint32(a + "rope.dimension_count", cfg.head_dim)
     windows = [x for x in cfg.sliding_window if x]
     if windows:
         writer.add_uint32(a + "attention.sliding_window", windows[0])
+    if cfg.attn_softcap:
+        writer.add_float32(a + "attn_logit_softcapping", cfg.attn_softcap)
+    if cfg.final_logit_softcap:
+        writer.add_float32(a + "final_logit_softcapping", cfg.final_logit_softcap)
     if arch == "llama":
         writer.add_string(a + "ffn_activation", cfg.activation)
     _add_vocab(writer)
+    weights = dict(weights)
+    if cfg.rope_factors:  # Llama 3.1: one F32 divisor per frequency
+        weights["rope_freqs.weight"] = torch.tensor(cfg.rope_factors, dtype=torch.float32)
+    if arch == "phi3":
+        weights = _fuse_phi3(cfg, weights)
     for name, tensor in weights.items():
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.n_heads if name.endswith("attn_q.weight") else cfg.n_kv_heads
@@ -149,6 +193,22 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _fuse_phi3(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Phi-3's fused layout: `attn_qkv` (q, k, v rows) and `ffn_up` (gate rows, then up)."""
+    out = {}
+    for name, tensor in weights.items():
+        if name.endswith(("attn_k.weight", "attn_v.weight", "ffn_gate.weight")):
+            continue
+        p = name[:name.index(".", 4) + 1] if name.startswith("blk.") else ""
+        if name.endswith("attn_q.weight"):
+            name = p + "attn_qkv.weight"
+            tensor = torch.cat([weights[p + f"attn_{x}.weight"] for x in "qkv"])
+        elif name.endswith("ffn_up.weight"):
+            tensor = torch.cat([weights[p + "ffn_gate.weight"], tensor])
+        out[name] = tensor
+    return out
 
 
 def _add_vocab(writer) -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kv import ContiguousKVCache, KVCache
-from .rotary import Rotary
+from .rotary import Rotary, layer_rotaries
 from .tree_rows import TreeRows, tree_keys, tree_positions, tree_span
 from .weights import QTensor, WeightStore
 
@@ -42,18 +42,23 @@ class Projection(nn.Module):
     `stored` is the file's tensor (out, in) it was dequantized from, when there is one.
     """
 
-    def __init__(self, weight: torch.Tensor, stored: QTensor | None = None):
+    def __init__(self, weight: torch.Tensor, stored: QTensor | None = None,
+                 bias: torch.Tensor | None = None):
         super().__init__()
         _attach(self, "weight", weight)
+        _attach(self, "bias", bias)  # (out,) or None: Qwen 2's q/k/v
         self.stored = stored
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight
+        y = x @ self.weight
+        return y if self.bias is None else y + self.bias
 
 
-def _projection(w: WeightStore, name: str, out_features: int, in_features: int) -> Projection:
+def _projection(w: WeightStore, name: str, out_features: int, in_features: int,
+                bias: bool = False) -> Projection:
+    b = w.load(name.replace(".weight", ".bias"), (out_features,)) if bias else None
     return Projection(_matrix(w, name, out_features, in_features),
-                      w.get(name, (out_features, in_features)))
+                      w.get(name, (out_features, in_features)), b)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,9 +89,9 @@ class Attention(nn.Module):
         p, hd, h = f"blk.{layer}.", cfg.head_dim, cfg.hidden_size
         self.cfg, self.layer, self.rotary = cfg, layer, rotary
         self.window = cfg.window(layer)
-        self.wq = _projection(w, p + "attn_q.weight", cfg.n_heads * hd, h)
-        self.wk = _projection(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h)
-        self.wv = _projection(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h)
+        self.wq = _projection(w, p + "attn_q.weight", cfg.n_heads * hd, h, cfg.qkv_bias)
+        self.wk = _projection(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h, cfg.qkv_bias)
+        self.wv = _projection(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h, cfg.qkv_bias)
         self.wo = _projection(w, p + "attn_output.weight", h, cfg.n_heads * hd)
         # q, k and v from one projection, when the runtime sets one (offload/quant_body.py):
         # one weight stream and one call instead of three.
@@ -134,9 +139,10 @@ class Attention(nn.Module):
             return self.single_query(q[0], *cache.pools(), slots, self.cfg.scale)
         keys, values = cache.read(self.layer, lo, start + T)
         if T == 1:  # one query sees every key it is given: no positions, no mask
-            return attend(q, keys, values, None, None, self.window, self.cfg.scale)
+            return attend(q, keys, values, None, None, self.window, self.cfg.scale,
+                          self.cfg.attn_softcap)
         return attend(q, keys, values, torch.arange(start, start + T), torch.arange(lo, start + T),
-                      self.window, self.cfg.scale)
+                      self.window, self.cfg.scale, self.cfg.attn_softcap)
 
     def _attend_tree(self, q, k, v, cache: KVCache, tree: TreeRows) -> torch.Tensor:
         """Tree rows see the context (within the window) and the tree keys their mask allows.
@@ -159,7 +165,7 @@ class Attention(nn.Module):
             keys = torch.cat((ctx_k[first - lo:], tree_k[sel]))
             values = torch.cat((ctx_v[first - lo:], tree_v[sel]))
             outs.append(attend(q[r: r + 1], keys, values, None, None, self.window,
-                               self.cfg.scale))
+                               self.cfg.scale, self.cfg.attn_softcap))
         return torch.cat(outs)
 
     def tree_slots(self, cache: KVCache, tree: TreeRows) -> list[torch.Tensor]:
@@ -176,12 +182,14 @@ class Attention(nn.Module):
         return self.single_query is not None and hasattr(cache, "pools")
 
 
-def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float) -> torch.Tensor:
+def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float,
+           softcap: float | None = None) -> torch.Tensor:
     """Causal (optionally sliding-window) attention with grouped K/V heads.
 
     q (T, n_heads, hd); k, v (S, n_kv, hd); q_pos (T,), k_pos (S,) -> (T, n_heads * hd).
     A key is visible when k_pos <= q_pos and, for windowed layers, q_pos - k_pos < window.
     With a single query the caller must pass only visible keys (decode always does).
+    `softcap` (Gemma 2): scaled scores s become softcap * tanh(s / softcap) before softmax.
     """
     T, n_heads, hd = q.shape
     mask = None
@@ -190,11 +198,28 @@ def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float) -> torch.Ten
         if window is not None:
             mask &= (q_pos[:, None] - k_pos[None, :]) < window
         mask = mask.to(q.device)
+    if softcap:
+        return _attend_capped(q, k, v, mask, scale, softcap)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=mask, scale=scale, enable_gqa=True,
     )  # (1, n_heads, T, hd)
     return out[0].transpose(0, 1).reshape(T, n_heads * hd)
+
+
+def _attend_capped(q, k, v, mask, scale: float, cap: float) -> torch.Tensor:
+    """`attend` with soft-capped scores, written out (scaled_dot_product_attention has no
+    hook between the scores and the softmax). mask (T, S) or None."""
+    T, n_heads, hd = q.shape
+    group = n_heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # (n_heads, S, hd)
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    scores = q.transpose(0, 1) @ k.transpose(1, 2) * scale  # (n_heads, T, S)
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v  # (n_heads, T, hd)
+    return out.transpose(0, 1).reshape(T, n_heads * hd)
 
 
 class FeedForward(nn.Module):
@@ -291,17 +316,14 @@ class Transformer(nn.Module):
         head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
         self.head = LMHead(w.get(head, (cfg.vocab_size, h)), cfg.final_logit_softcap)
         _attach(self, "output_norm", w.load("output_norm.weight", (h,)))
-        rotaries: dict[float, Rotary] = {}
-        for layer in range(cfg.n_layers):
-            base = cfg.layer_rope_base(layer)
-            rotaries.setdefault(base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved))
+        rotaries = layer_rotaries(cfg)
         self.blocks = nn.ModuleList()
         # Embedding and every block's forward in one go for a decoded token or a tree's rows,
         # when the runtime sets one (offload/fused_body.py): (ids, start, cache, tree) -> the
         # last block's output, or None to run them one by one.
         self.fast_body = None
         for i in range(cfg.n_layers):
-            self.blocks.append(Block(cfg, i, w, rotaries[cfg.layer_rope_base(i)]))
+            self.blocks.append(Block(cfg, i, w, rotaries[i]))
             if on_layer is not None:
                 on_layer(i)
 

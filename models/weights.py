@@ -55,6 +55,15 @@ class QTensor:
         n_rows, n_cols = self.shape
         return self.raw.view(n_rows, quants.row_nbytes(self.qtype, n_cols))
 
+    def row_slice(self, start: int, stop: int) -> "QTensor":
+        """Rows start..stop-1 of a 2-D tensor as a QTensor: a view of the same bytes (a fused
+        projection's parts, e.g. Phi-3's q, k and v rows of `attn_qkv`)."""
+        n_rows, n_cols = self.shape
+        if not 0 <= start < stop <= n_rows:
+            raise ValueError(f"rows {start}..{stop} outside a tensor of {n_rows} rows")
+        row = quants.row_nbytes(self.qtype, n_cols)
+        return QTensor(self.raw[start * row:stop * row], self.qtype, (stop - start, n_cols))
+
     def select_rows(self, rows: torch.Tensor) -> "QTensor":
         """A new QTensor holding only `rows` of a 2-D tensor, still in the file's blocks (a
         copy of those rows' bytes)."""
@@ -104,6 +113,16 @@ class WeightStore:
             return tensor.dequantize()
         except ModelFormatError as exc:  # unsupported quant type: say which file and tensor
             raise type(exc)(self.path, f"tensor '{name}': {exc}") from None
+
+    def replaced(self, changes: dict[str, QTensor | None]) -> "WeightStore":
+        """A store with `changes` applied: a name set to a tensor, or dropped (None)."""
+        tensors = dict(self._tensors)
+        for name, tensor in changes.items():
+            if tensor is None:
+                tensors.pop(name, None)
+            else:
+                tensors[name] = tensor
+        return WeightStore(self.path, tensors)
 
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors.values())

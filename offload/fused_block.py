@@ -132,6 +132,9 @@ single_query = fused_ops.attend_slots
 
 
 def applies(block: Block) -> bool:
-    """The fused forward needs a fused q/k/v projection, CPU tensors and the C++ kernels."""
-    return block.attn.wqkv is not None and block.attn_norm.device.type == "cpu" and \
-        fused_ops.available()
+    """The fused forward needs a fused q/k/v projection, CPU tensors and the C++ kernels.
+    Its attention_step has no q/k/v biases (Qwen 2) or soft-capped scores (Gemma 2): such
+    blocks keep the reference forward (on the same Q8_0 projections)."""
+    cfg = block.cfg
+    return (block.attn.wqkv is not None and block.attn_norm.device.type == "cpu"
+            and not cfg.qkv_bias and not cfg.attn_softcap and fused_ops.available())

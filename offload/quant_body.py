@@ -46,17 +46,23 @@ def _part_rows(weight: torch.Tensor, stored) -> torch.Tensor:
 
 class BlockProjection(nn.Module):
     """x (T, in) -> (T, out) from Q8_0 rows. `source`: the float32 Projection it replaces;
-    `rows`: its rows when already made (a slice of a fused projection's)."""
+    `rows`: its rows when already made (a slice of a fused projection's); `bias` (out,), when
+    given or the source has one."""
 
-    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None):
+    def __init__(self, source: Projection | None, rows: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None):
         super().__init__()
         object.__setattr__(self, "source", source)  # not a submodule: `.to()` leaves it alone
         if rows is None:
             rows = _block_rows([source.weight], [source.stored])
+        if bias is None and source is not None:
+            bias = source.bias
         self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return q8_matmul.q8_0_matmul(x, self.rows)
+        y = q8_matmul.q8_0_matmul(x, self.rows)
+        return y if self.bias is None else y + self.bias
 
 
 class BlockFeedForward(nn.Module):
@@ -128,7 +134,8 @@ def _fuse_qkv(attn) -> None:
     if attn.wqkv is not None or any(type(p) is not Projection or not _fits(p.weight) for p in parts):
         return
     rows = _block_rows([p.weight for p in parts], [p.stored for p in parts])
-    attn.wqkv = BlockProjection(None, rows)
+    bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+    attn.wqkv = BlockProjection(None, rows, bias)
     first = 0
     for name, proj, size in zip(("wq", "wk", "wv"), parts, attn.qkv_sizes):
         setattr(attn, name, BlockProjection(proj, rows[first:first + size]))

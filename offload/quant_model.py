@@ -28,7 +28,7 @@ from ember.models.config import ModelConfig
 from ember.models.kv import ContiguousKVCache, KVCache
 from ember.models.loader import ModelSource
 from ember.models.quants import type_name
-from ember.models.rotary import Rotary
+from ember.models.rotary import layer_rotaries
 from ember.models.transformer import softcap
 from ember.models.tree_rows import TreeRows, tree_positions
 from ember.models.weights import QTensor, WeightStore
@@ -122,13 +122,8 @@ class QuantModel:
         self.head = BlockLMHead(readable(w, head, (cfg.vocab_size, h), self.derived),
                                 cfg.final_logit_softcap)
         self.output_norm = w.load("output_norm.weight", (h,))
-        rotaries: dict[float, Rotary] = {}
-        self.rotary, self.windows = [], []
-        for i in range(cfg.n_layers):
-            base = cfg.layer_rope_base(i)
-            self.rotary.append(rotaries.setdefault(
-                base, Rotary(cfg.head_dim, base, cfg.rope_scale, cfg.rope_interleaved)))
-            self.windows.append(cfg.window(i))
+        self.rotary = layer_rotaries(cfg)
+        self.windows = [cfg.window(i) for i in range(cfg.n_layers)]
         self.layers = [self._layer(w, i) for i in range(cfg.n_layers)]
         self._run = decoder_step.decoder_step(self.layers)
         if self.derived:
@@ -170,10 +165,14 @@ class QuantModel:
         def matrix(name: str, out_features: int, in_features: int) -> QTensor:
             return readable(w, p + name, (out_features, in_features), self.derived)
 
-        def norm(name: str, n: int) -> torch.Tensor:
+        def norm(name: str, n: int) -> torch.Tensor:  # (also the 1-D biases)
             return w.load(p + name, (n,))
 
-        f = cfg.ffn_size
+        f, kv = cfg.ffn_size, cfg.n_kv_heads * hd
+        bias = None
+        if cfg.qkv_bias:  # one vector for the q, k and v outputs side by side
+            bias = torch.cat([norm("attn_q.bias", cfg.n_heads * hd), norm("attn_k.bias", kv),
+                              norm("attn_v.bias", kv)])
         gate_up = [matrix("ffn_gate.weight", f, h)] if cfg.gated else []
         gate_up.append(matrix("ffn_up.weight", f, h))
         return decoder_step.DecoderLayer(
@@ -190,7 +189,8 @@ class QuantModel:
             ffn_norm=norm("ffn_norm.weight", h),
             gate_up=gate_up, down=matrix("ffn_down.weight", h, f), activation=cfg.activation,
             post_ffn_norm=norm("post_ffw_norm.weight", h) if cfg.sandwich_norms else None,
-            eps=cfg.rms_eps, scale=cfg.scale)
+            eps=cfg.rms_eps, scale=cfg.scale, qkv_bias=bias,
+            attn_softcap=cfg.attn_softcap or 0.0)
 
     # -- the runner's interface ------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

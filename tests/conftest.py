@@ -31,6 +31,19 @@ def tiny_models(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    """name -> (config, weights, gguf path) for each of synthetic.FAMILY_CONFIGS (Llama 3
+    RoPE scaling, Qwen 2, Qwen 3, Gemma 2, Phi-3), F32 tensors."""
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for seed, name in enumerate(synthetic.FAMILY_CONFIGS, start=100):
+        cfg = synthetic.tiny_config(name)
+        weights = synthetic.tiny_weights(cfg, seed=seed)
+        out[name] = (cfg, weights, synthetic.write_gguf(root / f"{name}.gguf", cfg, weights))
+    return out
+
+
 def q4_k_m_mix(name: str) -> int:
     """A Q4_K_M-style mix: Q6_K for the output matrix, V and down projections, Q4_K elsewhere
     (real files alternate V/down between the two by layer; both types are what matters)."""

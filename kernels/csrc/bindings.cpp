@@ -24,7 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
         py::arg("interleaved"), py::arg("eps"));
   m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
-        py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"));
+        py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"),
+        py::arg("softcap") = 0.0);
   m.def("attention_step", &attention_step, "one row's attention sub-layer",
         py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
         py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
@@ -76,7 +77,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("q_norm"), py::arg("k_norm"), py::arg("interleaved"), py::arg("wo"),
            py::arg("wo_type"), py::arg("post_attn_norm"), py::arg("ffn_norm"),
            py::arg("gate_up"), py::arg("gate_up_types"), py::arg("down"), py::arg("down_type"),
-           py::arg("activation"), py::arg("post_ffn_norm"), py::arg("eps"), py::arg("scale"))
+           py::arg("activation"), py::arg("post_ffn_norm"), py::arg("eps"), py::arg("scale"),
+           py::arg("qkv_bias"), py::arg("attn_softcap"))
       .def("run", &DecoderStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
            py::arg("slots"), py::arg("cos"), py::arg("sin"),
            py::call_guard<py::gil_scoped_release>())

@@ -38,14 +38,16 @@ void DecoderStep::add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
                             at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
                             std::vector<int64_t> gate_up_types, at::Tensor down,
                             int64_t down_type, std::string activation,
-                            c10::optional<at::Tensor> post_ffn_norm, double eps, double scale) {
+                            c10::optional<at::Tensor> post_ffn_norm, double eps, double scale,
+                            c10::optional<at::Tensor> qkv_bias, double attn_softcap) {
     TORCH_CHECK(qkv.size() == 3 && qkv_types.size() == 3, "q, k and v: three weights");
     TORCH_CHECK(!gate_up.empty() && gate_up.size() == gate_up_types.size(),
                 "gate/up weights and types must pair up");
     layers_.push_back(Layer{attn_norm, std::move(qkv), std::move(qkv_types), n_heads, n_kv,
                             head_dim, q_norm, k_norm, interleaved, wo, wo_type, post_attn_norm,
                             ffn_norm, std::move(gate_up), std::move(gate_up_types), down,
-                            down_type, std::move(activation), post_ffn_norm, eps, scale});
+                            down_type, std::move(activation), post_ffn_norm, eps, scale,
+                            qkv_bias, attn_softcap});
 }
 
 // h = rms_norm(x); qkv = h @ [Wq Wk Wv]; q/k norm + rotary; every row's K/V stored at the
@@ -77,6 +79,7 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
     }
     auto h = rms_norm(x, l.attn_norm, l.eps);
     auto qkv = l.sparse[0].on() ? l.sparse[0](h) : block_matmul(h, l.qkv, l.qkv_types);
+    if (l.qkv_bias) qkv.add_(*l.qkv_bias);
     qk_norm_rope_(qkv, l.n_heads, l.n_kv, hd, l.q_norm, l.k_norm, cos, sin, l.interleaved,
                   l.eps);
     const int64_t width = qkv.size(1), kv = l.n_kv * hd, q_cols = l.n_heads * hd;
@@ -95,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
     for (int64_t t = 0; t < T; ++t) {
         auto q = qkv.select(0, t).narrow(0, 0, q_cols).view({l.n_heads, hd});
         attend_slots_into(q, k_pool, v_pool, read_slots[t], l.scale,
-                          o.data_ptr<float>() + t * q_cols);
+                          o.data_ptr<float>() + t * q_cols, l.attn_softcap);
     }
     auto a = l.sparse[1].on() ? l.sparse[1](o) : block_matmul(o, {l.wo}, {l.wo_type});
     return residual_norm(x, a, l.post_attn_norm, l.ffn_norm, l.eps);

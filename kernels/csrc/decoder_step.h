@@ -19,7 +19,8 @@ class DecoderStep {
   public:
     // One layer's fixed arguments, in order (kernels/decoder_step.py's DecoderLayer): each
     // weight as (rows, row_bytes) uint8 in its GGML type; q, k and v side by side in one
-    // call, gate and up likewise (gated activations; `up` alone otherwise).
+    // call, gate and up likewise (gated activations; `up` alone otherwise). qkv_bias: added to
+    // the q, k and v outputs (Qwen 2); attn_softcap > 0: soft-capped scores (Gemma 2).
     void add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
                    std::vector<int64_t> qkv_types, int64_t n_heads, int64_t n_kv,
                    int64_t head_dim, c10::optional<at::Tensor> q_norm,
@@ -28,7 +29,7 @@ class DecoderStep {
                    at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
                    std::vector<int64_t> gate_up_types, at::Tensor down, int64_t down_type,
                    std::string activation, c10::optional<at::Tensor> post_ffn_norm, double eps,
-                   double scale);
+                   double scale, c10::optional<at::Tensor> qkv_bias, double attn_softcap);
     // x (T, hidden) through every layer. Per layer: for each row the pool slots it reads (its
     // own, where its K/V are written before any row attends, last), and the rows' rotary
     // cos/sin (T, head_dim / 2).
@@ -69,6 +70,8 @@ class DecoderStep {
         std::string activation;
         c10::optional<at::Tensor> post_ffn_norm;
         double eps, scale;
+        c10::optional<at::Tensor> qkv_bias;
+        double attn_softcap;
         InputSparseMatmul sparse[4];  // per slot; unset: dense on the file's blocks
     };
     std::tuple<at::Tensor, at::Tensor> attention(const Layer& l, const at::Tensor& x,

@@ -183,7 +183,7 @@ namespace {
 // attend_slots_into's work on pools of T (float or half), arguments checked.
 template <class T>
 void attend(const float* qp, const T* kp, const T* vp, const int64_t* sp, int64_t S, int64_t nh,
-            int64_t nkv, int64_t hd, double scale, float* op) {
+            int64_t nkv, int64_t hd, double scale, double softcap, float* op) {
     const int64_t group = nh / nkv, row = nkv * hd;  // a slot's K (or V): all KV heads
     // Query heads in parallel (they share nothing but the key/value rows they read). Slots are
     // the outer loop: each slot's K (then V) row is read once, front to back, for all of the
@@ -229,6 +229,10 @@ void attend(const float* qp, const T* kp, const T* vp, const int64_t* sp, int64_
             for (int64_t h = h0; h < h1; ++h)
                 scores[(h - h0) * S + s] = ember_attention::score1(qp + h * hd, kr + kv_off[h - h0], hd, sc);
         }
+        if (softcap > 0) {  // Gemma 2's soft-capped scores, each alone (batch invariance)
+            const float cap = (float)softcap;
+            for (float& x : scores) x = cap * std::tanh(x / cap);
+        }
         for (int64_t i = 0; i < n; ++i) {
             float* si = scores.data() + i * S;
             const float m = *std::max_element(si, si + S);
@@ -264,7 +268,7 @@ void attend(const float* qp, const T* kp, const T* vp, const int64_t* sp, int64_
 // attend_slots, writing its (n_heads * hd) result at `op` (an attention step's output row).
 // Pools are float32 or float16 (the file-blocks runtime's), converted to float on load.
 void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                       const at::Tensor& slots, double scale, float* op) {
+                       const at::Tensor& slots, double scale, float* op, double softcap) {
     TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
                 "q must be a contiguous float32 (n_heads, head_dim) tensor");
     TORCH_CHECK(k_pool.dim() == 3 &&
@@ -285,16 +289,17 @@ void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::
     for (int64_t s = 0; s < S; ++s) TORCH_CHECK_INDEX(sp[s] >= 0 && sp[s] < P, "slot out of range");
     if (k_pool.scalar_type() == at::kHalf)
         attend<ember_attention::half_t>(q.data_ptr<float>(), k_pool.data_ptr<at::Half>(),
-                                        v_pool.data_ptr<at::Half>(), sp, S, nh, nkv, hd, scale, op);
+                                        v_pool.data_ptr<at::Half>(), sp, S, nh, nkv, hd, scale,
+                                        softcap, op);
     else
         attend<float>(q.data_ptr<float>(), k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), sp,
-                      S, nh, nkv, hd, scale, op);
+                      S, nh, nkv, hd, scale, softcap, op);
 }
 
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
-                        double scale) {
+                        double scale, double softcap) {
     auto out = at::empty({1, q.numel()}, q.options());
-    attend_slots_into(q, k_pool, v_pool, slots, scale, out.data_ptr<float>());
+    attend_slots_into(q, k_pool, v_pool, slots, scale, out.data_ptr<float>(), softcap);
     return out;
 }
 

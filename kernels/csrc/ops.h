@@ -29,10 +29,11 @@ std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
 void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
                    c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
                    at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
+// softcap > 0 (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap).
 at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
-                        double scale);
+                        double scale, double softcap = 0.0);
 void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                       const at::Tensor& slots, double scale, float* out);
+                       const at::Tensor& slots, double scale, float* out, double softcap = 0.0);
 at::Tensor ffn_activation(const std::string& kind, const at::Tensor& gate, const at::Tensor& up);
 std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
