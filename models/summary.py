@@ -19,6 +19,12 @@ def part_of(name: str) -> str:
     return "norms"
 
 
+def _rope_scaling(cfg) -> str | None:
+    if cfg.rope_factors:
+        return f"per-frequency factors {min(cfg.rope_factors):g}..{max(cfg.rope_factors):g}"
+    return f"linear x{cfg.rope_scale:g}" if cfg.rope_scale != 1.0 else None
+
+
 def summarize(src: ModelSource, n_ctx: int) -> dict:
     cfg, w = src.config, src.weights
     stored = Counter()
@@ -52,6 +58,13 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
         "sliding_window": sorted({x for x in cfg.sliding_window if x}) or None,
         "global_layers": [i for i, x in enumerate(cfg.sliding_window) if x is None] or None,
         "tied_embeddings": cfg.tied_embeddings,
+        "rope": {"base": cfg.rope_base, "scaling": _rope_scaling(cfg),
+                 "layout": "pairs" if cfg.rope_interleaved else "halves"},
+        # What sets the family apart, each None/False when absent.
+        "qkv_bias": cfg.qkv_bias,
+        "qk_norm": cfg.qk_norm,
+        "attn_softcap": cfg.attn_softcap,
+        "final_logit_softcap": cfg.final_logit_softcap,
         "quant_types": dict(quant_types),
         # Bytes as stored in the file; a tied LM head reads the embedding matrix.
         "stored_bytes": dict(stored),

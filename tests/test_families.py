@@ -190,3 +190,140 @@ def test_greedy_decoding_agrees_with_llama_cpp(family_models, name):
     lost = theirs.max(-1).values - chosen
     assert bool((lost <= 2 * MAX_DELTA).all()), lost
     assert int((lost == 0).sum()) >= n - 2  # near-ties are rare
+
+
+# -- the hybrid split, the sparse FFN, speculation (through the paged K/V cache) -------------
+
+@needs_native
+@pytest.mark.parametrize("name", FAMILIES)
+def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_models, name,
+                                                                     tmp_path):
+    """On each family: a hybrid split (hot rows on the GPU tier, here the CPU), a sparse
+    engine whose predictors call every neuron active, and self-speculation on top of the
+    split all decode the dense engine's greedy tokens; a split's logits stay within float
+    rounding of the dense engine's."""
+    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.sampler import GREEDY
+    from ember.offload.memory_plan import workspace_bytes
+    from tests.test_hybrid_file_blocks import _profile
+
+    loaded = load_model(family_models[name][2])
+    cfg = loaded.config
+    # A GPU tier with the working space and about a third of the FFN neurons (fp32 rows).
+    budget = workspace_bytes(cfg) + cfg.n_layers * (cfg.ffn_size // 3) * 3 * cfg.hidden_size * 4
+    every = _profile(loaded, -1e30).save(tmp_path / "every.safetensors")
+    prompt = PROMPTS[0] + PROMPTS[0][1:]  # repeats: drafters find drafts
+
+    def greedy(engine):
+        return engine.generate(prompt, sampling=GREEDY, max_tokens=10,
+                               ignore_eos=True).token_ids
+
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
+    want, want_logits = greedy(dense), _logits(dense.model, PROMPTS[1])
+    variants = {"split": dict(gpu_budget=budget, cold_dtype="fp32"),
+                "sparse": dict(profile=str(every), gpu_budget=budget, cold_dtype="fp32"),
+                "speculative split": dict(gpu_budget=budget, cold_dtype="fp32",
+                                          speculate="self")}
+    try:
+        for what, extra in variants.items():
+            engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, **extra))
+            try:
+                assert engine.model.ffns is not None, what
+                assert 0 < engine.hybrid_report()["hot_fraction"] < 1, what
+                assert greedy(engine) == want, what
+                torch.testing.assert_close(_logits(engine.model, PROMPTS[1]), want_logits,
+                                           rtol=1e-4, atol=1e-4)
+                if extra.get("speculate"):
+                    assert engine.speculation["verifications"] > 0
+            finally:
+                engine.close()
+    finally:
+        dense.close()
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_ember_info_and_generate_run_each_family(family_models, name, capsys):
+    import json
+
+    from ember.app.cli import main
+
+    cfg, _, path = family_models[name]
+    assert main(["info", "--model", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == cfg.architecture and info["layers"] == cfg.n_layers
+    assert info["qkv_bias"] == cfg.qkv_bias and info["qk_norm"] == cfg.qk_norm
+    assert info["attn_softcap"] == cfg.attn_softcap
+    assert (info["rope"]["scaling"] is not None) == bool(cfg.rope_factors)
+    assert main(["info", "--model", str(path)]) == 0
+    assert cfg.architecture in capsys.readouterr().out
+    assert main(["generate", "the cat", "--model", str(path), "--temperature", "0",
+                 "--max-tokens", "6", "--json", "--ignore-eos"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["token_ids"]) == 6 and result["finish_reason"] == "length"
+
+
+# -- what is refused, by name ----------------------------------------------------------------
+
+def _rewrite(tmp_path, name: str, family_models, **changes):
+    """The family's tiny file written again with config `changes` and `tensors` added (or
+    dropped: None)."""
+    from dataclasses import replace
+
+    cfg, weights, _ = family_models[name]
+    tensors = changes.pop("tensors", {})
+    kept = {k: v for k, v in weights.items() if tensors.get(k, v) is not None}
+    tensors = {k: v for k, v in tensors.items() if v is not None}
+    return synthetic.write_gguf(tmp_path / f"{name}.gguf", replace(cfg, **changes),
+                                {**kept, **tensors})
+
+
+def test_phi3_longrope_files_are_refused(family_models, tmp_path):
+    from ember.models.errors import ModelFormatError
+
+    path = _rewrite(tmp_path, "phi3", family_models,
+                    tensors={"rope_factors_long.weight": torch.ones(8)})
+    with pytest.raises(ModelFormatError, match="LongRoPE"):
+        open_model(path)
+
+
+def test_a_qwen2_file_without_its_biases_is_refused(family_models, tmp_path):
+    from ember.models.errors import ModelFormatError
+
+    biases = {f"blk.{i}.attn_{x}.bias": None for i in range(3) for x in "qkv"}
+    path = _rewrite(tmp_path, "qwen2", family_models, tensors=biases)
+    with pytest.raises(ModelFormatError, match="attn_q.bias' is missing"):
+        open_model(path)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("rope.scaling.type", "yarn", "RoPE scaling 'yarn'"),
+    ("rope.dimension_count", 8, "RoPE on part of each 16-value head"),
+])
+def test_rope_variants_ember_does_not_compute_are_refused(family_models, tmp_path, key, value,
+                                                          message):
+    import gguf
+
+    from ember.models.errors import ModelFormatError
+
+    src = family_models["qwen2"][2]
+    reader = gguf.GGUFReader(src)
+    path = tmp_path / "patched.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture",
+                                                             f"qwen2.{key}"):
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0],
+                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY
+                             else None)
+    (writer.add_string if isinstance(value, str) else writer.add_uint32)(f"qwen2.{key}", value)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFormatError, match=message):
+        open_model(path)

@@ -32,6 +32,11 @@ def run(args) -> int:
     print(f"  attention       {s['heads']} heads, {s['kv_heads']} KV heads, head dim {s['head_dim']}"
           + (f", window {s['sliding_window']}, global layers {s['global_layers']}"
              if s["sliding_window"] else ""))
+    print(f"  rope            base {s['rope']['base']:g}, {s['rope']['layout']}"
+          + (f", {s['rope']['scaling']}" if s["rope"]["scaling"] else ""))
+    extras = _family_features(s)
+    if extras:
+        print(f"  also            {extras}")
     print(f"  vocabulary      {s['vocab_size']:,}" + ("  (tied LM head)" if s["tied_embeddings"] else ""))
     print(f"  context         {s['context_length']:,} tokens")
     chat = s["chat_format"]
@@ -64,6 +69,16 @@ def _weights_in(source) -> str:
     from ember.offload.resources import reads_weights_into_ram
 
     return "ram" if reads_weights_into_ram(source, EngineOptions(), torch.device("cpu")) else "mmap"
+
+
+def _family_features(s: dict) -> str:
+    """The switches that set a family apart (Qwen's biases or q/k norms, Gemma's caps)."""
+    parts = ["q/k/v biases"] * s["qkv_bias"] + ["q/k norms"] * s["qk_norm"]
+    if s["attn_softcap"]:
+        parts.append(f"attention scores capped at {s['attn_softcap']:g}")
+    if s["final_logit_softcap"]:
+        parts.append(f"logits capped at {s['final_logit_softcap']:g}")
+    return ", ".join(parts)
 
 
 def _chat_formats(source) -> dict:
