@@ -225,7 +225,9 @@ def _add_vocab(writer) -> None:
     writer.add_add_space_prefix(False)
 
 
-_HF_TYPES = {"gemma3": "gemma3_text", "llama": "llama"}
+_HF_TYPES = {"gemma3": "gemma3_text", "llama": "llama", "gemma2": "gemma2", "phi3": "phi3",
+             "qwen2": "qwen2", "qwen3": "qwen3"}
+_GEMMA = ("gemma2", "gemma3")
 
 
 def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Path:
@@ -238,6 +240,8 @@ def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     family = registry.family_for_hf(_HF_TYPES[cfg.architecture], folder)
+    if cfg.architecture == "phi3":  # qkv_proj and gate_up_proj, as Phi-3 checkpoints have them
+        weights = _fuse_phi3(cfg, weights)
     hf_names = {}
     for hf_name in _hf_candidate_names(cfg):
         canonical = family.hf_tensor_name(hf_name)
@@ -245,7 +249,7 @@ def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
             hf_names[canonical] = hf_name
     tensors = {}
     for name, tensor in weights.items():
-        if cfg.architecture == "gemma3" and name.endswith("norm.weight"):
+        if cfg.architecture in _GEMMA and name.endswith("norm.weight"):
             tensor = tensor - 1.0  # HF Gemma stores w, the model multiplies by 1 + w
         tensors[hf_names[name]] = tensor.contiguous()
     save_file(tensors, str(folder / "model.safetensors"))
@@ -263,9 +267,12 @@ def _hf_candidate_names(cfg: ModelConfig) -> list[str]:
     per_layer = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj",
                  "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                 # Phi-3's fused projections (after up_proj: they win where both map)
+                 "self_attn.qkv_proj", "mlp.gate_up_proj"]
     for i in range(cfg.n_layers):
         names += [f"model.layers.{i}.{n}.weight" for n in per_layer]
+        names += [f"model.layers.{i}.self_attn.{x}_proj.bias" for x in "qkv"]
     return names
 
 
@@ -284,11 +291,24 @@ def _hf_config(cfg: ModelConfig) -> dict:
         "rope_theta": cfg.rope_base,
         "tie_word_embeddings": cfg.tied_embeddings,
     }
+    windows = [x for x in cfg.sliding_window if x]
     if cfg.architecture == "gemma3":
-        windows = [x for x in cfg.sliding_window if x]
         c.update(rope_local_base_freq=cfg.local_rope_base, sliding_window=windows[0],
                  query_pre_attn_scalar=cfg.scale ** -2, hidden_activation="gelu_pytorch_tanh")
+    elif cfg.architecture == "gemma2":
+        c.update(sliding_window=windows[0], query_pre_attn_scalar=cfg.scale ** -2,
+                 attn_logit_softcapping=cfg.attn_softcap,
+                 final_logit_softcapping=cfg.final_logit_softcap,
+                 hidden_activation="gelu_pytorch_tanh")
+    elif cfg.architecture != "llama":
+        c.update(hidden_act="silu")
     else:
         c.update(hidden_act={"silu_glu": "silu"}.get(cfg.activation, "relu"),
                  ffn_activation=cfg.activation)
+    if cfg.rope_factors:  # the tiny Llama 3's (FAMILY_CONFIGS): config.json's form of them
+        s = LLAMA3_SCALING
+        c["rope_scaling"] = {"rope_type": "llama3", "factor": s["factor"],
+                             "low_freq_factor": s["low_freq_factor"],
+                             "high_freq_factor": s["high_freq_factor"],
+                             "original_max_position_embeddings": s["original_context"]}
     return c

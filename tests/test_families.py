@@ -327,3 +327,19 @@ def test_rope_variants_ember_does_not_compute_are_refused(family_models, tmp_pat
     writer.close()
     with pytest.raises(ModelFormatError, match=message):
         open_model(path)
+
+
+# -- Hugging Face folders ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_hugging_face_folder_gives_the_gguf_files_logits(family_models, name, tmp_path):
+    """The same weights written as config.json + safetensors (HF names, q/k rows unpermuted,
+    Gemma norms as w, Phi-3's qkv_proj/gate_up_proj, Llama 3's rope_scaling dict) run the
+    same function as the GGUF file."""
+    cfg, weights, path = family_models[name]
+    folder = synthetic.write_hf(tmp_path / name, cfg, weights)
+    hf, gg = load_model(folder), load_model(path)
+    assert hf.config.architecture == cfg.architecture
+    assert hf.config.rope_factors == pytest.approx(cfg.rope_factors, rel=1e-6)
+    torch.testing.assert_close(_logits(hf.model, PROMPTS[1]), _logits(gg.model, PROMPTS[1]),
+                               rtol=1e-4, atol=1e-4)
