@@ -48,10 +48,17 @@ def config_from_hf(c: HFConfig) -> ModelConfig:
     return ModelConfig(
         architecture="gemma2",
         attn_scale=scalar ** -0.5,
-        attn_softcap=c.field("attn_logit_softcapping", float, None),
-        final_logit_softcap=c.field("final_logit_softcapping", float, None),
+        attn_softcap=_hf_cap(c, "attn_logit_softcapping", ATTN_SOFTCAP),
+        final_logit_softcap=_hf_cap(c, "final_logit_softcapping", FINAL_SOFTCAP),
         **_gemma2_fields(common, c.field("sliding_window", int, WINDOW)),
     )
+
+
+def _hf_cap(c: HFConfig, key: str, default: float) -> float | None:
+    """A cap from config.json: absent means transformers' Gemma2Config default, null none."""
+    if key in c.data and c.data[key] is None:
+        return None
+    return c.field(key, float, default)
 
 
 def _gemma2_fields(common: dict, window: int) -> dict:

@@ -55,6 +55,30 @@ def test_llama3_factors_cover_all_three_bands(family_models):
     assert any(1.0 < f < 8.0 for f in factors)
 
 
+def test_llama3_factors_are_transformers_frequencies():
+    """The divisors against transformers' own formulation (its rope_type "llama3" init):
+    scaled inverse frequencies, the band between blended linearly in the inverse frequency,
+    for Llama 3.1 8B's numbers."""
+    import math
+
+    from ember.models.rotary import llama3_rope_factors
+
+    hd, base, factor, low, high, original = 128, 500_000.0, 8.0, 1.0, 4.0, 8192
+    inv = [base ** (-i / hd) for i in range(0, hd, 2)]
+    scaled = []
+    for f in inv:
+        wavelength = 2 * math.pi / f
+        if wavelength < original / high:
+            scaled.append(f)
+        elif wavelength > original / low:
+            scaled.append(f / factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            scaled.append((1 - smooth) * f / factor + smooth * f)
+    want = [f / s for f, s in zip(inv, scaled)]
+    assert llama3_rope_factors(hd, base, factor, low, high, original) == pytest.approx(want)
+
+
 @needs_native
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_file_blocks_runtime_matches_the_reference(family_models, name):
