@@ -259,8 +259,8 @@ def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_mod
                                                                      tmp_path):
     """On each family: a hybrid split (hot rows on the GPU tier, here the CPU), a sparse
     engine whose predictors call every neuron active, and self-speculation on top of the
-    split all decode the dense engine's greedy tokens; a split's logits stay within float
-    rounding of the dense engine's."""
+    split all decode the dense engine's greedy tokens; a split's logits stay within the GPU
+    tier's rounding of the dense engine's."""
     from ember.offload.engine import Engine, EngineOptions
     from ember.offload.sampler import GREEDY
     from ember.offload.memory_plan import workspace_bytes
@@ -290,8 +290,10 @@ def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_mod
                 assert engine.model.ffns is not None, what
                 assert 0 < engine.hybrid_report()["hot_fraction"] < 1, what
                 assert greedy(engine) == want, what
+                # The GPU tier keeps hot rows in the file's precision class (fp16 for an F32
+                # file, issue 17): measured up to 0.005 off the dense engine here.
                 torch.testing.assert_close(_logits(engine.model, PROMPTS[1]), want_logits,
-                                           rtol=1e-4, atol=1e-4)
+                                           rtol=0.02, atol=0.02)
                 if extra.get("speculate"):
                     assert engine.speculation["verifications"] > 0
             finally:
