@@ -122,7 +122,7 @@ class WeightStore:
                 tensors.pop(name, None)
             else:
                 tensors[name] = tensor
-        return WeightStore(self.path, tensors)
+        return WeightStore(self.path, tensors, in_ram=self.in_ram)
 
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors.values())

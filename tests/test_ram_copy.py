@@ -99,3 +99,14 @@ def test_auto_copies_a_file_that_fits_easily_and_maps_one_that_does_not(tiny_q4_
 def test_an_unknown_mmap_choice_is_refused():
     with pytest.raises(ConfigError, match="unknown --mmap 'no'"):
         EngineOptions(mmap="no")
+
+
+def test_a_store_with_tensors_replaced_still_says_where_its_bytes_live(tiny_q4_k_m):
+    """Phi-3's fused tensors are split into views by `replaced`: still the RAM copy's bytes."""
+    from ember.models.weights import WeightStore
+
+    f = GGUFFile(tiny_q4_k_m[2])
+    f.read_into_ram()
+    store = WeightStore.from_gguf(f)
+    first = store.names()[0]
+    assert store.replaced({first: None}).in_ram
