@@ -18,7 +18,7 @@ from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
 from .hf_config import HFConfig
 from .registry import family_for_gguf, family_for_hf
-from .tokenizer import Tokenizer, VocabSpec, default_cache_path
+from .tokenizer import Tokenizer, VocabSpec, tokenizer_cache_path
 from .transformer import Transformer
 from .weights import WeightStore
 
@@ -151,7 +151,7 @@ def _open_gguf(path: Path) -> ModelSource:
     spec = vocab_spec_from_gguf(f)
     config = _checked_config(path, lambda: family.config_from_gguf(f, vocab_size=len(spec.tokens)))
     fingerprint = file_fingerprint(path)
-    tokenizer = Tokenizer.from_vocab(spec, cache_path=default_cache_path(path, spec.fingerprint))
+    tokenizer = Tokenizer.from_vocab(spec, cache_path=tokenizer_cache_path(fingerprint))
     template = f.field("tokenizer.chat_template", str, None)
     return ModelSource(path, "gguf", config, WeightStore.from_gguf(f), tokenizer, template,
                        fingerprint)

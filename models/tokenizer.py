@@ -24,7 +24,6 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from .atomic import atomic_write_bytes
 from .errors import ModelFormatError, UnsupportedModelError
+from .user_dirs import cache_dir
 
 # Bump when the conversion changes, so caches written by older code are rebuilt.
 CONVERTER_VERSION = 2
@@ -95,14 +95,11 @@ class VocabSpec:
         return h.hexdigest()
 
 
-def default_cache_path(model_path: Path, fingerprint: str) -> Path:
-    """`<model file>.<fp12>.tokenizer.json` beside the model, else under $XDG_CACHE_HOME."""
-    model_path = Path(model_path)
-    name = f"{model_path.name}.{fingerprint[:12]}.tokenizer.json"
-    if os.access(model_path.parent, os.W_OK):
-        return model_path.parent / name
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "ember" / "tokenizers" / name
+def tokenizer_cache_path(model_fingerprint: str) -> Path:
+    """Where the converted tokenizer of the model with this fingerprint is cached: under the
+    user's cache directory, never beside the model (its folder may be read-only). The sidecar
+    `.meta` records the vocabulary's own fingerprint, so a stale entry is rebuilt."""
+    return cache_dir() / "tokenizers" / f"{model_fingerprint[:24]}.tokenizer.json"
 
 
 # ----------------------------------------------------------------- conversion

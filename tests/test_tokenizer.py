@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from ember.models.errors import UnsupportedModelError
-from ember.models.tokenizer import (StreamDecoder, Tokenizer, VocabSpec, _byte_level_chars,
-                                    default_cache_path)
+from ember.models.tokenizer import StreamDecoder, Tokenizer, VocabSpec, _byte_level_chars
 
 FIXTURE = Path(__file__).parent / "data" / "gemma3_tokenize_fixture.json"
 CONTROL, UNKNOWN, USER, BYTE = 3, 2, 4, 6
@@ -177,16 +176,6 @@ def test_unwritable_cache_is_not_an_error(tmp_path):
     blocker.write_text("x")
     tok = Tokenizer.from_vocab(tiny_spm_spec(), blocker / "sub" / "tok.json")
     assert tok.decode(tok.encode("abcd")) == "abcd"
-
-
-def test_default_cache_path(tmp_path, monkeypatch):
-    fp = "0123456789abcdef" * 4
-    model = tmp_path / "m.gguf"
-    assert default_cache_path(model, fp) == tmp_path / "m.gguf.0123456789ab.tokenizer.json"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    away = tmp_path / "missing-dir" / "m.gguf"  # not writable (does not exist)
-    assert default_cache_path(away, fp) == (
-        tmp_path / "xdg" / "ember" / "tokenizers" / "m.gguf.0123456789ab.tokenizer.json")
 
 
 def test_from_tokenizer_json(tmp_path):
