@@ -17,6 +17,7 @@ from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
 from .hf_config import HFConfig
+from .pre_tokenizers import pre_tokenizer
 from .registry import family_for_gguf, family_for_hf
 from .tokenizer import Tokenizer, VocabSpec, tokenizer_cache_path
 from .transformer import Transformer
@@ -151,7 +152,7 @@ def _open_gguf(path: Path) -> ModelSource:
     spec = vocab_spec_from_gguf(f)
     config = _checked_config(path, lambda: family.config_from_gguf(f, vocab_size=len(spec.tokens)))
     fingerprint = file_fingerprint(path)
-    tokenizer = Tokenizer.from_vocab(spec, cache_path=tokenizer_cache_path(fingerprint))
+    tokenizer = Tokenizer.from_vocab(spec, cache_path=tokenizer_cache_path(fingerprint), source=path)
     template = f.field("tokenizer.chat_template", str, None)
     return ModelSource(path, "gguf", config, WeightStore.from_gguf(f), tokenizer, template,
                        fingerprint)
@@ -190,21 +191,31 @@ def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
             raise ModelFormatError(f.path, f"metadata '{t}{key}' = {value} is outside the vocabulary")
         ids[key] = value
     model = f.field(t + "model", str, "llama")
+    pre = f.field(t + "pre", str, None)
     return VocabSpec(
         tokens=tokens,
         scores=scores,
         token_types=types,
         model=model,
         merges=merges,
-        pre=f.field(t + "pre", str, None),
+        pre=pre,
         bos_id=ids["bos_token_id"],
         eos_id=ids["eos_token_id"],
         unk_id=ids["unknown_token_id"],
         pad_id=ids["padding_token_id"],
-        add_bos=f.field(t + "add_bos_token", bool, True),
+        add_bos=f.field(t + "add_bos_token", bool, _default_add_bos(model, pre)),
         # llama.cpp's default: SentencePiece vocabularies prefix a space unless told otherwise.
         add_space_prefix=f.field(t + "add_space_prefix", bool, model == "llama"),
     )
+
+
+def _default_add_bos(model: str, pre: str | None) -> bool:
+    """llama.cpp's default when the file has no add_bos_token: SentencePiece vocabularies add
+    BOS, byte-level ones only for the pre-tokenizers that say so (Llama 3's, Tekken)."""
+    if model != "gpt2":
+        return True
+    known = pre_tokenizer(pre)
+    return known is not None and known.add_bos
 
 
 def _open_hf_folder(folder: Path) -> ModelSource:

@@ -8,7 +8,7 @@ A GGUF file carries a vocabulary, not a tokenizer. We translate it once into a
   That is a BPE model whose merges are every (left, right) split of every token, ranked
   by the merged token's score; characters missing from the vocab fall back to <0xXX>.
 * "gpt2" vocabularies: byte-level BPE with the file's merges, split first by the
-  pre-tokenizer regexes llama.cpp uses for `tokenizer.ggml.pre`.
+  pre-tokenizer regexes llama.cpp uses for `tokenizer.ggml.pre` (models/pre_tokenizers.py).
 
 Special tokens are split out of the raw text first, as llama.cpp does: user-defined
 tokens always, control/unknown tokens only with parse_special=True. They are added
@@ -36,24 +36,17 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from .atomic import atomic_write_bytes
 from .errors import ModelFormatError, UnsupportedModelError
+from .pre_tokenizers import PRE_TOKENIZERS, pre_tokenizer
 from .user_dirs import cache_dir
 
 # Bump when the conversion changes, so caches written by older code are rebuilt.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _UNKNOWN_PIECE = "\u2585".encode()  # llama.cpp renders the unknown token as "▅"
 
-# The split regexes llama.cpp applies (one after another) for each `tokenizer.ggml.pre`.
-_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEFAULT_RES = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"]
-PRE_TOKENIZERS = {"default": _DEFAULT_RES, "gpt2": [_GPT2_RE], "gpt-2": [_GPT2_RE],
-                  "llama3": [_LLAMA3_RE], "llama-bpe": [_LLAMA3_RE], "llama-v3": [_LLAMA3_RE]}
-_IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3"}  # whole-word vocab hits skip merging
 # Last resort for tokenizer.json folders whose configs name no bos/eos.
 _USUAL_NAMES = {"bos": ["<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>"],
                 "eos": ["<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"]}
@@ -154,13 +147,14 @@ def _spm_tokenizer(spec: VocabSpec, kinds: list[int], vocab: dict[str, int]):
 
 
 def _byte_level_tokenizer(spec: VocabSpec, vocab: dict[str, int], source: str):
-    pre = spec.pre or "default"
-    if pre not in PRE_TOKENIZERS:
-        raise UnsupportedModelError(source, f"tokenizer.ggml.pre {pre!r} is not supported "
-                                    f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")
+    pre = pre_tokenizer(spec.pre)
+    if pre is None:
+        raise UnsupportedModelError(source, f"unknown pre-tokenizer {spec.pre!r} "
+                                    f"(tokenizer.ggml.pre); Ember reads llama.cpp's "
+                                    f"{len(PRE_TOKENIZERS)}, such as llama-bpe, qwen2, gpt-2")
     merges = [tuple(m.split(" ", 1)) for m in spec.merges or []]
-    hf = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
+    hf = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     hf.decoder = decoders.ByteLevel()

@@ -115,7 +115,7 @@ def test_add_bos_follows_the_model():
 
 # ------------------------------------------------------------ tiny byte-level BPE vocab
 
-def tiny_gpt2_spec(pre="gpt2") -> VocabSpec:
+def tiny_gpt2_spec(pre="gpt-2") -> VocabSpec:
     chars = sorted(_byte_level_chars(), key=lambda c: _byte_level_chars()[c])
     merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"]
     tokens = chars + [m.replace(" ", "") for m in merges] + ["<|bos|>", "<|eos|>"]
@@ -125,7 +125,7 @@ def tiny_gpt2_spec(pre="gpt2") -> VocabSpec:
                      pad_id=None, add_bos=True, add_space_prefix=False)
 
 
-@pytest.mark.parametrize("pre", ["gpt2", "default", "llama-bpe", "llama3"])
+@pytest.mark.parametrize("pre", ["gpt-2", "default", "llama-bpe", "llama3", "qwen2"])
 def test_gpt2_round_trip(pre):
     spec = tiny_gpt2_spec(pre)
     tok = Tokenizer.from_vocab(spec)
