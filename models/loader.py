@@ -23,11 +23,17 @@ from .tokenizer import Tokenizer, VocabSpec, tokenizer_cache_path
 from .transformer import Transformer
 from .weights import WeightStore
 
-# Control tokens that end an assistant turn in the chat formats Ember knows. A model that
-# starts a new turn has finished its own, so turn openers stop generation too (base models,
-# like the default Gemma 3 270M, readily write "<start_of_turn>user" in chat mode).
-END_OF_TURN_TOKENS = ("<end_of_turn>", "<start_of_turn>", "<|eot_id|>", "<|start_header_id|>",
-                      "<|im_end|>", "<|im_start|>", "<|end|>")
+# Tokens that end an assistant turn: those llama.cpp ends generation at (found by their text,
+# as it does: files rarely say), for Gemma, Llama 3 (<|eom_id|> after a tool call), ChatML
+# (Qwen), Phi-3, end-of-text markers, and EOS spellings llama.cpp stops at even where the
+# file's EOS is another token. A model that starts a new turn has finished its own,
+# so turn openers stop generation too (base models, like the default Gemma 3 270M, readily
+# write "<start_of_turn>user" in chat mode).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<start_of_turn>", "<|eot_id|>", "<|eom_id|>",
+                      "<|start_header_id|>", "<|im_end|>", "<|im_start|>", "<|end|>",
+                      "<|endoftext|>", "<|end_of_text|>", "<EOT>", "<eos>", "</s>")
+# Ids a GGUF file names besides EOS: end of turn, end of message (a tool call pending).
+_FILE_STOP_KEYS = ("eot_token_id", "eom_token_id")
 
 
 @dataclass
@@ -41,11 +47,14 @@ class ModelSource:
     tokenizer: Tokenizer
     chat_template: str | None
     fingerprint: str  # identifies the file's content (profile artifacts record it)
+    file_stop_ids: tuple[int, ...] = ()  # the file's own end-of-turn/message ids
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        """Token ids that end generation: EOS and any end-of-turn control token."""
+        """Token ids that end generation: EOS, the ids the file names, and any end-of-turn
+        token of the vocabulary."""
         ids = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
+        ids += self.file_stop_ids
         ids += [i for t in END_OF_TURN_TOKENS if (i := self.tokenizer.id_of(t)) is not None]
         return tuple(dict.fromkeys(ids))
 
@@ -155,7 +164,14 @@ def _open_gguf(path: Path) -> ModelSource:
     tokenizer = Tokenizer.from_vocab(spec, cache_path=tokenizer_cache_path(fingerprint), source=path)
     template = f.field("tokenizer.chat_template", str, None)
     return ModelSource(path, "gguf", config, WeightStore.from_gguf(f), tokenizer, template,
-                       fingerprint)
+                       fingerprint, _file_stop_ids(f, len(spec.tokens)))
+
+
+def _file_stop_ids(f: GGUFFile, n_tokens: int) -> tuple[int, ...]:
+    """tokenizer.ggml.eot_token_id / eom_token_id; one outside the vocabulary is ignored, as
+    llama.cpp ignores it (with a warning), rather than refusing a file that otherwise works."""
+    ids = (f.field(f"tokenizer.ggml.{key}", int, None) for key in _FILE_STOP_KEYS)
+    return tuple(i for i in ids if i is not None and 0 <= i < n_tokens)
 
 
 def _checked_config(path: Path, build) -> ModelConfig:
