@@ -222,7 +222,16 @@ def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
         add_bos=f.field(t + "add_bos_token", bool, _default_add_bos(model, pre)),
         # llama.cpp's default: SentencePiece vocabularies prefix a space unless told otherwise.
         add_space_prefix=f.field(t + "add_space_prefix", bool, model == "llama"),
+        rstrip_specials=_strips_after_specials(f.field("general.name", str, "")),
     )
+
+
+def _strips_after_specials(name: str) -> bool:
+    """llama.cpp makes special tokens swallow the whitespace after them ("<|user|>\\n" reads
+    as "<|user|>") for files whose general.name says Phi-3, as Phi-3's own tokenizer does;
+    GGUF has no per-token flag for it, so the name is all there is to go by."""
+    name = name.lower()
+    return "phi-3" in name or "phi3" in name
 
 
 def _default_add_bos(model: str, pre: str | None) -> bool:

@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-TYPE_NORMAL, TYPE_CONTROL, TYPE_USER_DEFINED = 1, 3, 4
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED = 1, 2, 3, 4
 
 # Control tokens of the chat formats Ember knows (ChatML, Llama 3, Phi-3, Gemma), so one
 # vocabulary serves every template test.
 CONTROL_TOKENS = ("<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                   "<|start_header_id|>", "<|end_header_id|>", "<|im_start|>", "<|im_end|>",
                   "<|user|>", "<|assistant|>", "<|system|>", "<|end|>", "<bos>", "<eos>",
-                  "<start_of_turn>", "<end_of_turn>")
+                  "<start_of_turn>", "<end_of_turn>", "<s>", "</s>")
 USER_DEFINED_TOKENS = ("<tool_call>",)
+UNKNOWN_TOKEN = "<unk>"
 
 
 @dataclass
@@ -66,7 +67,7 @@ def train_byte_level_vocab(texts: list[str], size: int = 2000) -> ByteLevelVocab
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(vocab_size=size, initial_alphabet=alphabet,
                                   min_frequency=1, show_progress=False)
-    specials = CONTROL_TOKENS + USER_DEFINED_TOKENS
+    specials = CONTROL_TOKENS + USER_DEFINED_TOKENS + (UNKNOWN_TOKEN,)
     # Special-token text is kept out of training: a learned token spelling one would be a
     # duplicate, which llama.cpp refuses.
     lines = [_without(line, specials) for text in texts for line in text.splitlines(keepends=True)]
@@ -77,7 +78,7 @@ def train_byte_level_vocab(texts: list[str], size: int = 2000) -> ByteLevelVocab
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     tokens += list(specials)
     types = ([TYPE_NORMAL] * len(by_id) + [TYPE_CONTROL] * len(CONTROL_TOKENS)
-             + [TYPE_USER_DEFINED] * len(USER_DEFINED_TOKENS))
+             + [TYPE_USER_DEFINED] * len(USER_DEFINED_TOKENS) + [TYPE_UNKNOWN])
     return ByteLevelVocab(tokens, types, merges)
 
 
@@ -88,12 +89,14 @@ def _without(text: str, words) -> str:
 
 
 def write_vocab_gguf(path, vocab: ByteLevelVocab, architecture: str = "llama",
-                     chat_template: str | None = None):
+                     chat_template: str | None = None, name: str | None = None):
     """A GGUF file holding only hyper-parameters and `vocab` (no tensors): enough for
     llama.cpp's vocab_only loading and for Ember's tokenizer and chat template."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), architecture)
+    if name is not None:
+        writer.add_name(name)
     a = architecture + "."
     for key, value in (("context_length", 256), ("embedding_length", 64), ("block_count", 1),
                        ("feed_forward_length", 128), ("attention.head_count", 4)):

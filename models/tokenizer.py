@@ -47,6 +47,9 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _UNKNOWN_PIECE = "\u2585".encode()  # llama.cpp renders the unknown token as "▅"
 
+# With rstrip_specials, the special tokens that still leave the whitespace after them alone
+# (llama.cpp's Phi-3 rule).
+_KEEP_SPACE_AFTER = frozenset({"<unk>", "<s>", "<|endoftext|>"})
 # Last resort for tokenizer.json folders whose configs name no bos/eos.
 _USUAL_NAMES = {"bos": ["<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>"],
                 "eos": ["<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"]}
@@ -73,6 +76,7 @@ class VocabSpec:
     pad_id: int | None = None
     add_bos: bool = True
     add_space_prefix: bool = False
+    rstrip_specials: bool = False  # special tokens swallow the whitespace after them (Phi-3)
 
     @cached_property
     def fingerprint(self) -> str:
@@ -80,6 +84,8 @@ class VocabSpec:
         h = hashlib.sha256()
         flags = [CONVERTER_VERSION, self.model, self.pre, self.bos_id, self.eos_id, self.unk_id,
                  self.pad_id, self.add_bos, self.add_space_prefix, len(self.tokens)]
+        if self.rstrip_specials:  # only when set, so other vocabularies keep their caches
+            flags.append("rstrip")
         h.update(json.dumps(flags).encode())
         for part in (self.tokens, self.merges):
             h.update(json.dumps(part, ensure_ascii=False).encode("utf-8", "surrogatepass"))
@@ -171,7 +177,8 @@ def _build_hf(spec: VocabSpec, kinds: list[int], source: str) -> tokenizers.Toke
         raise UnsupportedModelError(source, f"tokenizer.ggml.model {spec.model!r} is not "
                                     "supported (Ember reads 'llama' and 'gpt2')")
     # Matched on the raw text; `special` marks the ones only parse_special may split out.
-    hf.add_tokens([AddedToken(t, special=k != USER_DEFINED, normalized=False)
+    hf.add_tokens([AddedToken(t, special=k != USER_DEFINED, normalized=False,
+                              rstrip=spec.rstrip_specials and t not in _KEEP_SPACE_AFTER)
                    for t, k in zip(spec.tokens, kinds) if k in (USER_DEFINED, CONTROL, UNKNOWN)])
     if spec.add_bos and spec.bos_id is not None:  # so a saved tokenizer.json stands alone
         bos = spec.tokens[spec.bos_id]

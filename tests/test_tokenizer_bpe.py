@@ -147,3 +147,34 @@ def test_unknown_pre_tokenizer_is_one_clear_error(gguf_for):
     with pytest.raises(UnsupportedModelError, match="unknown pre-tokenizer 'qwen-next-7'") as err:
         ember_tokenizer(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+PHI3_PROMPTS = ["<|system|>\nBe brief.<|end|>\n<|user|>\n  Hi there\t<|end|>\n<|assistant|>\n",
+                "<s> a</s>\n b<unk> c<|endoftext|> d<tool_call>  e<|end|>\r\n\tf"]
+
+
+@pytest.fixture(scope="module")
+def phi3_gguf(vocab, tmp_path_factory):
+    """A file llama.cpp takes for Phi-3 by its name."""
+    path = tmp_path_factory.mktemp("phi3") / "phi3.gguf"
+    return write_vocab_gguf(path, replace(vocab, pre="gpt-2"), name="Phi3 mini instruct")
+
+
+def test_phi3_special_tokens_swallow_the_whitespace_after_them(phi3_gguf, gguf_for):
+    ours, plain = ember_tokenizer(phi3_gguf), ember_tokenizer(gguf_for("gpt-2"))
+    text = PHI3_PROMPTS[0]
+    ids = ours.encode(text, add_bos=False, parse_special=True)
+    assert ours.token_text(ids[0]) == "<|system|>" and ours.token_bytes(ids[1])[:1] == b"B"
+    # Control tokens decode to nothing: what is left is the text between them.
+    assert ours.decode(ids) == "Be brief.Hi there\t"
+    assert plain.decode(plain.encode(text, add_bos=False, parse_special=True)) == \
+        "\nBe brief.\n\n  Hi there\t\n\n"
+
+
+def test_phi3_rule_matches_llama_cpp(phi3_gguf):
+    theirs = llama_cpp_vocab(phi3_gguf)
+    ours = ember_tokenizer(phi3_gguf)
+    for text in PHI3_PROMPTS + CASES:
+        for special in (False, True):
+            assert ours.encode(text, parse_special=special) == \
+                theirs.tokenize(text.encode(), add_bos=True, special=special), (text, special)
