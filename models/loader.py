@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
+from .hf_chat import hf_chat_template, hf_stop_ids
 from .hf_config import HFConfig
 from .pre_tokenizers import pre_tokenizer
 from .registry import family_for_gguf, family_for_hf
@@ -258,18 +259,8 @@ def _open_hf_folder(folder: Path) -> ModelSource:
         "".join(file_fingerprint(p) for p in [hf.path, *shard_paths(folder)]).encode()
     ).hexdigest()
     return ModelSource(folder, "safetensors", config, weights, tokenizer,
-                       _hf_chat_template(folder), fingerprint)
-
-
-def _hf_chat_template(folder: Path) -> str | None:
-    import json
-
-    cfg = folder / "tokenizer_config.json"
-    try:
-        template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError, RecursionError):  # a chat template is optional
-        return None
-    return template if isinstance(template, str) else None
+                       hf_chat_template(folder), fingerprint,
+                       hf_stop_ids(folder, tokenizer.vocab_size))
 
 
 def file_fingerprint(path: Path, sample: int = 1 << 22) -> str:

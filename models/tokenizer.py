@@ -257,7 +257,7 @@ class Tokenizer:
 
     def __init__(self, hf: tokenizers.Tokenizer, tokens: list[str], pieces: list[bytes],
                  control_ids: set[int], *, bos_id: int | None, eos_id: int | None, add_bos: bool,
-                 strip_space: bool):
+                 strip_space: bool, kind: str = "tokenizer.json"):
         self._hf = hf
         self._tokens = tokens
         self._pieces = pieces
@@ -266,6 +266,7 @@ class Tokenizer:
         self.bos_id, self.eos_id = bos_id, eos_id
         self.add_bos = add_bos  # the model's own wish; encode(add_bos=True) honours it
         self._strip_space = strip_space  # undo the space prefix added while encoding
+        self.kind = kind  # what it was built from, for `ember info`
 
     @classmethod
     def from_vocab(cls, spec: VocabSpec, cache_path: Path | None = None,
@@ -283,8 +284,10 @@ class Tokenizer:
         pieces = _token_pieces(spec.tokens, kinds, byte_level=spec.model == "gpt2")
         control = {i for i, k in enumerate(kinds) if k in (CONTROL, UNUSED)}
         strip = spec.add_space_prefix and spec.model == "llama"
+        kind = (f"byte-level BPE, pre-tokenizer {spec.pre or 'default'}" if spec.model == "gpt2"
+                else "SentencePiece-style BPE")
         return cls(hf, spec.tokens, pieces, control, bos_id=spec.bos_id, eos_id=spec.eos_id,
-                   add_bos=spec.add_bos, strip_space=strip)
+                   add_bos=spec.add_bos, strip_space=strip, kind=kind)
 
     @classmethod
     def from_tokenizer_json(cls, path: Path) -> Tokenizer:

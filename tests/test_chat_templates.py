@@ -9,6 +9,8 @@ picks one chosen token: the end-of-turn token must then end generation at once.
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -225,3 +227,40 @@ def test_stop_ids_cover_llama_cpp_end_of_generation(base_vocab, tmp_path):
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         eog = {i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)}
         assert eog and eog <= engine.stop_ids, family
+
+
+def test_cli_info_and_generate_chat_on_a_chatml_file(base_vocab, tmp_path, capsys):
+    from ember.app.cli import main
+
+    engine = family_engine(tmp_path, base_vocab, "chatml", emit="<|im_end|>")
+    path = str(engine.loaded.source.path)
+    assert main(["info", "--model", path, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["chat_format"]["auto"] == "template"
+    assert info["tokenizer"]["kind"] == "byte-level BPE, pre-tokenizer qwen2"
+    assert info["tokenizer"]["bos"] is None and "<|im_end|>" in info["tokenizer"]["stop_tokens"]
+    assert main(["info", "--model", path]) == 0
+    assert "pre-tokenizer qwen2; BOS none; a reply ends at <|im_end|>" in capsys.readouterr().out
+    assert main(["generate", "Hi", "--model", path, "--chat", "--json", "--temperature", "0",
+                 "--max-tokens", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["finish_reason"], out["text"], out["chat_format"]) == ("eos", "", "template")
+    tail = engine.tokenizer.encode("<|im_start|>assistant\n", add_bos=False, parse_special=True)
+    assert out["prompt_token_ids"][-len(tail):] == tail
+
+
+def test_hf_folder_chat_template_and_stop_ids(tiny_models, tmp_path):
+    """Hugging Face folders: a named template list ("default" used), chat_template.jinja for
+    folders that keep it apart, and every eos_token_id of the configs ends a reply."""
+    from ember.models.loader import open_model
+
+    folder = Path(shutil.copytree(tiny_models["llama-silu_glu"][3], tmp_path / "hf"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
+        {"name": "tool_use", "template": "tools!"}, {"name": "default", "template": GEMMA}]}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 5, 10**9]}))
+    source = open_model(folder)
+    assert source.chat_template == GEMMA
+    assert {1, 5} <= set(source.stop_ids) and 10**9 not in source.stop_ids
+    (folder / "tokenizer_config.json").write_text("{}")
+    (folder / "chat_template.jinja").write_text(CHATML)
+    assert open_model(folder).chat_template == CHATML
