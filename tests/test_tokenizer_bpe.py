@@ -25,8 +25,9 @@ DATA = Path(__file__).parent / "data"
 
 # One name per distinct regex list and flag set (the three Llama 3, Qwen and GPT-2 files name
 # first) gets many random cases; every other name llama.cpp knows is checked on the fixed ones.
-REPRESENTATIVES = ["llama-bpe", "qwen2", "gpt-2", "default", "dbrx", "starcoder", "falcon",
-                   "tekken", "gpt-4o", "bloom", "viking", "seed-coder", "bailingmoe"]
+REPRESENTATIVES = ["llama-bpe", "qwen2", "gpt-2", "qwen35", "deepseek-v3", "default", "dbrx",
+                   "starcoder", "falcon", "tekken", "gpt-4o", "bloom", "viking", "seed-coder",
+                   "bailingmoe", "deepseek-coder"]
 
 CASES = [
     # digits
