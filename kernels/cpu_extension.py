@@ -20,6 +20,8 @@ import platform
 import threading
 from pathlib import Path
 
+from ember.models.user_dirs import cache_dir as user_cache_dir
+
 log = logging.getLogger("ember.kernels")
 
 _SOURCES = ("bindings.cpp", "sparse_ffn.cpp", "q8_0_matmul.cpp", "fused_ops.cpp", "body_step.cpp",
@@ -69,8 +71,7 @@ def cache_dir() -> Path:
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ember" / "torch_extensions"
+    return user_cache_dir() / "torch_extensions"
 
 
 def _build():

@@ -56,8 +56,13 @@ class ChatFormat:
 
 
 def resolve_chat_format(choice: str, *, has_template: bool,
-                        has_token: Callable[[str], bool] = lambda t: False) -> ChatFormat:
+                        has_token: Callable[[str], bool] = lambda t: False,
+                        turn_ends: tuple[str, ...] = ()) -> ChatFormat:
     """The format `choice` ("auto", "template", "transcript" or a family) means for a model.
+
+    `turn_ends`: the text of the vocabulary's end-of-turn tokens. Generation stops at those
+    tokens; as stop strings they also end a reply that spells one out in ordinary pieces,
+    which would otherwise show the marker as text.
 
     Raises ConfigError for an unknown choice, "template" on a file without one, or a family
     format whose turn tokens the vocabulary lacks.
@@ -77,12 +82,16 @@ def resolve_chat_format(choice: str, *, has_template: bool,
     if choice == "transcript":
         return ChatFormat("transcript", (f"\n{_USER}", f"\n{_ASSISTANT}", "\n\n"),
                           strip_leading_space=True)
-    return ChatFormat(choice)
+    return ChatFormat(choice, tuple(turn_ends))
 
 
 def render_chat(messages: list[ChatMessage], fmt: ChatFormat | str, *, template: str | None = None,
-                bos_text: str = "", eos_text: str = "") -> str:
-    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin."""
+                bos_text: str = "", eos_text: str = "", bos_added: bool = True) -> str:
+    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin.
+
+    `bos_added`: the tokenizer puts BOS in front of the prompt, so a leading `bos_text` the
+    template wrote is removed (else it would be there twice); without it, it stays.
+    """
     name = fmt.name if isinstance(fmt, ChatFormat) else fmt
     if name == "template":
         if not template:
@@ -94,27 +103,48 @@ def render_chat(messages: list[ChatMessage], fmt: ChatFormat | str, *, template:
         if name not in renderers:
             raise ConfigError(f"unknown chat format {name!r}")
         text = renderers[name](messages)
-    if bos_text and text.startswith(bos_text):
+    if bos_added and bos_text and text.startswith(bos_text):
         text = text[len(bos_text):]
     return text
 
 
 def _render_template(template: str, messages, bos_text: str, eos_text: str) -> str:
     from jinja2 import TemplateError
+
+    try:
+        return _template_env().from_string(template).render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            bos_token=bos_text, eos_token=eos_text, add_generation_prompt=True,
+            tools=None, documents=None,  # as Hugging Face passes them: defined, none
+        )
+    except TemplateError as exc:
+        raise ModelFormatError("<chat template>", f"the model's chat template failed: {exc}") from None
+
+
+def _template_env():
+    """A sandbox with what files' templates call besides core Jinja (the names and behaviour
+    Hugging Face's apply_chat_template provides): raise_exception, strftime_now (Llama 3.1+
+    dates its system prompt), a tojson that keeps non-ASCII text and does not HTML-escape,
+    and {% break %} / {% continue %}."""
+    import json
+    from datetime import datetime
+
+    from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
-            bos_token=bos_text, eos_token=eos_text, add_generation_prompt=True,
-        )
-    except TemplateError as exc:
-        raise ModelFormatError("<chat template>", f"the model's chat template failed: {exc}") from None
+    def tojson(value, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    env.filters["tojson"] = tojson
+    return env
 
 
 def _transcript(messages) -> str:

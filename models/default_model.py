@@ -14,13 +14,9 @@ from pathlib import Path
 
 from .atomic import atomic_write_text, fsync_dir
 from .errors import EmberError
+from .user_dirs import cache_dir
 
 DEFAULT_MODEL_NAME = "Gemma 3 270M (Q4_K_M)"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ember"
 
 
 def default_model_path() -> Path:

@@ -16,17 +16,25 @@ from .config import ModelConfig
 from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
+from .hf_chat import hf_chat_template, hf_stop_ids
 from .hf_config import HFConfig
+from .pre_tokenizers import pre_tokenizer
 from .registry import family_for_gguf, family_for_hf, unfused
-from .tokenizer import Tokenizer, VocabSpec, default_cache_path
+from .tokenizer import Tokenizer, VocabSpec, tokenizer_cache_path
 from .transformer import Transformer
 from .weights import WeightStore
 
-# Control tokens that end an assistant turn in the chat formats Ember knows. A model that
-# starts a new turn has finished its own, so turn openers stop generation too (base models,
-# like the default Gemma 3 270M, readily write "<start_of_turn>user" in chat mode).
-END_OF_TURN_TOKENS = ("<end_of_turn>", "<start_of_turn>", "<|eot_id|>", "<|start_header_id|>",
-                      "<|im_end|>", "<|im_start|>", "<|end|>")
+# Tokens that end an assistant turn: those llama.cpp ends generation at (found by their text,
+# as it does: files rarely say), for Gemma, Llama 3 (<|eom_id|> after a tool call), ChatML
+# (Qwen), Phi-3, end-of-text markers, and EOS spellings llama.cpp stops at even where the
+# file's EOS is another token. A model that starts a new turn has finished its own,
+# so turn openers stop generation too (base models, like the default Gemma 3 270M, readily
+# write "<start_of_turn>user" in chat mode).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<start_of_turn>", "<|eot_id|>", "<|eom_id|>",
+                      "<|start_header_id|>", "<|im_end|>", "<|im_start|>", "<|end|>",
+                      "<|endoftext|>", "<|end_of_text|>", "<EOT>", "<eos>", "</s>")
+# Ids a GGUF file names besides EOS: end of turn, end of message (a tool call pending).
+_FILE_STOP_KEYS = ("eot_token_id", "eom_token_id")
 
 
 @dataclass
@@ -40,11 +48,14 @@ class ModelSource:
     tokenizer: Tokenizer
     chat_template: str | None
     fingerprint: str  # identifies the file's content (profile artifacts record it)
+    file_stop_ids: tuple[int, ...] = ()  # the file's own end-of-turn/message ids
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        """Token ids that end generation: EOS and any end-of-turn control token."""
+        """Token ids that end generation: EOS, the ids the file names, and any end-of-turn
+        token of the vocabulary."""
         ids = [self.tokenizer.eos_id] if self.tokenizer.eos_id is not None else []
+        ids += self.file_stop_ids
         ids += [i for t in END_OF_TURN_TOKENS if (i := self.tokenizer.id_of(t)) is not None]
         return tuple(dict.fromkeys(ids))
 
@@ -153,10 +164,18 @@ def _open_gguf(path: Path) -> ModelSource:
     spec = vocab_spec_from_gguf(f)
     config = _checked_config(path, lambda: family.config_from_gguf(f, vocab_size=len(spec.tokens)))
     fingerprint = file_fingerprint(path)
-    tokenizer = Tokenizer.from_vocab(spec, cache_path=default_cache_path(path, spec.fingerprint))
+    tokenizer = Tokenizer.from_vocab(spec, cache_path=tokenizer_cache_path(fingerprint), source=path)
     template = f.field("tokenizer.chat_template", str, None)
     weights = unfused(family, WeightStore.from_gguf(f), config)
-    return ModelSource(path, "gguf", config, weights, tokenizer, template, fingerprint)
+    return ModelSource(path, "gguf", config, weights, tokenizer, template, fingerprint,
+                       _file_stop_ids(f, len(spec.tokens)))
+
+
+def _file_stop_ids(f: GGUFFile, n_tokens: int) -> tuple[int, ...]:
+    """tokenizer.ggml.eot_token_id / eom_token_id; one outside the vocabulary is ignored, as
+    llama.cpp ignores it (with a warning), rather than refusing a file that otherwise works."""
+    ids = (f.field(f"tokenizer.ggml.{key}", int, None) for key in _FILE_STOP_KEYS)
+    return tuple(i for i in ids if i is not None and 0 <= i < n_tokens)
 
 
 def _checked_config(path: Path, build) -> ModelConfig:
@@ -192,21 +211,40 @@ def vocab_spec_from_gguf(f: GGUFFile) -> VocabSpec:
             raise ModelFormatError(f.path, f"metadata '{t}{key}' = {value} is outside the vocabulary")
         ids[key] = value
     model = f.field(t + "model", str, "llama")
+    pre = f.field(t + "pre", str, None)
     return VocabSpec(
         tokens=tokens,
         scores=scores,
         token_types=types,
         model=model,
         merges=merges,
-        pre=f.field(t + "pre", str, None),
+        pre=pre,
         bos_id=ids["bos_token_id"],
         eos_id=ids["eos_token_id"],
         unk_id=ids["unknown_token_id"],
         pad_id=ids["padding_token_id"],
-        add_bos=f.field(t + "add_bos_token", bool, True),
+        add_bos=f.field(t + "add_bos_token", bool, _default_add_bos(model, pre)),
         # llama.cpp's default: SentencePiece vocabularies prefix a space unless told otherwise.
         add_space_prefix=f.field(t + "add_space_prefix", bool, model == "llama"),
+        rstrip_specials=_strips_after_specials(f.field("general.name", str, "")),
     )
+
+
+def _strips_after_specials(name: str) -> bool:
+    """llama.cpp makes special tokens swallow the whitespace after them ("<|user|>\\n" reads
+    as "<|user|>") for files whose general.name says Phi-3, as Phi-3's own tokenizer does;
+    GGUF has no per-token flag for it, so the name is all there is to go by."""
+    name = name.lower()
+    return "phi-3" in name or "phi3" in name
+
+
+def _default_add_bos(model: str, pre: str | None) -> bool:
+    """llama.cpp's default when the file has no add_bos_token: SentencePiece vocabularies add
+    BOS, byte-level ones only for the pre-tokenizers that say so (Llama 3's, Tekken)."""
+    if model != "gpt2":
+        return True
+    known = pre_tokenizer(pre)
+    return known is not None and known.add_bos
 
 
 def _open_hf_folder(folder: Path) -> ModelSource:
@@ -224,18 +262,8 @@ def _open_hf_folder(folder: Path) -> ModelSource:
         "".join(file_fingerprint(p) for p in [hf.path, *shard_paths(folder)]).encode()
     ).hexdigest()
     return ModelSource(folder, "safetensors", config, weights, tokenizer,
-                       _hf_chat_template(folder), fingerprint)
-
-
-def _hf_chat_template(folder: Path) -> str | None:
-    import json
-
-    cfg = folder / "tokenizer_config.json"
-    try:
-        template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-    except (OSError, ValueError, AttributeError, RecursionError):  # a chat template is optional
-        return None
-    return template if isinstance(template, str) else None
+                       hf_chat_template(folder), fingerprint,
+                       hf_stop_ids(folder, tokenizer.vocab_size))
 
 
 def file_fingerprint(path: Path, sample: int = 1 << 22) -> str:

@@ -85,4 +85,13 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
             "total_fp32_bytes": elements * 4 + kv_values * 4,
         },
         "fingerprint": src.fingerprint,
+        "tokenizer": _tokenizer(src),
     }
+
+
+def _tokenizer(src: ModelSource) -> dict:
+    """How prompts are tokenized and which tokens end a reply."""
+    tok = src.tokenizer
+    return {"kind": tok.kind,
+            "bos": tok.token_text(tok.bos_id) if tok.add_bos and tok.bos_id is not None else None,
+            "stop_tokens": [tok.token_text(i) for i in src.stop_ids]}

@@ -137,8 +137,12 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-               qtype: int | Callable[[str], int] = 0) -> Path:
+               qtype: int | Callable[[str], int] = 0, vocab=None,
+               chat_template: str | None = None) -> Path:
     """Write a GGUF file the way llama.cpp's converter lays it out. qtype 0 is F32.
+
+    `vocab`: a synthetic_vocab.ByteLevelVocab (cfg.vocab_size its length) instead of the tiny
+    SentencePiece one; `chat_template`: tokenizer.chat_template.
 
     2-D matrices are stored as `qtype`, or as `qtype(name)` for a mix such as Q4_K_M's
     (norms stay F32); LLaMA q/k rows are permuted so RoPE rotates adjacent pairs, as in
@@ -173,7 +177,12 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
         writer.add_float32(a + "final_logit_softcapping", cfg.final_logit_softcap)
     if arch == "llama":
         writer.add_string(a + "ffn_activation", cfg.activation)
-    _add_vocab(writer)
+    if vocab is None:
+        _add_vocab(writer)
+    else:
+        vocab.write(writer)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     weights = dict(weights)
     if cfg.rope_factors:  # Llama 3.1: one F32 divisor per frequency
         weights["rope_freqs.weight"] = torch.tensor(cfg.rope_factors, dtype=torch.float32)

@@ -8,7 +8,7 @@ A GGUF file carries a vocabulary, not a tokenizer. We translate it once into a
   That is a BPE model whose merges are every (left, right) split of every token, ranked
   by the merged token's score; characters missing from the vocab fall back to <0xXX>.
 * "gpt2" vocabularies: byte-level BPE with the file's merges, split first by the
-  pre-tokenizer regexes llama.cpp uses for `tokenizer.ggml.pre`.
+  pre-tokenizer regexes llama.cpp uses for `tokenizer.ggml.pre` (models/pre_tokenizers.py).
 
 Special tokens are split out of the raw text first, as llama.cpp does: user-defined
 tokens always, control/unknown tokens only with parse_special=True. They are added
@@ -24,7 +24,6 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -37,23 +36,20 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 
 from .atomic import atomic_write_bytes
 from .errors import ModelFormatError, UnsupportedModelError
+from .pre_tokenizers import PRE_TOKENIZERS, pre_tokenizer
+from .user_dirs import cache_dir
 
 # Bump when the conversion changes, so caches written by older code are rebuilt.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _UNKNOWN_PIECE = "\u2585".encode()  # llama.cpp renders the unknown token as "▅"
 
-# The split regexes llama.cpp applies (one after another) for each `tokenizer.ggml.pre`.
-_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEFAULT_RES = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"]
-PRE_TOKENIZERS = {"default": _DEFAULT_RES, "gpt2": [_GPT2_RE], "gpt-2": [_GPT2_RE],
-                  "llama3": [_LLAMA3_RE], "llama-bpe": [_LLAMA3_RE], "llama-v3": [_LLAMA3_RE]}
-_IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3"}  # whole-word vocab hits skip merging
+# With rstrip_specials, the special tokens that still leave the whitespace after them alone
+# (llama.cpp's Phi-3 rule).
+_KEEP_SPACE_AFTER = frozenset({"<unk>", "<s>", "<|endoftext|>"})
 # Last resort for tokenizer.json folders whose configs name no bos/eos.
 _USUAL_NAMES = {"bos": ["<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>"],
                 "eos": ["<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"]}
@@ -80,6 +76,7 @@ class VocabSpec:
     pad_id: int | None = None
     add_bos: bool = True
     add_space_prefix: bool = False
+    rstrip_specials: bool = False  # special tokens swallow the whitespace after them (Phi-3)
 
     @cached_property
     def fingerprint(self) -> str:
@@ -87,6 +84,8 @@ class VocabSpec:
         h = hashlib.sha256()
         flags = [CONVERTER_VERSION, self.model, self.pre, self.bos_id, self.eos_id, self.unk_id,
                  self.pad_id, self.add_bos, self.add_space_prefix, len(self.tokens)]
+        if self.rstrip_specials:  # only when set, so other vocabularies keep their caches
+            flags.append("rstrip")
         h.update(json.dumps(flags).encode())
         for part in (self.tokens, self.merges):
             h.update(json.dumps(part, ensure_ascii=False).encode("utf-8", "surrogatepass"))
@@ -95,14 +94,11 @@ class VocabSpec:
         return h.hexdigest()
 
 
-def default_cache_path(model_path: Path, fingerprint: str) -> Path:
-    """`<model file>.<fp12>.tokenizer.json` beside the model, else under $XDG_CACHE_HOME."""
-    model_path = Path(model_path)
-    name = f"{model_path.name}.{fingerprint[:12]}.tokenizer.json"
-    if os.access(model_path.parent, os.W_OK):
-        return model_path.parent / name
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "ember" / "tokenizers" / name
+def tokenizer_cache_path(model_fingerprint: str) -> Path:
+    """Where the converted tokenizer of the model with this fingerprint is cached: under the
+    user's cache directory, never beside the model (its folder may be read-only). The sidecar
+    `.meta` records the vocabulary's own fingerprint, so a stale entry is rebuilt."""
+    return cache_dir() / "tokenizers" / f"{model_fingerprint[:24]}.tokenizer.json"
 
 
 # ----------------------------------------------------------------- conversion
@@ -157,13 +153,14 @@ def _spm_tokenizer(spec: VocabSpec, kinds: list[int], vocab: dict[str, int]):
 
 
 def _byte_level_tokenizer(spec: VocabSpec, vocab: dict[str, int], source: str):
-    pre = spec.pre or "default"
-    if pre not in PRE_TOKENIZERS:
-        raise UnsupportedModelError(source, f"tokenizer.ggml.pre {pre!r} is not supported "
-                                    f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")
+    pre = pre_tokenizer(spec.pre)
+    if pre is None:
+        raise UnsupportedModelError(source, f"unknown pre-tokenizer {spec.pre!r} "
+                                    f"(tokenizer.ggml.pre); Ember reads llama.cpp's "
+                                    f"{len(PRE_TOKENIZERS)}, such as llama-bpe, qwen2, gpt-2")
     merges = [tuple(m.split(" ", 1)) for m in spec.merges or []]
-    hf = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES))
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
+    hf = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=pre.ignore_merges))
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     hf.decoder = decoders.ByteLevel()
@@ -180,7 +177,8 @@ def _build_hf(spec: VocabSpec, kinds: list[int], source: str) -> tokenizers.Toke
         raise UnsupportedModelError(source, f"tokenizer.ggml.model {spec.model!r} is not "
                                     "supported (Ember reads 'llama' and 'gpt2')")
     # Matched on the raw text; `special` marks the ones only parse_special may split out.
-    hf.add_tokens([AddedToken(t, special=k != USER_DEFINED, normalized=False)
+    hf.add_tokens([AddedToken(t, special=k != USER_DEFINED, normalized=False,
+                              rstrip=spec.rstrip_specials and t not in _KEEP_SPACE_AFTER)
                    for t, k in zip(spec.tokens, kinds) if k in (USER_DEFINED, CONTROL, UNKNOWN)])
     if spec.add_bos and spec.bos_id is not None:  # so a saved tokenizer.json stands alone
         bos = spec.tokens[spec.bos_id]
@@ -259,7 +257,7 @@ class Tokenizer:
 
     def __init__(self, hf: tokenizers.Tokenizer, tokens: list[str], pieces: list[bytes],
                  control_ids: set[int], *, bos_id: int | None, eos_id: int | None, add_bos: bool,
-                 strip_space: bool):
+                 strip_space: bool, kind: str = "tokenizer.json"):
         self._hf = hf
         self._tokens = tokens
         self._pieces = pieces
@@ -268,6 +266,7 @@ class Tokenizer:
         self.bos_id, self.eos_id = bos_id, eos_id
         self.add_bos = add_bos  # the model's own wish; encode(add_bos=True) honours it
         self._strip_space = strip_space  # undo the space prefix added while encoding
+        self.kind = kind  # what it was built from, for `ember info`
 
     @classmethod
     def from_vocab(cls, spec: VocabSpec, cache_path: Path | None = None,
@@ -285,8 +284,10 @@ class Tokenizer:
         pieces = _token_pieces(spec.tokens, kinds, byte_level=spec.model == "gpt2")
         control = {i for i, k in enumerate(kinds) if k in (CONTROL, UNUSED)}
         strip = spec.add_space_prefix and spec.model == "llama"
+        kind = (f"byte-level BPE, pre-tokenizer {spec.pre or 'default'}" if spec.model == "gpt2"
+                else "SentencePiece-style BPE")
         return cls(hf, spec.tokens, pieces, control, bos_id=spec.bos_id, eos_id=spec.eos_id,
-                   add_bos=spec.add_bos, strip_space=strip)
+                   add_bos=spec.add_bos, strip_space=strip, kind=kind)
 
     @classmethod
     def from_tokenizer_json(cls, path: Path) -> Tokenizer:

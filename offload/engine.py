@@ -289,7 +289,14 @@ class Engine:
     def resolve_chat_format(self, choice: str) -> ChatFormat:
         """What a --chat-format choice means for this model (ConfigError if it cannot be)."""
         return resolve_chat_format(choice, has_template=bool(self.loaded.source.chat_template),
-                                   has_token=lambda t: self.tokenizer.id_of(t) is not None)
+                                   has_token=lambda t: self.tokenizer.id_of(t) is not None,
+                                   turn_ends=self._turn_end_texts())
+
+    def _turn_end_texts(self) -> tuple[str, ...]:
+        """The spelling of each end-of-turn token (EOS excepted: "</s>" or "<eos>" written
+        out is more often text than a turn's end)."""
+        ids = [i for i in self.stop_ids if i != self.tokenizer.eos_id]
+        return tuple(t for i in ids if (t := self.tokenizer.token_text(i)))
 
     def encode_chat(self, messages: list[ChatMessage],
                     chat_format: str | None = None) -> "ChatPrompt":
@@ -301,6 +308,7 @@ class Engine:
             messages, fmt, template=self.loaded.source.chat_template,
             bos_text=self._token_text(self.tokenizer.bos_id),
             eos_text=self._token_text(self.tokenizer.eos_id),
+            bos_added=self.tokenizer.add_bos and self.tokenizer.bos_id is not None,
         )
         return ChatPrompt(self.encode(text, parse_special=True), fmt)
 

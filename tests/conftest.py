@@ -17,6 +17,24 @@ TINY_KINDS = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """Derived files of the hundreds of tiny and mutated models tests open (tokenizer caches)
+    go to a private cache directory, not the user's. The assembled default model and the
+    compiled kernels are shared from the real one by links, so they are not rebuilt."""
+    from ember.models.user_dirs import cache_dir
+
+    real, private = cache_dir(), tmp_path_factory.mktemp("xdg-cache")
+    (private / "ember").mkdir()
+    for shared in ("models", "torch_extensions"):
+        (real / shared).mkdir(parents=True, exist_ok=True)
+        (private / "ember" / shared).symlink_to(real / shared)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(private))
+    yield private
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """name -> (config, weights, gguf path, hf folder) for each tiny architecture."""

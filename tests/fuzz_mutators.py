@@ -287,12 +287,14 @@ def replace_value(data: bytearray, layout: GGUFLayout, key: str, vtype: int, val
 
 
 def g_tokenizer_cache(path: Path, rng):
-    """The tokenizer cache Ember wrote beside the model, damaged; "resign" also rewrites the
-    sidecar's sha256 so only the parser stands between the damage and the model."""
-    from ember.models.loader import open_model
+    """The tokenizer cache Ember wrote for the model (under the user's cache directory), damaged;
+    "resign" also rewrites the sidecar's sha256 so only the parser stands between the damage
+    and the model."""
+    from ember.models.loader import file_fingerprint, open_model
+    from ember.models.tokenizer import tokenizer_cache_path
 
     open_model(path)  # writes the cache
-    cache = next(path.parent.glob("*.tokenizer.json"))
+    cache = tokenizer_cache_path(file_fingerprint(path))
     meta_path = Path(f"{cache}.meta")
     data = bytearray(cache.read_bytes())
     op = rng.choice(["flip", "truncate", "resign", "foreign", "meta"])

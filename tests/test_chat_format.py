@@ -75,3 +75,29 @@ def test_transcript_system_prompt_replaces_the_preamble_and_turns_lose_blank_lin
     assert text.startswith("Answer like a pirate.\n\nUser: ")
     assert "A chat between" not in text
     assert text.endswith("User: Line one.\nLine two.\nAssistant:")
+
+
+def test_template_helpers_files_rely_on():
+    """What Hugging Face's renderer gives templates besides core Jinja: strftime_now, a tojson
+    that keeps non-ASCII text unescaped, {% break %}, and tools defined as none."""
+    from datetime import datetime
+
+    template = ("{{ strftime_now('%Y') }}|{{ {'q': 'café <b>'} | tojson }}|"
+                "{% for m in messages %}{{ m.content }}{% break %}{% endfor %}|"
+                "{{ tools is none }}")
+    text = render_chat(MSGS, "template", template=template)
+    assert text == f'{datetime.now().year}|{{"q": "café <b>"}}|Be brief.|True'
+
+
+def test_template_bos_stays_when_the_tokenizer_adds_none():
+    template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert render_chat(MSGS[1:2], "template", template=template, bos_text="<s>",
+                       bos_added=False) == "<s>Hi"
+    assert render_chat(MSGS[1:2], "template", template=template, bos_text="<s>") == "Hi"
+
+
+def test_turn_ends_become_the_formats_stop_strings():
+    fmt = resolve_chat_format("auto", has_template=True, turn_ends=("<|im_end|>", "<|end|>"))
+    assert fmt.stop_strings == ("<|im_end|>", "<|end|>")
+    transcript = resolve_chat_format("transcript", has_template=True, turn_ends=("<|end|>",))
+    assert "<|end|>" not in transcript.stop_strings

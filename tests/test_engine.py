@@ -227,7 +227,7 @@ def test_every_family_end_of_turn_token_in_the_vocabulary_stops(engine):
     types = [2, 3, 3, 3, 3, 3, 3, 1, 1]
     tok = Tokenizer.from_vocab(VocabSpec(tokens=tokens, token_types=types, bos_id=1, eos_id=2,
                                          unk_id=0))
-    stop_ids = ModelSource.stop_ids.fget(SimpleNamespace(tokenizer=tok))
+    stop_ids = ModelSource.stop_ids.fget(SimpleNamespace(tokenizer=tok, file_stop_ids=()))
     assert {tok.id_of(t) for t in ["</s>", *ends]} <= set(stop_ids)
     assert tok.id_of("a") not in stop_ids
     # The engine's own set comes from its file's vocabulary: EOS and Gemma's end of turn.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -177,15 +178,19 @@ def test_foreign_tokenizer_cache_is_rebuilt(tiny_models, tmp_path):
 
     path = tmp_path / "m.gguf"
     path.write_bytes(tiny_models["gemma3"][2].read_bytes())
+    from ember.models.loader import file_fingerprint
+    from ember.models.tokenizer import tokenizer_cache_path
+
     open_model(path)
-    cache = next(tmp_path.glob("*.tokenizer.json"))
+    cache = tokenizer_cache_path(file_fingerprint(path))
     tok = json.loads(cache.read_text())
     tok["model"]["vocab"] = {t: i + 10**6 for t, i in tok["model"]["vocab"].items()}
     raw = json.dumps(tok).encode()
     cache.write_bytes(raw)
-    meta = json.loads((tmp_path / f"{cache.name}.meta").read_text())
+    meta_path = Path(f"{cache}.meta")
+    meta = json.loads(meta_path.read_text())
     meta["sha256"] = hashlib.sha256(raw).hexdigest()
-    (tmp_path / f"{cache.name}.meta").write_text(json.dumps(meta))
+    meta_path.write_text(json.dumps(meta))
     lm = load_model(path)
     ids = lm.tokenizer.encode("the cat")
     assert max(ids) < lm.config.vocab_size

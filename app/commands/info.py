@@ -39,6 +39,9 @@ def run(args) -> int:
         print(f"  also            {extras}")
     print(f"  vocabulary      {s['vocab_size']:,}" + ("  (tied LM head)" if s["tied_embeddings"] else ""))
     print(f"  context         {s['context_length']:,} tokens")
+    t = s["tokenizer"]
+    print(f"  tokenizer       {t['kind']}; BOS {t['bos'] or 'none'}; a reply ends at "
+          + ", ".join(t["stop_tokens"]))
     chat = s["chat_format"]
     also = ", ".join(f for f in chat["available"] if f != chat["auto"])
     print(f"  chat format     {chat['auto']} ({chat['why']}); --chat-format also takes {also}")
