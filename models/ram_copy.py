@@ -30,6 +30,12 @@ CHUNK_BYTES = 64 << 20
 READ_THREADS = 2
 
 
+def supported() -> bool:
+    """Whether this platform has what the copy needs (anonymous private maps, preadv):
+    Linux and the BSDs; elsewhere the engine keeps the memory map."""
+    return hasattr(os, "preadv") and hasattr(mmap, "MAP_ANONYMOUS") and hasattr(mmap, "MAP_PRIVATE")
+
+
 def read_into_ram(path: str | Path, size: int,
                   progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """The first `size` bytes of `path` as a uint8 array in private anonymous memory,

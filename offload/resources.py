@@ -17,6 +17,7 @@ from typing import Callable
 import psutil
 import torch
 
+from ember.models import ram_copy
 from ember.models.errors import EmberError
 from ember.models.loader import ModelSource
 from ember.models.summary import summarize
@@ -101,6 +102,8 @@ def reads_weights_into_ram(source: ModelSource, options, device: torch.device,
                            available: int | None = None) -> bool:
     if options.mmap == "on" or builds_float_model(source, options, device):
         return False  # an engine that builds float weights reads the file once: no gain
+    if not ram_copy.supported():
+        return False  # this platform maps the file whatever was asked
     if options.mmap == "off":
         return True
     if splits_ffns(source, options):

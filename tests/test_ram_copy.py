@@ -110,3 +110,11 @@ def test_a_store_with_tensors_replaced_still_says_where_its_bytes_live(tiny_q4_k
     store = WeightStore.from_gguf(f)
     first = store.names()[0]
     assert store.replaced({first: None}).in_ram
+
+
+def test_a_platform_without_the_copy_keeps_the_map(tiny_q4_k_m, monkeypatch):
+    source = open_model(tiny_q4_k_m[2])
+    monkeypatch.setattr(ram_copy, "supported", lambda: False)
+    for choice in ("auto", "off"):
+        assert not reads_weights_into_ram(source, EngineOptions(mmap=choice), CPU,
+                                          available=1 << 40)
