@@ -123,19 +123,23 @@ struct Portable {
 };
 
 #ifdef EMBER_IM_AVX2
-struct Avx2 {
-    static constexpr int L = 8;
-    using F = __m256;
-    static F zero() { return _mm256_setzero_ps(); }
-    static F set1(float s) { return _mm256_set1_ps(s); }
-    static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-    static void store(float* y, F f) { _mm256_storeu_ps(y, f); }
+// What both x86 policies share.
+struct X86 {
     static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
     static float half(const uint8_t* p) {  // F16C: the same value as fp16(), in one instruction
         uint16_t h;
         std::memcpy(&h, p, 2);
         return _cvtsh_ss(h);
     }
+};
+
+struct Avx2 : X86 {
+    static constexpr int L = 8;
+    using F = __m256;
+    static F zero() { return _mm256_setzero_ps(); }
+    static F set1(float s) { return _mm256_set1_ps(s); }
+    static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static void store(float* y, F f) { _mm256_storeu_ps(y, f); }
     template <int TYPE>
     static void decode(const uint8_t* blk, F* out) {
         if constexpr (TYPE == Q8_0) {
@@ -167,19 +171,13 @@ struct Avx2 {
 #endif
 
 #ifdef EMBER_IM_AVX512
-struct Avx512 {
+struct Avx512 : X86 {
     static constexpr int L = 16;
     using F = __m512;
     static F zero() { return _mm512_setzero_ps(); }
     static F set1(float s) { return _mm512_set1_ps(s); }
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static void store(float* y, F f) { _mm512_storeu_ps(y, f); }
-    static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-    static float half(const uint8_t* p) {  // F16C: the same value as fp16(), in one instruction
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        return _cvtsh_ss(h);
-    }
     template <int TYPE>
     static void decode(const uint8_t* blk, F* out) {
         if constexpr (TYPE == Q8_0) {
