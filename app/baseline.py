@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ember.models.errors import EmberError
-from ember.offload.perplexity import PerplexityResult, windows
+from ember.offload.profile.perplexity import PerplexityResult, windows
 
 
 class LlamaCpp:
@@ -47,7 +47,7 @@ class LlamaCpp:
 
     def perplexity(self, text_ids: list[int], bos_id: int, window: int,
                    stride: int | None = None) -> PerplexityResult:
-        """Same windows and scoring as `ember.offload.perplexity` (needs logits_all=True)."""
+        """Same windows and scoring as `ember.offload.profile.perplexity` (needs logits_all=True)."""
         stride = stride or max(1, (window - 1) // 2)
         total = PerplexityResult(0, 0.0)
         for begin, end, first in windows(len(text_ids), window, stride):

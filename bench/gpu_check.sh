@@ -47,7 +47,7 @@ if [ ! -f "$model" ]; then
 fi
 
 step "C++ kernels"
-$PY -c "from ember.offload import quant_model; assert quant_model.applies()" \
+$PY -c "from ember.offload.body import quant_model; assert quant_model.applies()" \
     >"$out/kernels.log" 2>&1 || { tail -20 "$out/kernels.log" >&2; exit 1; }
 
 step "tests"

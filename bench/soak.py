@@ -26,10 +26,10 @@ import torch
 from ember.models.chat_format import ChatMessage
 from ember.models.default_model import default_model_path
 from ember.models.loader import load_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.kv_plan import plan_kv
-from ember.offload.quant_model import kv_dtype
-from ember.offload.sampler import SamplingParams
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.kv.plan import plan_kv
+from ember.offload.body.quant_model import kv_dtype
+from ember.offload.decode.sampler import SamplingParams
 
 USER_LINES = [
     "Tell me about rivers.", "What do herons eat?", "Why do meadows flood in spring?",

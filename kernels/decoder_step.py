@@ -62,7 +62,7 @@ def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Te
 
 # A reference pass's matmuls go through matmul(slot, x, weights), slot one of "qkv", "o",
 # "gate_up", "down": a caller can watch or change one matmul's input (input thresholds'
-# calibration and their masked reference, offload/input_sparsity.py).
+# calibration and their masked reference, offload/body/input_sparsity.py).
 def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos, sin,
                         matmul=_file_matmul):
     """The attention sub-layer for T rows: (x + post-normed attention, FFN-normed input)."""

@@ -38,7 +38,7 @@ def _matrix(w: WeightStore, name: str, out_features: int, in_features: int) -> t
 class Projection(nn.Module):
     """x (T, in) -> (T, out): the float32 reference, `x @ weight` with weight stored (in, out).
 
-    The runtime may swap in one that reads quantized blocks (offload/quant_body.py);
+    The runtime may swap in one that reads quantized blocks (offload/body/quant_body.py);
     `stored` is the file's tensor (out, in) it was dequantized from, when there is one.
     """
 
@@ -93,13 +93,13 @@ class Attention(nn.Module):
         self.wk = _projection(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h, cfg.qkv_bias)
         self.wv = _projection(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h, cfg.qkv_bias)
         self.wo = _projection(w, p + "attn_output.weight", h, cfg.n_heads * hd)
-        # q, k and v from one projection, when the runtime sets one (offload/quant_body.py):
+        # q, k and v from one projection, when the runtime sets one (offload/body/quant_body.py):
         # one weight stream and one call instead of three.
         self.wqkv: nn.Module | None = None
         self.qkv_sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
         # One query row's attention over keys read in place from the cache's pool, when
         # the runtime sets one: (q (n_heads, hd), k_pool, v_pool, slots, scale) -> (1, n_heads
-        # * hd). Plain decoding and every tree row then use it alike (offload/fused_block.py).
+        # * hd). Plain decoding and every tree row then use it alike (offload/body/fused_block.py).
         self.single_query = None
         if cfg.qk_norm:
             _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
@@ -237,7 +237,7 @@ class FeedForward(nn.Module):
         self.stored = {"gate": w.get(p + "ffn_gate.weight", (f, h)) if cfg.gated else None,
                        "up": w.get(p + "ffn_up.weight", (f, h)),
                        "down": w.get(p + "ffn_down.weight", (h, f))}
-        # The same FFN on quantized weights, when the runtime sets one (offload/quant_body.py);
+        # The same FFN on quantized weights, when the runtime sets one (offload/body/quant_body.py);
         # the float32 tensors above stay the reference that other code reads.
         self.fast: nn.Module | None = None
 
@@ -261,7 +261,7 @@ class Block(nn.Module):
             _attach(self, "post_attn_norm", w.load(p + "post_attention_norm.weight", (h,)))
             _attach(self, "post_ffn_norm", w.load(p + "post_ffw_norm.weight", (h,)))
         # The same forward with fused CPU kernels, when the runtime sets one
-        # (offload/fused_block.py); this one stays the reference.
+        # (offload/body/fused_block.py); this one stays the reference.
         self.fast: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, start: int, cache: KVCache,
@@ -319,7 +319,7 @@ class Transformer(nn.Module):
         rotaries = layer_rotaries(cfg)
         self.blocks = nn.ModuleList()
         # Embedding and every block's forward in one go for a decoded token or a tree's rows,
-        # when the runtime sets one (offload/fused_body.py): (ids, start, cache, tree) -> the
+        # when the runtime sets one (offload/body/fused_body.py): (ids, start, cache, tree) -> the
         # last block's output, or None to run them one by one.
         self.fast_body = None
         for i in range(cfg.n_layers):

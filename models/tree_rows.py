@@ -1,7 +1,7 @@
 """Where the rows of a speculative token tree sit in the cache, and what each of them reads.
 
 Used by the reference attention (models/transformer.py) and, through `Attention.tree_slots`,
-the fused runtime (offload/fused_block.py).
+the fused runtime (offload/body/fused_block.py).
 """
 
 from __future__ import annotations

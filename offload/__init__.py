@@ -1,16 +1,19 @@
-"""The runtime: what turns a loaded model file into generated tokens.
+"""The runtime: what turns a loaded model file into generated tokens, in seven rooms.
 
-- Engine and loop: `engine` (options, the per-reply stream), `runner` (prefill/decode over a
-  KV cache), `sampler`, `stopping`, `events`, `device`, `resources` (the memory check before
-  loading), `sizes` (byte sizes as flags take and print them).
-- The model an engine runs: `quant_model` (the file's own GGML blocks on the CPU, one C++
-  call per pass), or the float32 reference with `quant_body` / `fused_*` / `lm_head` for
-  `--weights fp32/q8` and GPU devices.
-- KV cache: `paged_kv`, `kv_blocks`, `kv_plan`, `sequence_kv`.
-- Hybrid split: `hybrid_setup`, `hybrid_ffn`, `ffn_rows`, `memory_plan`, `placement_solver`,
-  `cpu_worker`, `neuron_selectors`.
-- Speculation: `speculative`, `speculative_setup`, `drafters`, `token_tree`.
-- Profiling: `profiler`, `profile_artifact`, `cost_probe`; `perplexity`.
+Each room is a sub-package whose docstring says what it owns. Imports point down this list
+only (`tests/test_layering.py` checks it):
 
+- `runtime/`: the `Engine` (options, the per-reply stream), the device, the memory check
+  before loading, the profile file a run loads.
+- `speculative/`: drafters, token trees, the draft-verify-accept step.
+- `decode/`: the `Runner` (prefill and decode over a KV cache), sampling, stop strings, the
+  events a stream yields.
+- `hybrid/`: FFN layers split by a placement into hot rows on the GPU tier and cold rows on
+  CPU threads, the memory plan and the placement solve behind them.
+- `body/`: the model body an engine runs: the file's own blocks on the CPU (`quant_model`),
+  or the float32 reference with quantized and fused swaps, LM heads, input thresholds.
+- `kv/`: the paged KV cache, its blocks and how many each tier gets.
+
+`profile/` (the `ember profile` pipeline) sits above them all: it runs an `Engine`.
 May import `kernels`, `predictors`, `placement` and `models`; never `app`.
 """

@@ -1,7 +1,7 @@
 """A placement: for every FFN layer, which neurons are hot (kept on the GPU tier).
 
 It is the contract between the solver (this package, numpy only) and the runtime
-(`ember.offload.hybrid_ffn`), and it is what a profile artifact stores. Neuron indices are
+(`ember.offload.hybrid.ffn`), and it is what a profile artifact stores. Neuron indices are
 sorted, unique and in range; everything else about a neuron (its rows, its cost) is derived.
 """
 

@@ -99,7 +99,7 @@ def default_model_path():
 
 @pytest.fixture(scope="session")
 def default_engine(default_model_path):
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     return Engine.load(default_model_path, EngineOptions(device="cpu", n_ctx=2048, threads=2))
 

@@ -21,9 +21,9 @@ from ember.models import synthetic
 from ember.models.chat_format import ChatMessage
 from ember.models.loader import load_model
 from ember.models.synthetic_vocab import TYPE_USER_DEFINED, train_byte_level_vocab
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.events import DoneEvent
-from ember.offload.sampler import SamplingParams
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.decode.events import DoneEvent
+from ember.offload.decode.sampler import SamplingParams
 
 DATA = Path(__file__).parent / "data"
 

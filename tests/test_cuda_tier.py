@@ -11,10 +11,10 @@ import torch
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, reference_hot_ffn
 from ember.kernels.tier_weights import TierLinear, dequantize_int4, quantize_int4
 from ember.models.loader import load_model
-from ember.offload import quant_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.memory_plan import workspace_bytes
-from ember.offload.tier_dtypes import TierCaps
+from ember.offload.body import quant_model
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.hybrid.memory_plan import workspace_bytes
+from ember.offload.hybrid.tier_dtypes import TierCaps
 
 from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.offload.sampler import GREEDY
+from ember.offload.decode.sampler import GREEDY
 
 DATA = Path(__file__).parent / "data"
 MARGIN = 0.5  # below this top-2 gap llama.cpp's quantized activations may flip the argmax
@@ -58,7 +58,7 @@ def test_first_step_logits_close_to_llama_cpp(default_engine):
 
 
 def _english_ppl(engine, window):
-    from ember.offload.perplexity import perplexity
+    from ember.offload.profile.perplexity import perplexity
 
     text = (DATA / "english.txt").read_text()
     ids = engine.tokenizer.encode(text, add_bos=False)
@@ -102,7 +102,7 @@ def test_sessions_with_swaps_equal_sessions_without_past_the_window(default_mode
     import torch
 
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     loaded = load_model(default_model_path)
     tight = Engine(loaded, EngineOptions(device="cpu", n_ctx=1024, threads=2,

@@ -9,9 +9,9 @@ import torch
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import ConfigError
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.events import DoneEvent, TokenEvent
-from ember.offload.sampler import GREEDY
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.decode.events import DoneEvent, TokenEvent
+from ember.offload.decode.sampler import GREEDY
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_a_cancellable_prefill_sizes_its_chunks_to_take_a_short_time(tiny_models
     import time
 
     from ember.models.loader import load_model
-    from ember.offload import runner as runner_module
+    from ember.offload.decode import runner as runner_module
 
     engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=128))
     runner, passes = engine.runner, []
@@ -188,7 +188,7 @@ def test_unknown_or_impossible_chat_formats_are_config_errors(engine):
 
 def test_a_chat_prompt_stops_at_its_format_stop_strings_without_leaking(engine):
     from ember.models.chat_format import ChatFormat
-    from ember.offload.engine import ChatPrompt
+    from ember.offload.runtime.engine import ChatPrompt
 
     ids = engine.encode("the")
     free = engine.generate(ids, sampling=GREEDY, max_tokens=16, ignore_eos=True)

@@ -12,9 +12,9 @@ from ember.kernels import decoder_step
 from ember.models import synthetic
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model, open_model
-from ember.offload import quant_model
-from ember.offload.quant_body import use_body
-from ember.offload.quant_model import QuantModel
+from ember.offload.body import quant_model
+from ember.offload.body.quant_body import use_body
+from ember.offload.body.quant_model import QuantModel
 
 FAMILIES = list(synthetic.FAMILY_CONFIGS)
 # Token ids of the tiny vocabulary (bos 2, then byte, character and piece tokens), long
@@ -233,8 +233,8 @@ def test_greedy_decoding_agrees_with_llama_cpp(family_models, name):
     """An engine (paged K/V, the file's blocks, token by token) decodes greedily; llama.cpp,
     scoring the prompt and those tokens, ranks each of them first, or within twice
     MAX_DELTA of its first (a near-tie)."""
-    from ember.offload.engine import Engine, EngineOptions
-    from ember.offload.sampler import GREEDY
+    from ember.offload.runtime.engine import Engine, EngineOptions
+    from ember.offload.decode.sampler import GREEDY
 
     path = family_models[name][2]
     llm = _llama_cpp(path)
@@ -261,9 +261,9 @@ def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_mod
     engine whose predictors call every neuron active, and self-speculation on top of the
     split all decode the dense engine's greedy tokens; a split's logits stay within the GPU
     tier's rounding of the dense engine's."""
-    from ember.offload.engine import Engine, EngineOptions
-    from ember.offload.sampler import GREEDY
-    from ember.offload.memory_plan import workspace_bytes
+    from ember.offload.runtime.engine import Engine, EngineOptions
+    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.hybrid.memory_plan import workspace_bytes
     from tests.test_hybrid_file_blocks import _profile
 
     loaded = load_model(family_models[name][2])
@@ -410,8 +410,8 @@ def test_a_hugging_face_folder_gives_the_gguf_files_logits(family_models, name, 
 def test_phi3_weights_read_into_ram_are_unfused_too(family_models):
     """`--mmap off` rebuilds the weights from a RAM copy of the file: Phi-3's fused tensors
     must be split there as well, and decode the mapped file's tokens."""
-    from ember.offload.engine import Engine, EngineOptions
-    from ember.offload.sampler import GREEDY
+    from ember.offload.runtime.engine import Engine, EngineOptions
+    from ember.offload.decode.sampler import GREEDY
 
     path = family_models["phi3"][2]
     tokens = []

@@ -1,4 +1,4 @@
-"""Every block in one C++ call (kernels/fused_ops.body_step, offload/fused_body.py): the same
+"""Every block in one C++ call (kernels/fused_ops.body_step, offload/body/fused_body.py): the same
 bits as its reference op chain and as the blocks run one by one, and a clean fallback to the
 blocks wherever they must run as modules."""
 
@@ -9,8 +9,8 @@ import torch
 
 from ember.kernels import cpu_extension, fused_ops, q8_matmul
 from ember.models.loader import load_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.token_tree import TokenTree
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.speculative.token_tree import TokenTree
 
 
 @pytest.fixture(scope="module")

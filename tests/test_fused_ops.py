@@ -1,5 +1,5 @@
 """Fused decode-step ops (kernels/fused_ops.py) against their references, and the fused block
-(offload/fused_block.py) against the reference `Block.forward`."""
+(offload/body/fused_block.py) against the reference `Block.forward`."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_fused_block_matches_reference_block(fast, tiny_models, name):
     """Whole prefill + decode on a tiny model: fused blocks against the reference forward,
     both on the same Q8_0 projections."""
     from ember.models.loader import load_model
-    from ember.offload.fused_block import FusedBlock
-    from ember.offload.quant_body import use_body
+    from ember.offload.body.fused_block import FusedBlock
+    from ember.offload.body.quant_body import use_body
 
     model = load_model(tiny_models[name][2]).model
     use_body(model, "q8")
@@ -107,7 +107,7 @@ def test_fused_block_matches_reference_block(fast, tiny_models, name):
 
 def test_fp32_body_has_no_fused_blocks(tiny_models):
     from ember.models.loader import load_model
-    from ember.offload.quant_body import use_body
+    from ember.offload.body.quant_body import use_body
 
     model = load_model(tiny_models["gemma3"][2]).model
     use_body(model, "q8")
@@ -176,7 +176,7 @@ def test_attend_slots_rejects_bad_slots(fast):
 def test_paged_decode_reads_keys_in_place(fast, tiny_models):
     """The engine's decode steps go through the in-place attention, and match gathering."""
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     for b in engine.model.blocks:
@@ -235,7 +235,7 @@ def test_decode_in_one_call_equals_op_by_op_decode(fast, tiny_models):
     """The engine's one-call attention step gives the bits of the op-by-op path tree rows
     take (speculative decoding's equality rests on it)."""
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     ids = engine.encode("the cat is in the hat")
@@ -283,7 +283,7 @@ def test_a_hooked_ffn_runs_as_its_module(fast, tiny_models):
     """The one-call FFN step is skipped where hooks must fire (activation collection), with
     the same result."""
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
     ids = engine.encode("the cat is in the hat")

@@ -16,12 +16,12 @@ from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, reference_hot_ffn
 from ember.kernels.sparse_ffn import SparseFFNWeights
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model
-from ember.offload.cpu_worker import CpuWorker
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.hybrid_ffn import HybridFFN
-from ember.offload.hybrid_setup import build_hybrid, restore_dense
-from ember.offload.memory_plan import ComponentBytes, plan_memory, workspace_bytes
-from ember.offload.neuron_selectors import OracleSelector
+from ember.offload.hybrid.cpu_worker import CpuWorker
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.hybrid.ffn import HybridFFN
+from ember.offload.hybrid.setup import build_hybrid, restore_dense
+from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory, workspace_bytes
+from ember.offload.hybrid.neuron_selectors import OracleSelector
 from ember.placement.layout import Placement
 
 ACTS = ("relu", "relu2", "relu_glu", "drelu", "silu_glu", "gelu_glu")
@@ -108,7 +108,7 @@ def test_engine_with_gpu_budget_matches_dense_engine(tiny_models):
     loaded = load_model(tiny_models["gemma3"][2])
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=128))
     ids = dense.encode("the cat")
-    from ember.offload.sampler import GREEDY
+    from ember.offload.decode.sampler import GREEDY
 
     want = dense.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
     budget = workspace_bytes(loaded.config) + 100_000  # attention cannot fit: FFN gets it
@@ -301,7 +301,7 @@ def test_info_prints_the_gpu_plan_and_rejects_impossible_budgets(capsys, tiny_ge
 
 def test_batched_sparse_evaluation_equals_token_by_token_decoding(tiny_models):
     """`sparse_rows` (used to measure quality) computes what per-token decoding computes."""
-    from ember.offload.neuron_selectors import PredictorSelector
+    from ember.offload.hybrid.neuron_selectors import PredictorSelector
 
     loaded = load_model(tiny_models["llama-silu_glu"][2])
     model, cfg = loaded.model, loaded.config
@@ -331,7 +331,7 @@ def test_batched_sparse_evaluation_equals_token_by_token_decoding(tiny_models):
 
 def test_cold_rows_default_to_int8_unless_the_body_is_float32():
     from ember.kernels import q8_matmul
-    from ember.offload.hybrid_setup import resolve_cold_dtype
+    from ember.offload.hybrid.setup import resolve_cold_dtype
 
     assert resolve_cold_dtype("auto", "auto") == ("int8" if q8_matmul.available() else "fp32")
     assert resolve_cold_dtype("auto", "fp32") == "fp32"

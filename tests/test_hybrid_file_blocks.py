@@ -11,17 +11,17 @@ import torch
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model
 from ember.models.weights import QTensor
-from ember.offload import quant_model
-from ember.offload.cpu_worker import CpuWorker
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.ffn_rows import FileFFNRows, FloatFFNRows
-from ember.offload.hybrid_ffn import HybridFFN
-from ember.offload.memory_plan import workspace_bytes
-from ember.offload.profile_artifact import Profile
-from ember.offload.quant_model import QuantModel
-from ember.offload.resources import builds_float_model, split_rows_bytes
-from ember.offload.sampler import GREEDY
-from ember.offload.token_tree import TokenTree
+from ember.offload.body import quant_model
+from ember.offload.hybrid.cpu_worker import CpuWorker
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.body.ffn_rows import FileFFNRows, FloatFFNRows
+from ember.offload.hybrid.ffn import HybridFFN
+from ember.offload.hybrid.memory_plan import workspace_bytes
+from ember.offload.runtime.profile_file import Profile
+from ember.offload.body.quant_model import QuantModel
+from ember.offload.runtime.resources import builds_float_model, split_rows_bytes
+from ember.offload.decode.sampler import GREEDY
+from ember.offload.speculative.token_tree import TokenTree
 from ember.placement.layout import Placement
 from ember.predictors.mlp import Predictor, PredictorSet
 
@@ -284,7 +284,7 @@ def test_the_memory_check_charges_the_derived_rows_not_a_float_model(monkeypatch
     """A split engine on the file's blocks needs the file, the rows the split derives and the
     KV pools: less than the float32 model the legacy split built, and said in the error."""
     from ember.models.loader import open_model
-    from ember.offload import resources
+    from ember.offload.runtime import resources
 
     source = open_model(tiny_q4_k_m[2])
     needs = {}

@@ -1,5 +1,5 @@
-"""Input thresholds at run time (offload/input_sparsity.py) and their calibration
-(offload/input_calibration.py) on tiny models: the thresholded C++ step against the masked
+"""Input thresholds at run time (offload/body/input_sparsity.py) and their calibration
+(offload/profile/input_calibration.py) on tiny models: the thresholded C++ step against the masked
 dense reference, bit for bit; counters; allocation; the profile and engine round trip."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from ember.kernels import block_matmul as bm
 from ember.kernels import input_sparse as isp
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model
-from ember.offload import quant_model
-from ember.offload.input_calibration import (SlotStats, allocate, collect_slot_stats,
+from ember.offload.body import quant_model
+from ember.offload.profile.input_calibration import (SlotStats, allocate, collect_slot_stats,
                                              reference_passes)
-from ember.offload.input_sparsity import MATMULS, SLOTS, apply_input_sparsity, check_thresholds
-from ember.offload.quant_model import QuantModel
+from ember.offload.body.input_sparsity import MATMULS, SLOTS, apply_input_sparsity, check_thresholds
+from ember.offload.body.quant_model import QuantModel
 from ember.models.errors import ConfigError
 
 needs_native = pytest.mark.skipif(not quant_model.applies(),
@@ -164,7 +164,7 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     import json
 
     from ember.app.cli import main
-    from ember.offload.profile_artifact import load_profile
+    from ember.offload.runtime.profile_file import load_profile
 
     path = tiny_models["llama-silu_glu"][2]
     out = tmp_path / "p.safetensors"

@@ -1,18 +1,39 @@
-"""The import graph points one way: app -> offload -> predictors/placement/kernels -> models."""
+"""The import graph points one way: app -> offload -> predictors/placement/kernels -> models,
+and inside offload/ from room to room in the order its package docstring lists."""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RANK = {"models": 0, "kernels": 1, "placement": 1, "predictors": 1, "offload": 2, "app": 3}
+# What each room of offload/ may import from the others (its own modules always).
+ROOMS = {
+    "kv": set(),
+    "body": set(),
+    "hybrid": {"body", "kv"},
+    "decode": {"body", "kv"},
+    "speculative": {"decode", "body", "kv"},
+    "runtime": {"speculative", "decode", "hybrid", "body", "kv"},
+    "profile": {"runtime", "speculative", "decode", "hybrid", "body", "kv"},
+}
 
 
 def _imports(path: pathlib.Path):
+    """Absolute module names `path` imports; relative ones resolved against its package."""
+    package = path.relative_to(ROOT).parent.parts
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if node.module:
+                    yield node.module
+                continue
+            base = ("ember", *package[: len(package) - node.level + 1])
+            if node.module:
+                yield ".".join((*base, node.module))
+            else:  # from . import a, b
+                yield from (".".join((*base, a.name)) for a in node.names)
 
 
 def test_no_upward_imports():
@@ -31,3 +52,46 @@ def test_no_upward_imports():
                 if RANK.get(target, -1) > rank:
                     bad.append(f"{f.relative_to(ROOT)}: imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_offload_rooms_import_only_the_rooms_below_them():
+    bad = []
+    for f in (ROOT / "offload").rglob("*.py"):
+        room = f.relative_to(ROOT / "offload").parts[0]
+        allowed = ROOMS.get(room)
+        for name in _imports(f):
+            parts = name.split(".")
+            if parts[:2] != ["ember", "offload"] or len(parts) < 3:
+                continue
+            target = parts[2]
+            if allowed is None:
+                bad.append(f"{f.relative_to(ROOT)}: offload/ modules live in a room, not at its top")
+            elif target != room and target not in allowed:
+                bad.append(f"{f.relative_to(ROOT)} ({room}): imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_offload_module_sits_in_a_room_the_rules_name():
+    rooms = {p.name for p in (ROOT / "offload").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    stray = [p.name for p in (ROOT / "offload").glob("*.py") if p.name != "__init__.py"]
+    assert rooms == set(ROOMS), f"rooms on disk {sorted(rooms)} vs rules {sorted(ROOMS)}"
+    assert not stray, f"modules outside any room: {stray}"
+
+
+def test_each_room_says_what_it_owns_and_may_import():
+    for room, allowed in ROOMS.items():
+        doc = ast.get_docstring(ast.parse((ROOT / "offload" / room / "__init__.py").read_text()))
+        assert doc, f"offload/{room}/__init__.py has no docstring"
+        for other in allowed:
+            assert f"`{other}`" in doc or "every" in doc, f"offload/{room} docstring omits `{other}`"
+
+
+def test_every_package_on_disk_is_listed_for_installation():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = set()
+    for top in RANK:
+        for init in (ROOT / top).rglob("__init__.py"):
+            on_disk.add(".".join(("ember", *init.parent.relative_to(ROOT).parts)))
+    assert on_disk <= listed, f"not installed by a non-editable install: {sorted(on_disk - listed)}"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model
-from ember.offload.kv_blocks import BlockAllocator, OutOfBlocks
-from ember.offload.paged_kv import DROPPED, HOST, PagedKVCache
+from ember.offload.kv.blocks import BlockAllocator, OutOfBlocks
+from ember.offload.kv.paged import DROPPED, HOST, PagedKVCache
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -216,8 +216,8 @@ def test_random_operation_sequences_match_reference(model, ops, margin):
 
 
 def test_planned_blocks_suffice_for_a_full_context_prefilled_in_chunks(model):
-    from ember.offload.kv_plan import blocks_for_one_sequence
-    from ember.offload.runner import Runner
+    from ember.offload.kv.plan import blocks_for_one_sequence
+    from ember.offload.decode.runner import Runner
 
     n_ctx, bs, margin, chunk = 200, 4, 4, 16
     need = blocks_for_one_sequence(model.cfg, n_ctx, bs, margin=margin, chunk=chunk)

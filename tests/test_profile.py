@@ -8,9 +8,9 @@ import json
 import pytest
 
 from ember.models.loader import load_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.profile_artifact import load_profile
-from ember.offload.profiler import ProfileOptions, run_profile
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.runtime.profile_file import load_profile
+from ember.offload.profile.profiler import ProfileOptions, run_profile
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_retuned_predictors_reach_the_higher_recall(tiny_models, text_file):
 
 
 def test_profile_over_budget_escalates_recall(tmp_path, tiny_models, text_file, monkeypatch):
-    from ember.offload import profiler
+    from ember.offload.profile import profiler
 
     loaded = load_model(tiny_models["llama-relu_glu"][2])
     messages = []

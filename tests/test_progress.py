@@ -155,7 +155,7 @@ def test_quiet_progress_draws_nothing_but_still_prints_lines(monkeypatch, capsys
 
 
 def test_loading_reports_layers_then_ready(tiny_models):
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     seen = []
     engine = Engine.load(tiny_models["llama-relu_glu"][2],
@@ -168,7 +168,7 @@ def test_loading_reports_layers_then_ready(tiny_models):
 
 
 def test_loading_the_files_blocks_spends_the_bar_on_reading_the_file(tiny_q4_k_m):
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     seen = []
     engine = Engine.load(tiny_q4_k_m[2], EngineOptions(device="cpu", n_ctx=64, mmap="off"),
@@ -205,7 +205,7 @@ def test_predictor_training_reports_every_epoch_in_order(tiny_models):
 
 def test_profile_reports_each_stage_from_start_to_end(tiny_models, tmp_path):
     from ember.models.loader import load_model
-    from ember.offload.profiler import ProfileOptions, run_profile
+    from ember.offload.profile.profiler import ProfileOptions, run_profile
 
     text = tmp_path / "calib.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 60)

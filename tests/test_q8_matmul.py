@@ -97,8 +97,8 @@ def test_reference_is_the_dequantized_matmul_of_rounded_activations():
 def test_quantized_head_in_a_q8_model_keeps_greedy_tokens(tiny_models, tmp_path):
     from ember.models import synthetic
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
-    from ember.offload.sampler import GREEDY
+    from ember.offload.runtime.engine import Engine, EngineOptions
+    from ember.offload.decode.sampler import GREEDY
 
     cfg, weights, _, _ = tiny_models["gemma3"]
     path = synthetic.write_gguf(tmp_path / "q8.gguf", cfg, weights, qtype=Q.Q8_0)

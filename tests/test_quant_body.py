@@ -1,4 +1,4 @@
-"""The quantized dense body (offload/quant_body.py): Q8_0 projections swapped into a model."""
+"""The quantized dense body (offload/body/quant_body.py): Q8_0 projections swapped into a model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from ember.kernels import q8_matmul
 from ember.models.transformer import FeedForward, Projection
-from ember.offload.quant_body import BlockFeedForward, BlockProjection, use_body
+from ember.offload.body.quant_body import BlockFeedForward, BlockProjection, use_body
 
 needs_kernel = pytest.mark.skipif(not q8_matmul.available(),
                                   reason="C++ kernels not built on this machine")
@@ -15,7 +15,7 @@ needs_kernel = pytest.mark.skipif(not q8_matmul.available(),
 
 def _engine(path, weights):
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     return Engine(load_model(path), EngineOptions(device="cpu", n_ctx=128, weights=weights))
 
@@ -33,7 +33,7 @@ def test_q8_body_keeps_first_tokens_and_logits_close(tiny_models, name):
     a = fast.runner.prefill("s", ids)
     b = ref.runner.prefill("s", ids)
     assert (a - b).abs().max() < 0.05 * b.abs().max()  # random tiny weights: the worst case
-    from ember.offload.sampler import GREEDY
+    from ember.offload.decode.sampler import GREEDY
 
     fast.runner.reset("s")
     ref.runner.reset("s")
@@ -80,7 +80,7 @@ def test_projections_without_whole_blocks_stay_float(tiny_models):
 
 def test_unknown_choice_is_a_config_error():
     from ember.models.errors import ConfigError
-    from ember.offload.engine import EngineOptions
+    from ember.offload.runtime.engine import EngineOptions
 
     with pytest.raises(ConfigError, match="--weights"):
         EngineOptions(weights="q4")
@@ -92,7 +92,7 @@ def test_q8_body_perplexity_within_1_percent_of_fp32(default_model_path):
     """Requantizing the file's 4-6 bit blocks to Q8_0 is near-lossless on English text."""
     from pathlib import Path
 
-    from ember.offload.perplexity import perplexity
+    from ember.offload.profile.perplexity import perplexity
 
     text = (Path(__file__).parent / "data" / "english.txt").read_text()
     ppl = {}

@@ -1,4 +1,4 @@
-"""The model engines run: the file's own blocks (offload/quant_model.py), against the float32
+"""The model engines run: the file's own blocks (offload/body/quant_model.py), against the float32
 reference Transformer, and as an engine's private model."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from ember.kernels import decoder_step
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model, open_model
 from ember.models.tree_rows import TreeRows
-from ember.offload import quant_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.quant_model import QuantModel
-from ember.offload.sampler import GREEDY
+from ember.offload.body import quant_model
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.body.quant_model import QuantModel
+from ember.offload.decode.sampler import GREEDY
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 

@@ -11,10 +11,10 @@ from ember.models import ram_copy
 from ember.models.errors import ModelFormatError
 from ember.models.gguf_file import GGUFFile
 from ember.models.loader import load_model, open_model
-from ember.offload import quant_model
-from ember.offload.engine import ConfigError, Engine, EngineOptions
-from ember.offload.resources import RAM_COPY_SHARE, reads_weights_into_ram
-from ember.offload.sampler import GREEDY
+from ember.offload.body import quant_model
+from ember.offload.runtime.engine import ConfigError, Engine, EngineOptions
+from ember.offload.runtime.resources import RAM_COPY_SHARE, reads_weights_into_ram
+from ember.offload.decode.sampler import GREEDY
 
 CPU = torch.device("cpu")
 needs_native = pytest.mark.skipif(not quant_model.applies(),

@@ -8,9 +8,9 @@ import pytest
 
 from ember.models.loader import open_model
 from ember.models.summary import summarize
-from ember.offload import resources
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.resources import GIB, InsufficientMemoryError
+from ember.offload.runtime import resources
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.runtime.resources import GIB, InsufficientMemoryError
 
 
 def _available(monkeypatch, nbytes: int) -> None:
@@ -34,9 +34,9 @@ def test_the_need_counts_weights_kv_pools_and_the_allowance(monkeypatch, tiny_ge
     source = open_model(tiny_gemma_gguf)
     options = EngineOptions(device="cpu", n_ctx=256)
     weights = summarize(source, 256)["memory"]["weights_fp32_bytes"]
-    from ember.offload.kv_plan import plan_kv
+    from ember.offload.kv.plan import plan_kv
 
-    from ember.offload.quant_model import kv_dtype
+    from ember.offload.body.quant_model import kv_dtype
 
     cpu = resources.resolve_device("cpu")
     pools = plan_kv(source.config, 256, value_bytes=kv_dtype(options, cpu).itemsize).to_dict()

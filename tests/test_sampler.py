@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ember.models.errors import ConfigError
-from ember.offload.sampler import (GREEDY, Sampler, SamplingParams, apply_repeat_penalty,
+from ember.offload.decode.sampler import (GREEDY, Sampler, SamplingParams, apply_repeat_penalty,
                                    filter_candidates)
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.5, -1.0, 2.9])

@@ -31,7 +31,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def engine(tiny_gemma_gguf):
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     # Gemma's turns, not the transcript a file without a template gets: the transcript's
     # preamble alone is ~230 tokens of the tiny model's character-level vocabulary.

@@ -32,7 +32,7 @@ LONG = {"prompt": "the cat", "max_tokens": 200, "temperature": 0, "ignore_eos": 
 
 @pytest.fixture(scope="module")
 def engine(tiny_gemma_gguf):
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     engine = Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=256, threads=1))
     yield engine

@@ -159,7 +159,7 @@ def _cancelled_after(server: Server, left: float, cancelled_before: int) -> floa
 
 # Headroom: the engine checks the cancel flag before every token (a step of ~20 ms on this
 # model, ~60 ms with the machine's two cores oversubscribed five times) and before every prompt
-# chunk (sized to take ~60 ms as measured, offload/runner.py). Polling /health adds a few ms.
+# chunk (sized to take ~60 ms as measured, offload/decode/runner.py). Polling /health adds a few ms.
 # A pause of the whole process (a neighbour's SIGSTOP) would break any bound: rerun.
 
 

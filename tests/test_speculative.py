@@ -9,10 +9,10 @@ import torch
 
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.paged_kv import PagedKVCache
-from ember.offload.sampler import GREEDY, SamplingParams
-from ember.offload.token_tree import TokenTree, parse_tree, tree_size
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.kv.paged import PagedKVCache
+from ember.offload.decode.sampler import GREEDY, SamplingParams
+from ember.offload.speculative.token_tree import TokenTree, parse_tree, tree_size
 
 PROMPTS = ["the cat is in the hat and the dog is in the", "an apple of the", "wh is the"]
 
@@ -73,7 +73,7 @@ def test_tree_verification_logits_equal_decode_bit_for_bit(tiny_models, weights)
     with the batch-invariant bodies (the file's blocks, "auto"; the Q8_0 body), one row at a
     time with the fp32 reference body."""
     from ember.kernels import q8_matmul
-    from ember.offload.runner import body_batch_invariant
+    from ember.offload.decode.runner import body_batch_invariant
 
     if weights != "fp32" and not q8_matmul.available():
         pytest.skip("no C++ kernels here")
@@ -199,8 +199,8 @@ def test_trees_with_branches_are_lossless(tiny_models, plain):
 @pytest.mark.parametrize("weights", ["q8", "fp32"])
 def test_self_drafter_reads_a_head_kept_in_host_ram(tiny_models, weights):
     """On a GPU the runtime may wrap the LM head (HostLMHead); the shortlist reads the real one."""
-    from ember.offload.drafters import ShortlistHead
-    from ember.offload.hybrid_setup import HostLMHead
+    from ember.offload.speculative.drafters import ShortlistHead
+    from ember.offload.hybrid.setup import HostLMHead
 
     model = _engine(tiny_models["gemma3"][2], weights=weights, lm_head="auto").model
     hidden = torch.randn(2, model.cfg.hidden_size)
@@ -265,7 +265,7 @@ def test_options_are_checked():
 
 
 def test_mismatched_draft_tokenizer_is_refused(tiny_models):
-    from ember.offload.drafters import check_same_tokenizer
+    from ember.offload.speculative.drafters import check_same_tokenizer
 
     a = load_model(tiny_models["gemma3"][2]).tokenizer
 
@@ -297,7 +297,7 @@ def test_default_model_greedy_speculation_is_lossless(default_engine, mode):
 
 
 def test_tree_sizer_drafts_what_pays():
-    from ember.offload.speculative import TreeSizer
+    from ember.offload.speculative.verify import TreeSizer
 
     sizer = TreeSizer((1, 1, 1, 1))
     assert sizer.next_widths() == ()  # the first step is plain: it measures a step

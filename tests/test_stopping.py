@@ -1,4 +1,4 @@
-from ember.offload.stopping import StopStrings
+from ember.offload.decode.stopping import StopStrings
 
 
 def _run(stops, deltas):

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ember.models.loader import load_model, open_model
-from ember.offload import quant_model
-from ember.offload.engine import Engine, EngineOptions
-from ember.offload.memory_plan import workspace_bytes
-from ember.offload.offload_forecast import forecast
-from ember.offload.tier_dtypes import TierCaps, TierChoice, format_for_type
+from ember.offload.body import quant_model
+from ember.offload.runtime.engine import Engine, EngineOptions
+from ember.offload.hybrid.memory_plan import workspace_bytes
+from ember.offload.hybrid.forecast import forecast
+from ember.offload.hybrid.tier_dtypes import TierCaps, TierChoice, format_for_type
 
 from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 
@@ -134,7 +134,7 @@ def _kv_devices():
 def test_a_half_kv_pool_swaps_out_and_back_bit_for_bit(tiny_q4_k_m, device, dtype):
     """K/V in fp16 or bf16 on the tier's device (pinned host pool on CUDA): every written
     row comes back from host RAM with the same bits."""
-    from ember.offload.paged_kv import PagedKVCache
+    from ember.offload.kv.paged import PagedKVCache
 
     cfg = tiny_q4_k_m[0]
     cache = PagedKVCache(cfg, device_blocks=64, host_blocks=64, block_size=4, device=device,
@@ -161,7 +161,7 @@ def test_a_half_kv_pool_swaps_out_and_back_bit_for_bit(tiny_q4_k_m, device, dtyp
 def test_info_states_the_conversion_error_the_engine_measures(tiny_q4_k_m):
     """`ember info`'s sampled error (64 rows of three layers, no model loaded) is the error
     the engine measures over every row it packs, to sampling."""
-    from ember.offload.tier_dtypes import sampled_errors
+    from ember.offload.hybrid.tier_dtypes import sampled_errors
 
     loaded = load_model(tiny_q4_k_m[2])
     cfg = loaded.config

@@ -187,7 +187,7 @@ def test_layer_runs_split_hot_computed_and_skipped():
 
 @pytest.mark.asyncio
 async def test_tiny_model_loads_with_progress_and_shows_its_placement(tmp_path, tiny_gemma_gguf):
-    from ember.offload.memory_plan import workspace_bytes
+    from ember.offload.hybrid.memory_plan import workspace_bytes
     from ember.models.loader import open_model
 
     seen = []
@@ -218,7 +218,7 @@ async def test_tiny_model_loads_with_progress_and_shows_its_placement(tmp_path, 
 
 
 def test_engine_load_reports_progress_per_layer(tiny_gemma_gguf):
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     calls = []
     # The float32 model (what --weights fp32 builds) reports each layer it builds; the default
@@ -265,7 +265,7 @@ def test_chat_flags_reach_the_engine_options(monkeypatch, tmp_path, tiny_gemma_g
     assert options["gpu_budget"] == 2_000_000 and options["split"] == "cpu-only"
     assert options["cold_dtype"] == "int8" and options["profile"] is None
     assert options["speculate"] == "lookup" and options["tree"] == "1,1,2"
-    from ember.offload.engine import EngineOptions
+    from ember.offload.runtime.engine import EngineOptions
 
     EngineOptions(**options)  # every key is a field the engine knows
 
@@ -288,7 +288,7 @@ def test_backend_reports_speculation_from_a_real_engine(tiny_gemma_gguf):
     from ember.app.tui.settings import ChatSettings
     from ember.models.chat_format import ChatMessage
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     # Gemma's turns, not the transcript a file without a template gets: the transcript's
     # preamble alone is ~230 tokens of the tiny model's character-level vocabulary.
@@ -310,7 +310,7 @@ def test_backend_writes_a_conversation_in_its_settings_chat_format(tiny_gemma_gg
     from ember.models.chat_format import ChatMessage
     from ember.models.errors import ConfigError
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine, EngineOptions
+    from ember.offload.runtime.engine import Engine, EngineOptions
 
     engine = Engine(load_model(tiny_gemma_gguf),
                     EngineOptions(device="cpu", n_ctx=256, chat_format="gemma"))

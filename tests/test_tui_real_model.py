@@ -16,7 +16,7 @@ from ember.app.tui.widgets.message_list import MessageView
 from ember.app.tui.widgets.prompt_input import PromptInput
 from ember.models import synthetic
 from ember.models.loader import load_model
-from ember.offload.engine import Engine, EngineOptions
+from ember.offload.runtime.engine import Engine, EngineOptions
 
 
 @pytest.fixture

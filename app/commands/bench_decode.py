@@ -51,7 +51,7 @@ def _prompt_ids(engine, n: int, text: str = "repeated") -> list[int]:
 
 
 def _ember_run(engine, ids: list[int], gen: int) -> dict:
-    from ember.offload.sampler import GREEDY
+    from ember.offload.decode.sampler import GREEDY
 
     engine.runner.reset("default")  # no prefix reuse between runs: time the full prefill
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
@@ -92,8 +92,8 @@ def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
     """Weights read per decode step (Ember's, and the file's own: what reading every
     projection and the LM head as stored costs) times tokens/s, against the measured copy
     bandwidth."""
-    from ember.offload.quant_body import weight_bytes_per_token
-    from ember.offload.quant_model import file_bytes_per_token
+    from ember.offload.body.quant_body import weight_bytes_per_token
+    from ember.offload.body.quant_model import file_bytes_per_token
 
     model, source = engine.model, engine.loaded.source
     per_token = (model.weight_bytes_per_token() if hasattr(model, "weight_bytes_per_token")
@@ -123,7 +123,7 @@ def run(args) -> int:
 
     import torch
 
-    from ember.offload.engine import Engine
+    from ember.offload.runtime.engine import Engine
 
     threads = torch.get_num_threads()
     # Ember with each drafter asked for, on the same loaded model (speculation is lossless:

@@ -1,6 +1,6 @@
 """`ember bench placement`: the ILP against the greedy baseline on a 70B-shaped problem, or
 with `--shape` a forecast of Ember's split against whole-layer offload
-(offload/offload_forecast.py).
+(offload/hybrid/forecast.py).
 
 The problem is synthetic but sized like Llama-2/3 70B: 80 FFN layers of 28,672 neurons at
 hidden 8192, GQA attention with 8 KV heads of 128. Per layer, neuron frequencies follow a power
@@ -125,9 +125,9 @@ def run(args) -> int:
 
 
 def _forecast(args) -> int:
-    """`--shape`: Ember's split and whole-layer offload side by side (offload_forecast)."""
-    from ember.offload.offload_forecast import forecast
-    from ember.offload.sizes import format_size, parse_size
+    """`--shape`: Ember's split and whole-layer offload side by side (offload/hybrid/forecast.py)."""
+    from ember.offload.hybrid.forecast import forecast
+    from ember.models.sizes import format_size, parse_size
 
     if args.ctx < 1:
         raise ConfigError("--ctx must be at least 1")

@@ -24,10 +24,10 @@ def run(args) -> int:
 
     from ember.models.errors import ConfigError
     from ember.models.loader import open_model
-    from ember.offload.device import set_threads
-    from ember.offload.input_calibration import collect_slot_stats
-    from ember.offload.input_sparsity import SLOTS, apply_input_sparsity
-    from ember.offload.quant_model import QuantModel, applies
+    from ember.offload.runtime.device import set_threads
+    from ember.offload.profile.input_calibration import collect_slot_stats
+    from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity
+    from ember.offload.body.quant_model import QuantModel, applies
 
     if not applies():
         raise ConfigError("ember bench sparsity needs Ember's C++ CPU kernels (a C++ compiler "
@@ -42,7 +42,7 @@ def run(args) -> int:
     prompt = torch.randint(3, vocab, (args.prompt_tokens,), generator=g).tolist()
     sets = {}
     if args.profile:
-        from ember.offload.profile_artifact import load_profile
+        from ember.offload.runtime.profile_file import load_profile
 
         profile = load_profile(args.profile, model.cfg, source.fingerprint)
         if "input_thresholds" not in profile.meta:

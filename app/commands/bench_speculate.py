@@ -56,7 +56,7 @@ PROMPTS = {
 
 
 def _options(args, speculate: str, tree: str | None):
-    from ember.offload.engine import EngineOptions
+    from ember.offload.runtime.engine import EngineOptions
 
     return EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads or 2,
                          lm_head=getattr(args, "lm_head", "auto"),
@@ -66,7 +66,7 @@ def _options(args, speculate: str, tree: str | None):
 
 
 def _run(engine, ids: list[int], gen: int) -> tuple[list[int], float, dict | None]:
-    from ember.offload.sampler import GREEDY
+    from ember.offload.decode.sampler import GREEDY
 
     engine.runner.reset("default")
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
@@ -87,7 +87,7 @@ def run(args) -> int:
 def measure(args, prompts: dict[str, list[str]]) -> dict:
     """Plain vs every drafter on each prompt, interleaved; per-kind medians and ratios."""
     from ember.models.loader import load_model
-    from ember.offload.engine import Engine
+    from ember.offload.runtime.engine import Engine
 
     loaded = load_model(model_path(args))
     engines = {"plain": Engine(loaded, _options(args, "off", None))}

@@ -36,7 +36,7 @@ def engine_options(args) -> dict:
     as a budget below its minimum or a profile made for another model, is reported by the
     engine as it loads, in a notification.
     """
-    from ember.offload.sizes import parse_size
+    from ember.models.sizes import parse_size
 
     if args.model and not Path(args.model).exists():
         raise EmberError(f"{args.model}: no such file or folder")
@@ -84,7 +84,7 @@ def _speculation_options(args) -> dict:
         raise EmberError(f"--draft-model {draft}: no such file or folder")
     if tree is not None:
         # Only with --tree: its parser comes with torch, which loading needs anyway.
-        from ember.offload.token_tree import parse_tree
+        from ember.offload.speculative.token_tree import parse_tree
 
         parse_tree(tree)
     return dict(speculate=speculate, tree=tree, draft_model=draft)

@@ -19,8 +19,8 @@ def model_path(args):
 
 
 def load_engine(args):
-    from ember.offload.engine import Engine, EngineOptions
-    from ember.offload.sizes import parse_size
+    from ember.offload.runtime.engine import Engine, EngineOptions
+    from ember.models.sizes import parse_size
 
     def size(flag: str):
         value = getattr(args, flag.replace("-", "_"), None)

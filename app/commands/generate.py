@@ -12,8 +12,8 @@ from .common import load_engine, print_json, read_prompt
 
 def run(args) -> int:
     from ember.models.chat_format import ChatMessage
-    from ember.offload.events import DoneEvent, TokenEvent
-    from ember.offload.sampler import SamplingParams
+    from ember.offload.decode.events import DoneEvent, TokenEvent
+    from ember.offload.decode.sampler import SamplingParams
 
     prompt = read_prompt(args.prompt)
     if args.system and not args.chat:
@@ -90,7 +90,7 @@ def run(args) -> int:
 
 
 def _print_hybrid(hybrid: dict) -> None:
-    from ember.offload.hybrid_setup import UNLIMITED
+    from ember.offload.hybrid.setup import UNLIMITED
 
     budget = hybrid["budget_bytes"]
     of = "" if budget >= UNLIMITED else f" of {budget / 2**20:.1f} MiB"

@@ -68,8 +68,8 @@ def _weights_in(source) -> str:
     """Where a CPU engine with the default options keeps the file's bytes: "ram" or "mmap"."""
     import torch
 
-    from ember.offload.engine import EngineOptions
-    from ember.offload.resources import reads_weights_into_ram
+    from ember.offload.runtime.engine import EngineOptions
+    from ember.offload.runtime.resources import reads_weights_into_ram
 
     return "ram" if reads_weights_into_ram(source, EngineOptions(), torch.device("cpu")) else "mmap"
 
@@ -111,7 +111,7 @@ def _host_rows(cfg, plan) -> tuple[int, str]:
     """(bytes, dtype) of the cold FFN bundles an engine with default options derives: int8
     with the C++ kernels (asking whether they are built would build them, and `info` must
     stay quick)."""
-    from ember.offload.memory_plan import host_ffn_bytes
+    from ember.offload.hybrid.memory_plan import host_ffn_bytes
 
     return host_ffn_bytes(cfg, plan.placement, "int8"), "int8"
 
@@ -121,11 +121,11 @@ def _gpu_plan(cfg, args, source=None):
     it: hot rows in their tier formats, attention on the host), or None."""
     if args.gpu_budget is None:
         return None
-    from ember.offload.device import resolve_device
-    from ember.offload.kv_plan import plan_kv
-    from ember.offload.memory_plan import ComponentBytes, plan_memory
-    from ember.offload.sizes import parse_size
-    from ember.offload.tier_dtypes import TierChoice
+    from ember.offload.runtime.device import resolve_device
+    from ember.offload.kv.plan import plan_kv
+    from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
+    from ember.models.sizes import parse_size
+    from ember.offload.hybrid.tier_dtypes import TierChoice
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
     tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"),
@@ -138,7 +138,7 @@ def _gpu_plan(cfg, args, source=None):
 
 
 def _tier_errors(cfg, source, plan) -> dict[str, float]:
-    from ember.offload.tier_dtypes import sampled_errors
+    from ember.offload.hybrid.tier_dtypes import sampled_errors
 
     return sampled_errors(source.weights, cfg.n_layers, cfg.gated, list(plan.sizes.formats),
                           plan.sizes.half)

@@ -12,7 +12,7 @@ from .common import load_engine, print_json
 
 
 def run(args) -> int:
-    from ember.offload.perplexity import perplexity
+    from ember.offload.profile.perplexity import perplexity
 
     path = Path(args.file)
     try:

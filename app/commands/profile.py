@@ -11,10 +11,10 @@ from .common import model_path, print_json
 
 def run(args) -> int:
     from ember.models.loader import load_model
-    from ember.offload.device import set_threads
-    from ember.offload.profile_artifact import default_profile_path
-    from ember.offload.profiler import ProfileOptions, run_profile
-    from ember.offload.sizes import parse_size
+    from ember.offload.runtime.device import set_threads
+    from ember.offload.runtime.profile_file import default_profile_path
+    from ember.offload.profile.profiler import ProfileOptions, run_profile
+    from ember.models.sizes import parse_size
 
     options = ProfileOptions(
         texts=tuple(args.text or ()), sample_tokens=args.sample_tokens,

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ember.models.errors import EmberError
-from ember.offload.events import TokenEvent
+from ember.offload.decode.events import TokenEvent
 
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, model_card

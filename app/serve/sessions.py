@@ -2,7 +2,7 @@
 
 An OpenAI client names no conversation: each request resends the whole history. The runner
 already keeps, per named session, the token ids its KV cache holds and prefills only what a
-prompt adds past the longest common prefix (offload/runner.py). What is left to choose is the
+prompt adds past the longest common prefix (offload/decode/runner.py). What is left to choose is the
 session: the one sharing the longest prefix with the prompt, if that prefix is most of what
 the session holds (the prompt continues that conversation, or regenerates its last reply).
 Otherwise a new session, so an unrelated prompt that only shares a system prompt does not

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ember.models.errors import EmberError
-from ember.offload.events import DoneEvent
-from ember.offload.sampler import SamplingParams
+from ember.offload.decode.events import DoneEvent
+from ember.offload.decode.sampler import SamplingParams
 
 from .sessions import SessionPicker
 

@@ -21,7 +21,7 @@ from textual.widgets import Footer
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import EmberError
-from ember.offload.events import DoneEvent
+from ember.offload.decode.events import DoneEvent
 
 from .conversations import Conversations, title_from
 from .engine_port import EnginePort

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 from ember.models.chat_format import ChatMessage
-from ember.offload.events import DoneEvent, TokenEvent
+from ember.offload.decode.events import DoneEvent, TokenEvent
 
 from .settings import ChatSettings
 
@@ -84,7 +84,7 @@ class EngineBackend:
             if progress is not None:
                 progress(1.0, "ready")
             return
-        from ember.offload.engine import Engine, EngineOptions
+        from ember.offload.runtime.engine import Engine, EngineOptions
 
         self._engine = Engine.load(self._model_path, EngineOptions(**self._options),
                                    progress=progress)

@@ -17,7 +17,7 @@ import threading
 import time
 
 from ember.models.errors import EmberError
-from ember.offload.events import DoneEvent, Timings, TokenEvent
+from ember.offload.decode.events import DoneEvent, Timings, TokenEvent
 
 KV_BLOCK_TOKENS = 16
 KV_LAYERS = 18  # as in the default model

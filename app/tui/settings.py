@@ -36,7 +36,7 @@ class ChatSettings:
 
     def sampling(self):
         """The engine's `SamplingParams` for these settings (raises ConfigError if out of range)."""
-        from ember.offload.sampler import SamplingParams
+        from ember.offload.decode.sampler import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed)

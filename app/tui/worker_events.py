@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from ember.offload.events import DoneEvent
+from ember.offload.decode.events import DoneEvent
 
 
 @dataclass(eq=False)

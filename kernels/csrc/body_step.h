@@ -1,5 +1,5 @@
 // Every block's forward for one row (or a speculative tree's rows) in one call
-// (offload/fused_body.py): per layer, the attention sub-layer (attention_step, fused_ops.cpp)
+// (offload/body/fused_body.py): per layer, the attention sub-layer (attention_step, fused_ops.cpp)
 // then the dense Q8_0 FFN sub-layer (ffn_step). A decode step otherwise returns to Python twice per layer, and measured on the
 // default model that Python (argument handling, slot lookups, module checks) cost ~2 ms of a
 // ~16 ms token, against ~0.6 ms for the same Python alone (likely because each layer's weight

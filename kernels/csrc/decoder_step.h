@@ -1,5 +1,5 @@
 // Every decoder layer's forward for T rows in one call, on weights in the file's own GGML
-// blocks (offload/quant_model.py; Python reference: kernels/decoder_step.py). The rows are a
+// blocks (offload/body/quant_model.py; Python reference: kernels/decoder_step.py). The rows are a
 // decoded token, a prompt chunk or a speculative tree's nodes; each reads its own keys from
 // the paged KV pool. One call per pass, rather than a return to Python per layer: at batch 1
 // those returns cost more than their own work (measured on the default model: the Python
@@ -37,7 +37,7 @@ class DecoderStep {
                    const std::vector<std::vector<at::Tensor>>& slots,
                    const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin) const;
     // Layer `layer`'s attention sub-layer alone, for a runtime that computes the FFN itself
-    // (the hybrid split, offload/quant_model.py): returns (x + post-normed attention, the
+    // (the hybrid split, offload/body/quant_model.py): returns (x + post-normed attention, the
     // FFN's normed input). Same arguments as one layer of run().
     std::tuple<at::Tensor, at::Tensor> run_attention(int64_t layer, at::Tensor x,
                                                      at::Tensor k_pool, at::Tensor v_pool,

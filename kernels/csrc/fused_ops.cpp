@@ -1,4 +1,4 @@
-// Small fused ops for the CPU decode step (offload/fused_block.py). Each replaces a chain of
+// Small fused ops for the CPU decode step (offload/body/fused_block.py). Each replaces a chain of
 // PyTorch ops whose dispatch cost, not arithmetic, dominates at batch 1: the default model's
 // norms alone were ~40 dispatches per layer (7 per rms_norm, 6 norms), ~4 ms of a 30 ms token.
 //
@@ -304,7 +304,7 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
 }
 
 // A whole attention sub-layer for T rows in one call from Python: one decoded token, or the
-// rows of a speculative tree, each reading its own keys. The chain offload/fused_block.py runs
+// rows of a speculative tree, each reading its own keys. The chain offload/body/fused_block.py runs
 // op by op (for prefill) takes ~15 Python-level dispatches per layer between these ops, a few
 // ms per token on the default model. The same functions in the same order, so the result is
 // bit-identical to that chain, and each row's to what it gets alone.

@@ -1,6 +1,6 @@
 // One matmul of a decoder layer run input-sparse (input_sparse.cpp): its weights in the
 // input-major layout, side by side, the threshold below which an input is dropped, and the
-// counters of inputs kept / seen (read by offload/input_sparsity.py for the realized sparsity).
+// counters of inputs kept / seen (read by offload/body/input_sparsity.py for the realized sparsity).
 // DecoderStep holds one per matmul slot that a profile thresholds; unset slots run dense on the
 // file's blocks.
 #pragma once

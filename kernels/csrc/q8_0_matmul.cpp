@@ -1,6 +1,6 @@
 // y = x @ W^T for W stored as GGML Q8_0 blocks, reading each weight row once for all T rows
 // of x: the LM head (262k x 640 on the default model) and the body's weights, which
-// offload/quant_body.py turns into Q8_0 at load (Q4_0/Q5_0 blocks widened exactly, others
+// offload/body/quant_body.py turns into Q8_0 at load (Q4_0/Q5_0 blocks widened exactly, others
 // requantized).
 //
 // Q8_0 block (34 bytes): fp16 scale d, then 32 int8 quants q; w_i = d * q_i.

@@ -1,4 +1,4 @@
-// Picking tokens from a logits vector (offload/sampler.py): greedy argmax and the top-k
+// Picking tokens from a logits vector (offload/decode/sampler.py): greedy argmax and the top-k
 // candidates sampling starts from. Over the default model's 262k logits torch.argmax took
 // ~0.5 ms and torch.topk(k=40) ~0.8 ms a token; these take a single pass each.
 // References: torch.argmax, and top_k_reference in kernels/fused_ops.py.

@@ -1,4 +1,4 @@
-"""Which cold neurons the CPU side computes for a token (a `hybrid_ffn.Selector`).
+"""Which cold neurons the CPU side computes for a token (a `hybrid.ffn.Selector`).
 
 - `None` (no selector): all of them, the dense result.
 - `OracleSelector`: the truly active ones, found by computing every cold neuron's activation

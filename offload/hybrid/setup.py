@@ -2,7 +2,7 @@
 
 `split_ffns` plans the GPU tier and slices each FFN layer straight into its homes (hot rows
 to the GPU tier, cold rows stay in host RAM), one layer at a time, from the file's blocks
-(an engine on them, offload/quant_model.py) or from the float32 model's FFNs; it changes
+(an engine on them, offload/body/quant_model.py) or from the float32 model's FFNs; it changes
 nothing it reads, so engines on one file stay independent.
 
 `build_hybrid` is the legacy path on the float32 `Transformer` (`--weights fp32/q8`, a GPU
@@ -21,8 +21,8 @@ from ember.kernels import q8_matmul
 from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
-from .ffn_rows import as_rows
-from .hybrid_ffn import HybridFFN, Selector
+from ..body.ffn_rows import as_rows
+from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 from .tier_dtypes import TierChoice
 
@@ -132,7 +132,7 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                ungated: list[bool] | None = None, tier: TierChoice | None = None,
                attention_movable: bool = True) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
-    shared: `ffns` are per layer float FeedForwards or row sources (offload/ffn_rows.py, e.g.
+    shared: `ffns` are per layer float FeedForwards or row sources (offload/body/ffn_rows.py, e.g.
     the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
     selector, so with nothing hot it runs its dense twin and needs no cold bundles (None:
     every layer gets them, for callers that attach selectors later). `tier`: the hot rows'

@@ -20,11 +20,11 @@ from ember.models.errors import ConfigError
 from ember.models.loader import LoadedModel
 from ember.placement.layout import Placement
 
-from .cost_probe import measure_costs
-from .hybrid_setup import dense_ffn_of, restore_dense
-from .memory_plan import ComponentBytes, neuron_bytes, plan_memory
-from .placement_solver import placement_problem, solve_for_room
-from .profile_artifact import Profile
+from ..hybrid.cost_probe import measure_costs
+from ..hybrid.setup import dense_ffn_of, restore_dense
+from ..hybrid.memory_plan import ComponentBytes, neuron_bytes, plan_memory
+from ..hybrid.placement_solver import placement_problem, solve_for_room
+from ..runtime.profile_file import Profile
 
 Say = Callable[[str, str], None]
 Progress = Callable[[float, str], None]  # progress(fraction of the stage, "stage: detail")
@@ -180,8 +180,8 @@ def calibration_ids(loaded: LoadedModel, options: ProfileOptions, say: Say,
         if len(ids) < 200:
             raise ConfigError(f"the calibration text has {len(ids)} tokens; give at least 200")
         return split_ids(ids, options.held_out)
-    from .engine import Engine, EngineOptions
-    from .sampler import SamplingParams
+    from ..runtime.engine import Engine, EngineOptions
+    from ..decode.sampler import SamplingParams
 
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=min(options.n_ctx,
                                                                   loaded.config.context_length)))
@@ -239,7 +239,7 @@ def _place(loaded, frequency, dense_layers, costs, options: ProfileOptions):
     sizes_all = (cfg.ffn_size,) * cfg.n_layers
     if options.gpu_budget is None:
         return Placement.uniform(sizes_all, 0.0), {"gpu_budget": None, "note": "no GPU tier"}
-    from .kv_plan import plan_kv
+    from ..kv.plan import plan_kv
 
     kv = plan_kv(cfg, min(options.n_ctx, cfg.context_length))
     sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes)
@@ -292,8 +292,8 @@ def check_quality(loaded: LoadedModel, artifact: Path, held_out: list[int],
     and the measured sparsity of decoding."""
     from ember.predictors.passes import score
 
-    from .engine import Engine, EngineOptions
-    from .sampler import GREEDY
+    from ..runtime.engine import Engine, EngineOptions
+    from ..decode.sampler import GREEDY
 
     bos = loaded.tokenizer.bos_id
     length = segment_length(loaded.config, options)

@@ -29,8 +29,8 @@ from ember.models.config import ModelConfig
 from ember.models.errors import ConfigError
 from ember.placement.layout import Placement
 
-from .kv_plan import DEFAULT_PREFILL_CHUNK
-from .sizes import format_size
+from ..kv.plan import DEFAULT_PREFILL_CHUNK
+from ember.models.sizes import format_size
 
 SPLITS = ("auto", "cpu-only", "gpu-only")
 FP32 = 4

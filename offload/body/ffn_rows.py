@@ -1,6 +1,6 @@
 """Where a hybrid split takes one FFN layer's neuron rows from.
 
-The split (offload/hybrid_ffn.py) wants, for a set of neurons, their gate, up and down
+The split (offload/hybrid/ffn.py) wants, for a set of neurons, their gate, up and down
 weights as neuron-major float rows (n, hidden): the hot tier holds them as float, the cold
 side packs them into bundles. Two sources give them:
 

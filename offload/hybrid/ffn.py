@@ -27,7 +27,7 @@ from ember.kernels.sparse_ffn import SparseFFNWeights, dense_ffn, sparse_ffn
 from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
-from .ffn_rows import as_rows
+from ..body.ffn_rows import as_rows
 from .tier_dtypes import TierChoice
 from .tier_transfer import TierTransfer
 
@@ -77,7 +77,7 @@ class HybridFFN(nn.Module):
         self.sparse_rows = False
         self.counters = LayerCounters()
         self.transfer: TierTransfer | None = None  # made on first use, for the hot side's device
-        # The dense module this was split from (set by hybrid_setup; kept on the host only).
+        # The dense module this was split from (set by hybrid.setup; kept on the host only).
         object.__setattr__(self, "source", None)
 
     @classmethod
@@ -86,7 +86,7 @@ class HybridFFN(nn.Module):
               selector: Selector | None = None, bundles: bool = True,
               tier: TierChoice | None = None) -> "HybridFFN":
         """Slice one FFN layer into its two homes. `ffn`: a float FeedForward ((in, out)
-        weights on the host) or a row source (offload/ffn_rows.py: the file's blocks).
+        weights on the host) or a row source (offload/body/ffn_rows.py: the file's blocks).
         `tier`: the hot rows' formats by file type (None: float32).
 
         bundles=False: no cold bundles when nothing is hot, for a layer no selector will

@@ -32,12 +32,12 @@ def make_drafter(engine, options):
 def _draft_runner(engine, path: str):
     from ember.models.loader import load_model
 
-    from . import quant_model
-    from .kv_plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
-    from .lm_head import choose_lm_head
-    from .paged_kv import PagedKVCache
-    from .quant_body import use_body
-    from .runner import Runner
+    from ..body import quant_model
+    from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
+    from ..body.lm_head import choose_lm_head
+    from ..kv.paged import PagedKVCache
+    from ..body.quant_body import use_body
+    from ..decode.runner import Runner
 
     try:
         loaded = load_model(path)

@@ -13,7 +13,7 @@ tokens) and, once every layer fits, the LM head on the GPU; the rest on the CPU.
 costs k GPU layers + (L - k) CPU layers + one crossing.
 
 Ember as it runs today: attention, its KV and the LM head on the host's file blocks; per
-layer, hot FFN neurons on the GPU in their tier formats (offload/tier_dtypes.py, for an sm80
+layer, hot FFN neurons on the GPU in their tier formats (offload/hybrid/tier_dtypes.py, for an sm80
 GPU: int4 for Q4-family rows, int8 for Q6_K) and cold ones on CPU threads in int8 bundles,
 both sides at once (the max), one crossing per layer. Two figures: every cold neuron
 computed (a SwiGLU model without predictors) with the same hot count in every layer, and

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .runner import Runner
-from .sampler import Sampler
+from ..decode.runner import Runner
+from ..decode.sampler import Sampler
 from .token_tree import TokenTree, tree_size
 
 

@@ -3,7 +3,7 @@ per-block allocation across the four matmul slots -> the highest sparsity within
 budget on held-out text.
 
 1. Statistics: a reference pass over the calibration text records a sample of every slot's
-   input rows (offload/input_sparsity.py names the slots), and each slot's squared column
+   input rows (offload/body/input_sparsity.py names the slots), and each slot's squared column
    norms ||W[:, i]||^2 (over its weights side by side).
 2. Allocation: per slot, the threshold for sparsity s is the s-quantile of |x| over the
    sample; its error is the share of the matmul's output energy the dropped inputs carry,
@@ -30,7 +30,7 @@ from ember.kernels import block_matmul as bm
 from ember.kernels.decoder_step import decoder_step_reference
 from ember.predictors.passes import score, segments
 
-from .input_sparsity import MATMULS, SLOTS, InputSparsity, Thresholds, apply_input_sparsity, slot_weights
+from ..body.input_sparsity import MATMULS, SLOTS, InputSparsity, Thresholds, apply_input_sparsity, slot_weights
 
 STEP = 0.05
 LEVELS = tuple(round(i * STEP, 2) for i in range(int(round(0.95 / STEP)) + 1))  # 0 .. 0.95

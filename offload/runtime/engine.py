@@ -21,26 +21,26 @@ from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
 from .device import resolve_device, set_threads
-from .events import DoneEvent, Timings, TokenEvent
-from .hybrid_setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
+from ..decode.events import DoneEvent, Timings, TokenEvent
+from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
                            profile_chooser, profile_predictors, resolve_cold_dtype,
                            restore_dense, split_ffns)
-from .kv_plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
-from .lm_head import choose_lm_head
-from .memory_plan import SPLITS
-from .profile_artifact import default_profile_path, load_profile
-from .quant_body import BODY_CHOICES, use_body
-from .input_sparsity import apply_input_sparsity
-from .quant_model import QuantModel, kv_dtype, runs_on_file_blocks
-from .paged_kv import PagedKVCache
+from ..kv.plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
+from ..body.lm_head import choose_lm_head
+from ..hybrid.memory_plan import SPLITS
+from .profile_file import default_profile_path, load_profile
+from ..body.quant_body import BODY_CHOICES, use_body
+from ..body.input_sparsity import apply_input_sparsity
+from ..body.quant_model import QuantModel, kv_dtype, runs_on_file_blocks
+from ..kv.paged import PagedKVCache
 from .resources import memory_check, weights_in_ram
-from .runner import Runner
-from .sampler import Sampler, SamplingParams
-from .speculative import SpecStats, TreeSizer, speculative_steps
-from .speculative_setup import SPECULATE_CHOICES, make_drafter
-from .tier_dtypes import TIER_CHOICES, TierChoice
-from .token_tree import parse_tree
-from .stopping import StopStrings
+from ..decode.runner import Runner
+from ..decode.sampler import Sampler, SamplingParams
+from ..speculative.verify import SpecStats, TreeSizer, speculative_steps
+from ..speculative.setup import SPECULATE_CHOICES, make_drafter
+from ..hybrid.tier_dtypes import TIER_CHOICES, TierChoice
+from ..speculative.token_tree import parse_tree
+from ..decode.stopping import StopStrings
 
 DEFAULT_CTX = 4096
 FFN_MODES = ("auto", "dense", "sparse")

@@ -19,9 +19,9 @@ import torch
 from ember.kernels import q8_matmul
 from ember.models.errors import ConfigError
 
-from .lm_head import QuantizedLMHead
-from .quant_model import BlockLMHead
-from .runner import Runner
+from ..body.lm_head import QuantizedLMHead
+from ..body.quant_model import BlockLMHead
+from ..decode.runner import Runner
 from .token_tree import TokenTree
 
 DEFAULT_SHORTLIST = 32768
@@ -89,7 +89,7 @@ class ShortlistHead:
     def __init__(self, model, size: int):
         """`model`: the engine's model (QuantModel or the float Transformer)."""
         self.model = model
-        # A head the runtime keeps in host RAM (hybrid_setup.HostLMHead) wraps the real one.
+        # A head the runtime keeps in host RAM (hybrid.setup.HostLMHead) wraps the real one.
         self.head = getattr(model.head, "inner", model.head)
         self.stored = self.head.stored
         vocab = self.stored.shape[0]

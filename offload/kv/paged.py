@@ -26,8 +26,8 @@ import torch
 
 from ember.models.config import ModelConfig
 
-from .kv_blocks import KVPool, OutOfBlocks
-from .sequence_kv import SequenceKV
+from .blocks import KVPool, OutOfBlocks
+from .sequence import SequenceKV
 
 DEVICE, HOST, DROPPED = "device", "host", "dropped"
 

@@ -152,7 +152,7 @@ class QuantModel:
         self._attention = decoder_step.layer_attention(self.layers)
 
     def native_step(self):
-        """The C++ DecoderStep that runs every pass (offload/input_sparsity.py thresholds its
+        """The C++ DecoderStep that runs every pass (offload/body/input_sparsity.py thresholds its
         matmuls); ValueError when the FFNs are split or the step is the Python reference."""
         step = getattr(self._run, "__self__", None)
         if self.ffns is not None or step is None or not hasattr(step, "set_input_sparse"):

@@ -98,7 +98,7 @@ class FusedBlock(nn.Module):
         return before, after
 
     def body_layer(self) -> fused_ops.BodyLayer:
-        """This block's arguments for fused_ops.body_step (offload/fused_body.py); its FFN
+        """This block's arguments for fused_ops.body_step (offload/body/fused_body.py); its FFN
         must be a plain one on Q8_0 rows (see plain_ffn)."""
         b = self.block
         ffn, cfg = b.ffn.fast, b.cfg

@@ -21,7 +21,7 @@ from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
 from ember.models.transformer import FeedForward
 
 from .cpu_worker import CpuWorker
-from .hybrid_setup import resolve_cold_dtype
+from .setup import resolve_cold_dtype
 
 
 @dataclass(frozen=True)

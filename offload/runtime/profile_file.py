@@ -119,9 +119,9 @@ def load_profile(path: str | Path, cfg: ModelConfig, fingerprint: str) -> Profil
             if k not in ("format", "version", "fingerprint", "model_name", "n_layers", "hidden", "ffn")}
     _check_numbers(meta.get("activation_thresholds"), cfg.n_layers, bad)
     if "input_thresholds" in meta:
-        from .input_sparsity import check_thresholds
+        from ..body.input_sparsity import check_thresholds
 
-        from .input_sparsity import LAYOUTS
+        from ..body.input_sparsity import LAYOUTS
 
         try:
             meta["input_thresholds"] = check_thresholds(meta["input_thresholds"], cfg.n_layers)

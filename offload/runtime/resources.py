@@ -23,8 +23,8 @@ from ember.models.loader import ModelSource
 from ember.models.summary import summarize
 
 from .device import resolve_device
-from .kv_plan import plan_kv
-from .quant_model import kv_dtype, runs_on_file_blocks
+from ..kv.plan import plan_kv
+from ..body.quant_model import kv_dtype, runs_on_file_blocks
 
 GIB = 1 << 30
 # Activations, logits, torch's own buffers and the tokenizer: well under this for the default
@@ -77,7 +77,7 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
 def splits_ffns(source: ModelSource, options) -> bool:
     """Whether an engine with `options` splits its FFNs (a GPU-tier budget or split, or a
     profile, given or found for this model)."""
-    from .profile_artifact import default_profile_path
+    from .profile_file import default_profile_path
 
     profile = options.profile
     if profile == "auto":
@@ -122,8 +122,8 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
     (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
     hot rows (within --gpu-budget; bounded by float32 rows). 0 without a split."""
-    from .hybrid_setup import resolve_cold_dtype
-    from .memory_plan import cold_neuron_bytes, neuron_bytes
+    from ..hybrid.setup import resolve_cold_dtype
+    from ..hybrid.memory_plan import cold_neuron_bytes, neuron_bytes
 
     if not splits_ffns(source, options):
         return 0

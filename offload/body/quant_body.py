@@ -9,7 +9,7 @@ per weight on top of the file's 4-6 is near-lossless (perplexity and greedy toke
 Attention projections are `Projection` objects replaced by `BlockProjection` (q, k and v also as
 one fused matrix, `Attention.wqkv`); a dense `FeedForward` keeps its float32 tensors (the
 hybrid engine and the profiler read them) and gets a `BlockFeedForward` as its `fast` path; each
-block gets the fused-kernel forward of offload/fused_block.py. `use_body(model, "fp32")` puts
+block gets the fused-kernel forward of offload/body/fused_block.py. `use_body(model, "fp32")` puts
 everything back.
 """
 
@@ -21,7 +21,9 @@ from torch import nn
 from ember.kernels import fused_ops, q8_matmul
 from ember.models.transformer import FeedForward, Projection, Transformer
 
-from . import fused_block, fused_body
+from . import fused_block
+
+from . import fused_body
 
 BODY_CHOICES = ("auto", "fp32", "q8")
 PROJECTIONS = ("wq", "wk", "wv", "wo")

@@ -18,11 +18,11 @@ import torch
 from ember.models.errors import ConfigError
 from ember.models.transformer import FeedForward, Transformer
 
-from .kv_plan import DEFAULT_PREFILL_CHUNK
-from .lm_head import QuantizedLMHead
-from .paged_kv import DROPPED, PagedKVCache
-from .quant_body import BlockFeedForward, BlockProjection
-from .quant_model import BlockLMHead
+from ..kv.plan import DEFAULT_PREFILL_CHUNK
+from ..body.lm_head import QuantizedLMHead
+from ..kv.paged import DROPPED, PagedKVCache
+from ..body.quant_body import BlockFeedForward, BlockProjection
+from ..body.quant_model import BlockLMHead
 
 
 # A prefill that can be cancelled (a server's client may leave) runs in chunks sized to take
@@ -203,7 +203,7 @@ class Runner:
 def body_batch_invariant(model: Transformer) -> bool:
     """Whether a T-row body pass gives each row the bits a one-row pass gives.
 
-    True with the file-blocks model (offload/quant_model.py) and the Q8_0 body (each output is
+    True with the file-blocks model (offload/body/quant_model.py) and the Q8_0 body (each output is
     one dot product in a fixed order, whatever T) with tree attention (row by row). fp32 torch matmul is not: MKL's GEMM for T >= 4 rows rounds
     differently from its GEMV, which can flip a near-tie greedy token. A model may set
     `batch_invariant` to override the check (tests do).

@@ -1,5 +1,5 @@
 """One sequence of the paged KV cache seen through the cache protocol the model's attention
-uses (offload/paged_kv.py: `PagedKVCache.view`)."""
+uses (offload/kv/paged.py: `PagedKVCache.view`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .paged_kv import PagedKVCache, Sequence
+    from .paged import PagedKVCache, Sequence
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Every block's forward in one C++ call for a decoded token or a speculative tree's rows.
 
-The per-block fused path (offload/fused_block.py) still returns to Python twice per layer. At
+The per-block fused path (offload/body/fused_block.py) still returns to Python twice per layer. At
 batch 1 those returns cost more than their own instructions: measured on the default model,
 the Python between the C++ calls took ~0.6 ms per token run alone but ~2 ms inside a real
 decode step. Here Python only gathers each layer's slots and rotary tables; one call reads a

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ember.models.config import ModelConfig
 from ember.models.errors import ConfigError
 
-from .sizes import format_size
+from ember.models.sizes import format_size
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_ROLLBACK_MARGIN = 64

@@ -2,7 +2,7 @@
 predictors (a predictor cannot tell which GLU neurons matter before computing them; a
 threshold on each matmul's input needs no prediction).
 
-calibration text -> input statistics, allocation and search (offload/input_calibration.py)
+calibration text -> input statistics, allocation and search (offload/profile/input_calibration.py)
 -> artifact (thresholds, planned and measured sparsity) -> end-to-end check: the artifact
 loaded by an engine as `--profile` loads it, against the dense engine on the held-out text
 (perplexity, top-1 agreement, greedy match) and the sparsity realized while it decodes.
@@ -17,8 +17,8 @@ import torch
 from ember.placement.layout import Placement
 
 from .input_calibration import calibrate_inputs
-from .profile_artifact import Profile
-from .quant_model import QuantModel, applies
+from ..runtime.profile_file import Profile
+from ..body.quant_model import QuantModel, applies
 
 
 def input_thresholds_apply(loaded, options) -> bool:
@@ -79,9 +79,9 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
     """The artifact as `--profile` loads it, against the dense engine on held-out text."""
     from ember.predictors.passes import score
 
-    from .engine import Engine, EngineOptions
+    from ..runtime.engine import Engine, EngineOptions
     from .profiler import segment_length
-    from .sampler import GREEDY
+    from ..decode.sampler import GREEDY
 
     bos = loaded.tokenizer.bos_id
     length = segment_length(loaded.config, options)

@@ -1,0 +1,4 @@
+"""Lossless speculative decoding: drafters propose a token tree (`token_tree`), the target
+verifies it in one pass and the acceptance rule keeps the target's own distribution.
+
+May import `decode`, `body` and `kv`."""
