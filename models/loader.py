@@ -99,20 +99,27 @@ class LoadedModel:
 
 
 def open_model(path: str | Path) -> ModelSource:
+    return _open(path)[0]
+
+
+def _open(path: str | Path) -> tuple[ModelSource, GGUFFile | None]:
+    """The model's source, and for a GGUF file the parsed file itself (its metadata holds
+    the whole vocabulary, so callers keep it only as long as they need it)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        return _open_hf_folder(path)
+        return _open_hf_folder(path), None
     if not path.exists():
         raise ModelFormatError(path, "no such file or folder")
     if path.suffix == ".safetensors" or path.name == "config.json":
-        return _open_hf_folder(path.parent)
+        return _open_hf_folder(path.parent), None
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelFormatError(
             path, "not a GGUF file or a Hugging Face folder (config.json + *.safetensors)"
         )
-    return _open_gguf(path)
+    gguf = GGUFFile(path)
+    return _open_gguf(gguf), gguf
 
 
 # Share of loading spent opening the file (metadata, tokenizer) before layers are built:
@@ -133,11 +140,12 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
     """
     report = progress or (lambda fraction, stage: None)
     report(0.0, "reading the model file")
-    source = open_model(path)
+    source, gguf = _open(path)
     if check is not None:
         check(source)
-    if in_ram is not None and source.format == "gguf" and in_ram(source):
-        source = _with_weights_in_ram(source, report)
+    if in_ram is not None and gguf is not None and in_ram(source):
+        source = _with_weights_in_ram(source, gguf, report)
+    del gguf  # its metadata (the vocabulary) is no longer needed
     n = source.config.n_layers
     report(OPEN_SHARE, "model file opened")
 
@@ -147,9 +155,9 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
     return LoadedModel(source, on_layer=layer_built)
 
 
-def _with_weights_in_ram(source: ModelSource, report) -> ModelSource:
-    """`source` with its weights read from a RAM copy of the file (the map is dropped)."""
-    f = GGUFFile(source.path)
+def _with_weights_in_ram(source: ModelSource, f: GGUFFile, report) -> ModelSource:
+    """`source` with its weights read from a RAM copy of `f`, the file it was opened from
+    (the views onto the map are dropped with the old store)."""
     mib = f.path.stat().st_size >> 20
     f.read_into_ram(lambda done, size: report(
         OPEN_SHARE * done / max(size, 1), f"reading weights into RAM ({done >> 20} of {mib} MiB)"))
@@ -158,8 +166,8 @@ def _with_weights_in_ram(source: ModelSource, report) -> ModelSource:
     return replace(source, weights=weights)
 
 
-def _open_gguf(path: Path) -> ModelSource:
-    f = GGUFFile(path)
+def _open_gguf(f: GGUFFile) -> ModelSource:
+    path = f.path
     family = family_for_gguf(f.architecture, path)
     spec = vocab_spec_from_gguf(f)
     config = _checked_config(path, lambda: family.config_from_gguf(f, vocab_size=len(spec.tokens)))

@@ -78,6 +78,23 @@ def test_load_model_asks_after_the_memory_check(tiny_q4_k_m):
     assert order == ["check", "in_ram"] and loaded.source.weights.in_ram
 
 
+def test_reading_weights_into_ram_parses_the_file_once(tiny_q4_k_m, monkeypatch):
+    """The copy reuses the opened file's tensor table: its header (the whole vocabulary on a
+    262k-token model) is not read a second time."""
+    from ember.models import loader
+
+    opened = []
+
+    class CountingGGUFFile(GGUFFile):
+        def __init__(self, path):
+            opened.append(path)
+            super().__init__(path)
+
+    monkeypatch.setattr(loader, "GGUFFile", CountingGGUFFile)
+    loaded = load_model(tiny_q4_k_m[2], in_ram=lambda source: True)
+    assert loaded.source.weights.in_ram and len(opened) == 1
+
+
 def test_auto_copies_a_file_that_fits_easily_and_maps_one_that_does_not(tiny_q4_k_m):
     source = open_model(tiny_q4_k_m[2])
     size = source.weights.total_bytes()
