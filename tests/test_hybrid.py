@@ -21,8 +21,9 @@ from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.hybrid.ffn import HybridFFN
 from ember.offload.hybrid.setup import build_hybrid, restore_dense
 from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory, workspace_bytes
-from ember.offload.hybrid.neuron_selectors import OracleSelector
 from ember.placement.layout import Placement
+
+from .oracle_selector import OracleSelector
 
 ACTS = ("relu", "relu2", "relu_glu", "drelu", "silu_glu", "gelu_glu")
 BIG = 1 << 40  # a budget everything fits in
@@ -252,7 +253,7 @@ def test_ctrl_c_while_waiting_on_the_cpu_side_leaves_the_worker_usable(monkeypat
     torch.testing.assert_close(layer(x), layer(x))  # the worker still serves jobs
     t0 = time.perf_counter()
     worker.close()
-    assert time.perf_counter() - t0 < 1.0 and worker.closed
+    assert time.perf_counter() - t0 < 1.0
     with pytest.raises(RuntimeError, match="closed"):
         worker.submit(lambda: None)
 

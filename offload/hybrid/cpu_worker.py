@@ -45,10 +45,6 @@ class CpuWorker:
             with self._lock:
                 self.trace.append((label, start, end))
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Stop the thread after the job in flight (queued jobs are cancelled)."""
         if not self._closed:
