@@ -195,7 +195,6 @@ def test_cpu_and_gpu_sides_overlap(monkeypatch):
     """A rendezvous only concurrent sides can pass: the CPU side waits for the GPU-tier side
     to have started, and the GPU-tier side waits for the CPU side to have started."""
     worker = CpuWorker()
-    worker.trace = []
     layer = _big_layer(worker, hidden=64, ffn=256)
     cold_started, hot_started = threading.Event(), threading.Event()
     real_cold, real_hot = layer._cold_side, layer._hot_side
@@ -219,8 +218,6 @@ def test_cpu_and_gpu_sides_overlap(monkeypatch):
         out = layer(x)
         monkeypatch.undo()
         torch.testing.assert_close(out, layer(x))
-        labels = [label for label, _, _ in worker.trace]
-        assert "cold0" in labels and "hot0" in labels  # the trace records both sides
         timing = layer.counters.timing_ms()  # per decode token: both sides and the wait
         assert set(timing) == {"hot", "cold", "wait"} and timing["cold"] > 0
     finally:
