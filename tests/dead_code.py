@@ -142,8 +142,15 @@ def non_test_sources(root: pathlib.Path) -> list[pathlib.Path]:
 
 
 def _is_framework_hook(d: Definition) -> bool:
-    return d.kind == "method" and (d.name.startswith(FRAMEWORK_PREFIXES) or d.name in FRAMEWORK_NAMES
+    return d.kind == "method" and (d.name.startswith(FRAMEWORK_PREFIXES)
+                                   or d.name in FRAMEWORK_NAMES
                                    or bool(REGISTERING_DECORATORS & set(d.decorators)))
+
+
+def _alive(d: Definition, uses, dead: list[Definition]) -> bool:
+    """Used somewhere outside its own body and outside every definition found dead."""
+    return any(not d.encloses(path, line) and not any(x.encloses(path, line) for x in dead)
+               for path, line in uses.get(d.name, ()))
 
 
 def find_dead(root: pathlib.Path, packages, keep=lambda d: False) -> list[Definition]:
@@ -169,13 +176,10 @@ def find_dead(root: pathlib.Path, packages, keep=lambda d: False) -> list[Defini
     candidates = [d for d in defs if not keep(d) and not _is_framework_hook(d)]
     dead: list[Definition] = []
     while True:  # a fixpoint: what only dead code uses is dead too
-        def alive(d):
-            return any(not d.encloses(path, line) and not any(x.encloses(path, line) for x in dead)
-                       for path, line in uses.get(d.name, ()))
-        now = [d for d in candidates if not alive(d)]
+        now = [d for d in candidates if not _alive(d, uses, dead)]
         if len(now) == len(dead):
             break
         dead = now
     # A method of a dead class is reported through its class.
-    return [d for d in dead if not any(c is not d and c.kind == "class" and c.encloses(d.path, d.first)
-                                       for c in dead)]
+    classes = [c for c in dead if c.kind == "class"]
+    return [d for d in dead if not any(c is not d and c.encloses(d.path, d.first) for c in classes)]

@@ -33,7 +33,8 @@ class Index:
     root: pathlib.Path
     files: set[str] = field(default_factory=set)  # posix paths relative to root
     modules: dict[str, list[set[str]]] = field(default_factory=dict)  # stem -> names, per module
-    by_path: dict[tuple[str, ...], set[str]] = field(default_factory=dict)  # ("offload", "kv", "paged")
+    # ("offload", "kv", "paged") -> its top-level names
+    by_path: dict[tuple[str, ...], set[str]] = field(default_factory=dict)
     classes: dict[str, list[ast.ClassDef]] = field(default_factory=dict)
 
     def members(self, class_name: str, seen=()) -> set[str] | None:
@@ -52,7 +53,9 @@ class Index:
                 name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
                 if name in PLAIN_BASES or name in seen:
                     continue
-                inherited = self.members(name, (*seen, class_name)) if name in self.classes else None
+                inherited = None
+                if name in self.classes:
+                    inherited = self.members(name, (*seen, class_name))
                 if inherited is None:
                     return None
                 out |= inherited
@@ -158,7 +161,8 @@ def _dotted_exists(index: Index, span: str) -> bool | None:
             i += 1
         if tuple(parts[:i]) not in index.by_path:
             return False
-        return i == len(parts) or _attribute_exists(index, [index.by_path[tuple(parts[:i])]], parts[i:])
+        module = index.by_path[tuple(parts[:i])]
+        return i == len(parts) or _attribute_exists(index, [module], parts[i:])
     if parts[0] in index.modules and parts[0] not in index.classes:
         return _attribute_exists(index, index.modules[parts[0]], parts[1:])
     if parts[0] in index.classes:

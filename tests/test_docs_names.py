@@ -71,8 +71,9 @@ def test_the_checker_finds_names_that_are_gone(tmp_path):
         (tmp_path / name).write_text(textwrap.dedent(text))
     index = build_index(tmp_path)
     present = ("`pkg/engine.py` `engine.py` `csrc/select.cpp` `pkg/` `engine.Engine` "
-               "`engine.LIMIT` `Engine.stream` `Engine.kv` `Engine.stream()` `pkg.engine.Engine.stream` "
-               "`ember.pkg.engine` `Layer.to(device)` `torch.float16` `config.json` `ember chat`")
+               "`engine.LIMIT` `Engine.stream` `Engine.kv` `Engine.stream()` "
+               "`pkg.engine.Engine.stream` `ember.pkg.engine` `Layer.to(device)` "
+               "`torch.float16` `config.json` `ember chat`")
     assert missing(index, present) == []
     gone = ("`pkg/runner.py` `runner.py` `csrc/gone.cpp` `engine.steps` `Engine.steps` "
             "`pkg.engine.Runner` `pkg.runner` `kv_blocks.blocks_for_budget`")
