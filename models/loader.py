@@ -86,10 +86,6 @@ class LoadedModel:
             return self._model
 
     @property
-    def float_model_built(self) -> bool:
-        return self._model is not None
-
-    @property
     def config(self) -> ModelConfig:
         return self.source.config
 

@@ -141,8 +141,8 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
                chat_template: str | None = None) -> Path:
     """Write a GGUF file the way llama.cpp's converter lays it out. qtype 0 is F32.
 
-    `vocab`: a synthetic_vocab.ByteLevelVocab (cfg.vocab_size its length) instead of the tiny
-    SentencePiece one; `chat_template`: tokenizer.chat_template.
+    `vocab`: a byte-level BPE vocabulary (tests/synthetic_vocab.py's ByteLevelVocab,
+    cfg.vocab_size its length) instead of the tiny SentencePiece one; `chat_template`: tokenizer.chat_template.
 
     2-D matrices are stored as `qtype`, or as `qtype(name)` for a mix such as Q4_K_M's
     (norms stay F32); LLaMA q/k rows are permuted so RoPE rotates adjacent pairs, as in

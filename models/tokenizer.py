@@ -323,9 +323,6 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self._pieces)
 
-    def is_control(self, token_id: int) -> bool:
-        return token_id in self.special_ids
-
     def id_of(self, text: str) -> int | None:
         return self._hf.token_to_id(text)
 

@@ -29,26 +29,18 @@ class LayerStats:
     threshold: float  # relative |h| threshold (see `is_active`)
     tokens: int = 0
     active: torch.Tensor | None = None  # (ffn,) int64: tokens on which the neuron was active
-    abs_sum: torch.Tensor | None = None  # (ffn,) float64: sum of |h|
 
     def update(self, habs: torch.Tensor) -> None:
         """Add tokens' |h| (T, ffn)."""
         if self.active is None:
             self.active = torch.zeros(habs.shape[1], dtype=torch.int64)
-            self.abs_sum = torch.zeros(habs.shape[1], dtype=torch.float64)
         self.active += is_active(habs, self.threshold).sum(0).cpu()
-        self.abs_sum += habs.sum(0, dtype=torch.float64).cpu()
         self.tokens += habs.shape[0]
 
     @property
     def frequency(self) -> torch.Tensor:
         """(ffn,) fraction of tokens on which each neuron was active."""
         return self.active.double() / max(1, self.tokens)
-
-    @property
-    def mean_abs(self) -> torch.Tensor:
-        """(ffn,) mean |h| per neuron."""
-        return self.abs_sum / max(1, self.tokens)
 
 
 @dataclass

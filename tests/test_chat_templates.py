@@ -20,10 +20,11 @@ import pytest
 from ember.models import synthetic
 from ember.models.chat_format import ChatMessage
 from ember.models.loader import load_model
-from ember.models.synthetic_vocab import TYPE_USER_DEFINED, train_byte_level_vocab
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.decode.events import DoneEvent
 from ember.offload.decode.sampler import SamplingParams
+
+from .synthetic_vocab import TYPE_USER_DEFINED, train_byte_level_vocab
 
 DATA = Path(__file__).parent / "data"
 

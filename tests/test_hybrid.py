@@ -21,8 +21,9 @@ from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.hybrid.ffn import HybridFFN
 from ember.offload.hybrid.setup import build_hybrid, restore_dense
 from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory, workspace_bytes
-from ember.offload.hybrid.neuron_selectors import OracleSelector
 from ember.placement.layout import Placement
+
+from .oracle_selector import OracleSelector
 
 ACTS = ("relu", "relu2", "relu_glu", "drelu", "silu_glu", "gelu_glu")
 BIG = 1 << 40  # a budget everything fits in
@@ -194,7 +195,6 @@ def test_cpu_and_gpu_sides_overlap(monkeypatch):
     """A rendezvous only concurrent sides can pass: the CPU side waits for the GPU-tier side
     to have started, and the GPU-tier side waits for the CPU side to have started."""
     worker = CpuWorker()
-    worker.trace = []
     layer = _big_layer(worker, hidden=64, ffn=256)
     cold_started, hot_started = threading.Event(), threading.Event()
     real_cold, real_hot = layer._cold_side, layer._hot_side
@@ -218,8 +218,6 @@ def test_cpu_and_gpu_sides_overlap(monkeypatch):
         out = layer(x)
         monkeypatch.undo()
         torch.testing.assert_close(out, layer(x))
-        labels = [label for label, _, _ in worker.trace]
-        assert "cold0" in labels and "hot0" in labels  # the trace records both sides
         timing = layer.counters.timing_ms()  # per decode token: both sides and the wait
         assert set(timing) == {"hot", "cold", "wait"} and timing["cold"] > 0
     finally:
@@ -252,7 +250,7 @@ def test_ctrl_c_while_waiting_on_the_cpu_side_leaves_the_worker_usable(monkeypat
     torch.testing.assert_close(layer(x), layer(x))  # the worker still serves jobs
     t0 = time.perf_counter()
     worker.close()
-    assert time.perf_counter() - t0 < 1.0 and worker.closed
+    assert time.perf_counter() - t0 < 1.0
     with pytest.raises(RuntimeError, match="closed"):
         worker.submit(lambda: None)
 

@@ -148,7 +148,7 @@ def test_a_hybrid_split_runs_on_the_file_blocks(tiny_q4_k_m):
     engine = Engine(again, options)
     try:
         _greedy(engine, 2)
-        assert not again.float_model_built
+        assert again._model is None  # the float32 model was never built
     finally:
         engine.close()
 
@@ -175,7 +175,7 @@ def test_the_split_never_holds_the_whole_model_in_float(tiny_q4_k_m, monkeypatch
     try:
         assert largest[0] <= cfg.hidden_size * cfg.ffn_size  # one layer's down at most
         assert len(sources) == cfg.n_layers and all(s.derived_bytes() == 0 for s in sources)
-        assert not loaded.float_model_built
+        assert loaded._model is None  # the float32 model was never built
     finally:
         engine.close()
 
@@ -213,7 +213,7 @@ def test_a_sparse_profile_runs_on_the_file_blocks(tmp_path, tiny_q4_k_m):
         assert computed[0] == 1.0 and all(c < 1.0 for c in computed[1:])
     finally:
         eng.close()
-    assert not loaded.float_model_built
+    assert loaded._model is None  # the float32 model was never built
 
 
 @pytest.mark.parametrize("drafter", ["self", "lookup"])
@@ -238,7 +238,7 @@ def test_speculation_through_the_split_is_lossless(tmp_path, tiny_q4_k_m, drafte
         finally:
             plain.close()
             spec.close()
-    assert not loaded.float_model_built
+    assert loaded._model is None  # the float32 model was never built
 
 
 def test_a_split_engine_leaves_another_engine_alone(tiny_q4_k_m):

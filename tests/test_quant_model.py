@@ -113,7 +113,7 @@ def test_an_engine_runs_on_the_file_blocks_and_never_builds_the_float_model(tiny
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
     assert isinstance(engine.model, QuantModel) and engine.weights == "native"
     engine.generate(PROMPT, sampling=GREEDY, max_tokens=4, ignore_eos=True)
-    assert not loaded.float_model_built
+    assert loaded._model is None  # the float32 model was never built
     # its KV cache in half precision, planned at 2 bytes a value; the float32 reference's in float32
     assert engine.kv.device_pool.k.dtype == torch.float16 == engine.kv.host_pool.v.dtype
     cfg, plan = loaded.config, engine.kv_plan

@@ -76,7 +76,7 @@ def test_spm_special_tokens(tiny):
     plain = tiny.encode("a<ctrl>", add_bos=False)
     assert 4 not in plain and tiny.decode(plain) == "a<ctrl>"
     assert tiny.encode("a<ctrl>", add_bos=False, parse_special=True)[-1] == 4
-    assert tiny.is_control(4) and tiny.token_bytes(4) == b"" and not tiny.is_control(5)
+    assert 4 in tiny.special_ids and tiny.token_bytes(4) == b"" and 5 not in tiny.special_ids
     assert tiny.id_of("<ctrl>") == 4 and tiny.id_of("zz") is None
 
 
@@ -189,7 +189,7 @@ def test_from_tokenizer_json(tmp_path):
         for special in (False, True):
             assert hf.encode(text, parse_special=special) == tok.encode(text, parse_special=special)
         assert hf.decode(hf.encode(text)) == tok.decode(tok.encode(text))
-    assert hf.is_control(1) and hf.token_bytes(hf.id_of("▁a")) == b" a"
+    assert 1 in hf.special_ids and hf.token_bytes(hf.id_of("▁a")) == b" a"
     assert hf.token_text(2) == "<bos>"
 
 
@@ -271,7 +271,7 @@ def test_gemma_matches_llamacpp_fixture(gemma):
 def test_gemma_vocab_facts(gemma):
     tok = gemma[1]
     assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (262144, 2, 1)
-    assert tok.id_of("<end_of_turn>") == 106 and tok.is_control(106)
+    assert tok.id_of("<end_of_turn>") == 106 and 106 in tok.special_ids
     assert tok.token_text(2) == "<bos>" and tok.token_text(236743) == "▁"
     assert tok.token_bytes(106) == b"" and tok.token_bytes(236743) == b" "
     assert tok.token_bytes(tok.id_of("<0x41>")) == b"A"

@@ -1,7 +1,7 @@
 """Byte-level BPE (`gpt2`) GGUF vocabularies: token ids identical to llama.cpp's, for each
 pre-tokenizer, over digits, code, whitespace runs, non-Latin scripts and emoji.
 
-No real vocabulary can be downloaded, so one is trained on local text (models/synthetic_vocab)
+No real vocabulary can be downloaded, so one is trained on local text (tests/synthetic_vocab.py)
 and written into a tiny GGUF per pre-tokenizer; llama.cpp loads it vocab-only and tokenizes.
 The parity tests skip without the llama.cpp baseline (the [baseline] extra).
 """
@@ -18,8 +18,9 @@ from ember.models.errors import UnsupportedModelError
 from ember.models.gguf_file import GGUFFile
 from ember.models.loader import vocab_spec_from_gguf
 from ember.models.pre_tokenizers import PRE_TOKENIZERS
-from ember.models.synthetic_vocab import train_byte_level_vocab, write_vocab_gguf
 from ember.models.tokenizer import Tokenizer
+
+from .synthetic_vocab import train_byte_level_vocab, write_vocab_gguf
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,8 +12,6 @@ most one layer's cold work (milliseconds), the worker finishes it and stays usab
 
 from __future__ import annotations
 
-import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -22,32 +20,11 @@ class CpuWorker:
     def __init__(self, name: str = "ember-cold-ffn"):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._closed = False
-        # Optional (label, start, end) perf_counter intervals, for tests and profiling.
-        self.trace: list[tuple[str, float, float]] | None = None
-        self._lock = threading.Lock()
 
-    def submit(self, fn: Callable, *args, label: str = "cpu") -> Future:
+    def submit(self, fn: Callable, *args) -> Future:
         if self._closed:
             raise RuntimeError("the CPU worker is closed")
-        if self.trace is None:
-            return self._pool.submit(fn, *args)
-        return self._pool.submit(self._traced, label, fn, *args)
-
-    def _traced(self, label, fn, *args):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.record(label, t0, time.perf_counter())
-
-    def record(self, label: str, start: float, end: float) -> None:
-        if self.trace is not None:
-            with self._lock:
-                self.trace.append((label, start, end))
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+        return self._pool.submit(fn, *args)
 
     def close(self) -> None:
         """Stop the thread after the job in flight (queued jobs are cancelled)."""
