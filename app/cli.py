@@ -54,18 +54,26 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold-dtype", default="auto", choices=("auto", "fp32", "int8"),
                    help="host-side FFN rows of a split or sparse FFN: fp32 (exact), int8 (a "
                         "quarter of the bytes) or auto (int8 unless --weights fp32)")
-    p.add_argument("--lm-head", default="auto", choices=("auto", "fp32", "q8_0"),
-                   help="output layer: the file's Q8_0 blocks through the C++ kernel (auto "
-                        "when it applies) or the float32 reference")
-    p.add_argument("--weights", default="auto", choices=("auto", "fp32", "q8"),
+    # Checked by EngineOptions, which says what to use instead of a removed choice (q8).
+    p.add_argument("--weights", default="auto", metavar="{auto,fp32}",
                    help="auto: the file's own blocks, as stored (the float32 model is "
-                        "never built); q8: a float32 model with its body requantized to Q8_0; "
-                        "fp32: the float32 reference")
+                        "never built); fp32: the float32 reference")
+    p.add_argument("--lm-head", type=_removed_lm_head, help=argparse.SUPPRESS)
     p.add_argument("--mmap", default="auto", choices=("auto", "on", "off"),
                    help="on: use the file in place through a memory map; off: read its bytes "
                         "into RAM on huge pages (the same blocks, faster to stream: decode ~7%% "
                         "faster here); auto (default): off when the file fits easily in free RAM "
                         "and the FFNs are not split")
+
+
+def _removed_lm_head(value: str) -> str:
+    """--lm-head once chose a Q8_0 or float32 head for the float32 model; `auto` (what it
+    always defaulted to) is still accepted and changes nothing."""
+    if value != "auto":
+        raise argparse.ArgumentTypeError(
+            "removed: the LM head is read like the body, from the file's own blocks (the "
+            "default) or as the float32 reference with --weights fp32")
+    return value
 
 
 def _speculation_options(p: argparse.ArgumentParser) -> None:

@@ -73,7 +73,7 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
         # The engine runs on the file's own blocks (mapped, or copied into RAM: the same
         # bytes, see ram_copy.py): the file is what it holds
         # of the weights, and its KV cache is float16 (one full context here). The float32
-        # model (4 bytes a parameter, for `--weights fp32/q8` or a GPU device) keeps a float32
+        # model (4 bytes a parameter, for `--weights fp32` or a GPU device) keeps a float32
         # KV cache.
         "memory": {
             "weights_bytes": w.total_bytes(),

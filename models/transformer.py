@@ -5,7 +5,9 @@ norms, embedding scale, sliding-window layers, FFN activation), so one readable 
 serves both. Tensors carry no batch dimension: hidden states are (T, hidden).
 
 Weights are read by canonical GGUF names from a `WeightStore` and dequantized to float32 here;
-the hybrid engine later replaces `FeedForward` modules with split ones.
+the hybrid engine may replace `FeedForward` modules with split ones. Every op is PyTorch, on
+whatever device the model is moved to: this is the reference the CPU runtime
+(offload/body/quant_model.py) is tested against, and the forward a CUDA device runs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import nn
 from .config import ModelConfig
 from .kv import ContiguousKVCache, KVCache
 from .rotary import Rotary, layer_rotaries
-from .tree_rows import TreeRows, tree_keys, tree_positions, tree_span
+from .tree_rows import TreeRows, tree_keys, tree_span
 from .weights import QTensor, WeightStore
 
 
@@ -36,18 +38,12 @@ def _matrix(w: WeightStore, name: str, out_features: int, in_features: int) -> t
 
 
 class Projection(nn.Module):
-    """x (T, in) -> (T, out): the float32 reference, `x @ weight` with weight stored (in, out).
+    """x (T, in) -> (T, out): the float32 reference, `x @ weight` with weight stored (in, out)."""
 
-    The runtime may swap in one that reads quantized blocks (offload/body/quant_body.py);
-    `stored` is the file's tensor (out, in) it was dequantized from, when there is one.
-    """
-
-    def __init__(self, weight: torch.Tensor, stored: QTensor | None = None,
-                 bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         _attach(self, "weight", weight)
         _attach(self, "bias", bias)  # (out,) or None: Qwen 2's q/k/v
-        self.stored = stored
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x @ self.weight
@@ -57,8 +53,7 @@ class Projection(nn.Module):
 def _projection(w: WeightStore, name: str, out_features: int, in_features: int,
                 bias: bool = False) -> Projection:
     b = w.load(name.replace(".weight", ".bias"), (out_features,)) if bias else None
-    return Projection(_matrix(w, name, out_features, in_features),
-                      w.get(name, (out_features, in_features)), b)
+    return Projection(_matrix(w, name, out_features, in_features), b)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,14 +88,6 @@ class Attention(nn.Module):
         self.wk = _projection(w, p + "attn_k.weight", cfg.n_kv_heads * hd, h, cfg.qkv_bias)
         self.wv = _projection(w, p + "attn_v.weight", cfg.n_kv_heads * hd, h, cfg.qkv_bias)
         self.wo = _projection(w, p + "attn_output.weight", h, cfg.n_heads * hd)
-        # q, k and v from one projection, when the runtime sets one (offload/body/quant_body.py):
-        # one weight stream and one call instead of three.
-        self.wqkv: nn.Module | None = None
-        self.qkv_sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
-        # One query row's attention over keys read in place from the cache's pool, when
-        # the runtime sets one: (q (n_heads, hd), k_pool, v_pool, slots, scale) -> (1, n_heads
-        # * hd). Plain decoding and every tree row then use it alike (offload/body/fused_block.py).
-        self.single_query = None
         if cfg.qk_norm:
             _attach(self, "q_norm", w.load(p + "attn_q_norm.weight", (hd,)))
             _attach(self, "k_norm", w.load(p + "attn_k_norm.weight", (hd,)))
@@ -117,10 +104,7 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor):
         """x (T, hidden) -> q (T, n_heads, hd), k and v (T, n_kv_heads, hd)."""
         cfg, T = self.cfg, x.shape[0]
-        if self.wqkv is not None:
-            q, k, v = self.wqkv(x).split(self.qkv_sizes, dim=1)
-        else:
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
         return (q.view(T, cfg.n_heads, cfg.head_dim), k.view(T, cfg.n_kv_heads, cfg.head_dim),
                 v.view(T, cfg.n_kv_heads, cfg.head_dim))
 
@@ -134,9 +118,6 @@ class Attention(nn.Module):
         cache.write(self.layer, start, k, v)
         # Keys a sliding-window layer can still see: the window before the first query.
         lo = 0 if self.window is None else max(0, start - self.window + 1)
-        if T == 1 and self.reads_in_place(cache):
-            slots = cache.slots_of(self.layer, lo, start + 1)
-            return self.single_query(q[0], *cache.pools(), slots, self.cfg.scale)
         keys, values = cache.read(self.layer, lo, start + T)
         if T == 1:  # one query sees every key it is given: no positions, no mask
             return attend(q, keys, values, None, None, self.window, self.cfg.scale,
@@ -153,9 +134,6 @@ class Attention(nn.Module):
         of a step; the projections are where rows are batched).
         """
         cache.write(self.layer, tree.context + tree.first, k, v)
-        if self.reads_in_place(cache):
-            return torch.cat([self.single_query(q[r], *cache.pools(), slots, self.cfg.scale)
-                              for r, slots in enumerate(self.tree_slots(cache, tree))])
         lo, end = tree_span(tree, self.window)
         ctx_k, ctx_v = cache.read(self.layer, lo, tree.context)
         tree_k, tree_v = cache.read(self.layer, tree.context, end)
@@ -167,19 +145,6 @@ class Attention(nn.Module):
             outs.append(attend(q[r: r + 1], keys, values, None, None, self.window,
                                self.cfg.scale, self.cfg.attn_softcap))
         return torch.cat(outs)
-
-    def tree_slots(self, cache: KVCache, tree: TreeRows) -> list[torch.Tensor]:
-        """The pool slots (of `cache.pools()`) each tree row reads, in position order; a row's
-        own slot is its last. For caches read in place."""
-        positions, end = tree_positions(tree, self.window)
-        table = cache.slots_of(self.layer, 0, end)
-        return [table.index_select(0, pos.to(table.device)) for pos in positions]
-
-    def reads_in_place(self, cache: KVCache) -> bool:
-        """Whether single query rows read their keys where the cache keeps them: the runtime
-        set `single_query` and the cache exposes its pool (`slots_of`/`pools`, as the paged
-        and the contiguous caches do)."""
-        return self.single_query is not None and hasattr(cache, "pools")
 
 
 def attend(q, k, v, q_pos, k_pos, window: int | None, scale: float,
@@ -232,18 +197,8 @@ class FeedForward(nn.Module):
         _attach(self, "gate", _matrix(w, p + "ffn_gate.weight", f, h) if cfg.gated else None)
         _attach(self, "up", _matrix(w, p + "ffn_up.weight", f, h))
         _attach(self, "down", _matrix(w, p + "ffn_down.weight", h, f))
-        # The file's tensors (out, in) these were dequantized from: a runtime may read their
-        # blocks directly.
-        self.stored = {"gate": w.get(p + "ffn_gate.weight", (f, h)) if cfg.gated else None,
-                       "up": w.get(p + "ffn_up.weight", (f, h)),
-                       "down": w.get(p + "ffn_down.weight", (h, f))}
-        # The same FFN on quantized weights, when the runtime sets one (offload/body/quant_body.py);
-        # the float32 tensors above stay the reference that other code reads.
-        self.fast: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fast is not None:
-            return self.fast(x)
         gate = x @ self.gate if self.gate is not None else None
         return activate(self.activation, gate, x @ self.up) @ self.down
 
@@ -260,14 +215,9 @@ class Block(nn.Module):
         if cfg.sandwich_norms:
             _attach(self, "post_attn_norm", w.load(p + "post_attention_norm.weight", (h,)))
             _attach(self, "post_ffn_norm", w.load(p + "post_ffw_norm.weight", (h,)))
-        # The same forward with fused CPU kernels, when the runtime sets one
-        # (offload/body/fused_block.py); this one stays the reference.
-        self.fast: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, start: int, cache: KVCache,
                 tree: TreeRows | None = None) -> torch.Tensor:
-        if self.fast is not None:
-            return self.fast(x, start, cache, tree)
         eps = self.cfg.rms_eps
         a = self.attn(rms_norm(x, self.attn_norm, eps), start, cache, tree)
         if self.cfg.sandwich_norms:
@@ -282,9 +232,8 @@ class Block(nn.Module):
 class LMHead(nn.Module):
     """hidden (T, H) -> logits (T, vocab), float32 reference.
 
-    The float weight (H, vocab) is made on first use: the runtime may swap in a head that
-    reads the quantized blocks directly, and then this copy (671 MB on the default model) is
-    never built.
+    The float weight (H, vocab) is made on first use rather than at load (671 MB on the
+    default model): only what scores tokens with the float model pays for it.
     """
 
     def __init__(self, stored: QTensor, softcap: float | None):
@@ -305,6 +254,12 @@ def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 class Transformer(nn.Module):
     """Token ids -> hidden states -> logits, with a KV cache. Inference only."""
 
+    # Whether a T-row pass gives each row the bits a one-row pass gives (what verifying a
+    # speculative tree's rows in one pass needs): not here. A T-row float32 matmul may round
+    # differently from a one-row one (MKL's GEMM for T >= 4 rows vs its GEMV), which can flip
+    # a near-tie greedy token, so the runner verifies this model's tree rows one at a time.
+    batch_invariant = False
+
     def __init__(self, cfg: ModelConfig, w: WeightStore, on_layer=None):
         """`on_layer(i)`, if given, is called after block i is built (loading progress)."""
         super().__init__()
@@ -318,10 +273,6 @@ class Transformer(nn.Module):
         _attach(self, "output_norm", w.load("output_norm.weight", (h,)))
         rotaries = layer_rotaries(cfg)
         self.blocks = nn.ModuleList()
-        # Embedding and every block's forward in one go for a decoded token or a tree's rows,
-        # when the runtime sets one (offload/body/fused_body.py): (ids, start, cache, tree) -> the
-        # last block's output, or None to run them one by one.
-        self.fast_body = None
         for i in range(cfg.n_layers):
             self.blocks.append(Block(cfg, i, w, rotaries[i]))
             if on_layer is not None:
@@ -350,11 +301,9 @@ class Transformer(nn.Module):
         start = cache.length
         if tree is None:
             cache.reserve(ids.shape[0])
-        x = self.fast_body(ids, start, cache, tree) if self.fast_body is not None else None
-        if x is None:
-            x = self.embed(ids)
-            for block in self.blocks:
-                x = block(x, start, cache, tree)
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x, start, cache, tree)
         if tree is None:
             cache.commit(ids.shape[0])
         return rms_norm(x, self.output_norm, self.cfg.rms_eps)
@@ -363,6 +312,16 @@ class Transformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(T, hidden) -> (T, vocab) float32."""
         return self.head(hidden)
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every block's projections and FFN as they
+        run now (a split FFN's own tensors) and the float32 LM head. Norms and the embedding
+        row are left out (under 0.1%)."""
+        total = self.cfg.vocab_size * self.cfg.hidden_size * 4
+        for block in self.blocks:
+            for module in (block.attn.wq, block.attn.wk, block.attn.wv, block.attn.wo, block.ffn):
+                total += sum(b.numel() * b.element_size() for b in module.buffers())
+        return total
 
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits of the last position only (1, vocab): what decoding needs."""

@@ -10,8 +10,8 @@ only (`tests/test_layering.py` checks it):
   events a stream yields.
 - `hybrid/`: FFN layers split by a placement into hot rows on the GPU tier and cold rows on
   CPU threads, the memory plan and the placement solve behind them.
-- `body/`: the model body an engine runs: the file's own blocks on the CPU (`quant_model`),
-  or the float32 reference with quantized and fused swaps, LM heads, input thresholds.
+- `body/`: the model body an engine runs on the CPU: the file's own blocks (`quant_model`),
+  the rows a split takes from them, input thresholds.
 - `kv/`: the paged KV cache, its blocks and how many each tier gets.
 
 `profile/` (the `ember profile` pipeline) sits above them all: it runs an `Engine`.

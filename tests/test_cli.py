@@ -117,6 +117,25 @@ def test_bad_arguments_exit_2(capsys, tiny_gemma_gguf, argv, needle):
     assert code == 2 and needle in err, err
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["--weights", "q8"], "--weights q8: removed: the default runtime (--weights auto) reads "
+                          "the file's own blocks"),
+    (["--weights", "q4"], "unknown --weights 'q4'; choose one of auto, fp32"),
+])
+def test_a_removed_or_unknown_weights_choice_says_what_to_use(capsys, tiny_gemma_gguf, argv,
+                                                              needle):
+    code, _, err = _run(capsys, "generate", "x", *argv, "--model", str(tiny_gemma_gguf))
+    assert code == 2 and needle in err, err
+
+
+@pytest.mark.parametrize("head", ["q8_0", "fp32"])
+def test_the_removed_lm_head_choices_say_what_to_use(capsys, tiny_gemma_gguf, head):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "x", "--lm-head", head, "--model", str(tiny_gemma_gguf)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "removed" in err and "--weights fp32" in err, err
+
+
 def test_prompt_longer_than_context_exit_2(capsys, tiny_gemma_gguf):
     code, _, err = _run(capsys, "generate", "the cat sat " * 200, "--model", str(tiny_gemma_gguf))
     assert code == 2 and "context" in err, err

@@ -31,7 +31,13 @@ OWNED_BY_A_PARALLEL_CHANGE = {
     "app/tui/engine_port.py::EngineBackend.from_engine": "moves to tests/ (issue 21, loop)",
     "app/tui/fake_engine.py::FakeEngine": "a test double, moves to tests/ (issue 21, loop)",
     "app/tui/fake_engine.py::sample_hybrid_report": "moves with FakeEngine (issue 21, loop)",
-    "offload/body/ffn_rows.py::FileFFNRows.derived_bytes": "only tests read it (issue 21, blocks)",
+    # Kernels the removed Q8_0 body (quant_body / fused_block / fused_body) was their only
+    # caller of: the kernel convention change renames kernels/, so they go after it merges.
+    "kernels/fused_ops.py::attention_step": "caller removed (issue 21, blocks; kernels)",
+    "kernels/fused_ops.py::ffn_step": "caller removed (issue 21, blocks; kernels)",
+    "kernels/fused_ops.py::body_step": "caller removed (issue 21, blocks; kernels)",
+    "kernels/q8_matmul.py::widen_to_q8_0": "caller removed (issue 21, blocks; kernels)",
+    "kernels/q8_matmul.py::q8_0_embed": "caller removed (issue 21, blocks; kernels)",
     "kernels/block_matmul.py::cpu_paths": "only tests list the paths (issue 21, kernels)",
     "kernels/input_sparse.py::InputMajor.column_bytes": "no caller (issue 21, kernels)",
     "kernels/input_sparse.py::relayout_error":

@@ -1,5 +1,4 @@
-"""Fused decode-step ops (kernels/fused_ops.py) against their references, and the fused block
-(offload/body/fused_block.py) against the reference `Block.forward`."""
+"""Fused decode-step ops (kernels/fused_ops.py) against their references."""
 
 from __future__ import annotations
 
@@ -80,41 +79,6 @@ def test_bad_shapes_are_clear_errors(fast):
                            torch.zeros(1, 4), False, 1e-6)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "llama-silu_glu"])
-def test_fused_block_matches_reference_block(fast, tiny_models, name):
-    """Whole prefill + decode on a tiny model: fused blocks against the reference forward,
-    both on the same Q8_0 projections."""
-    from ember.models.loader import load_model
-    from ember.offload.body.fused_block import FusedBlock
-    from ember.offload.body.quant_body import use_body
-
-    model = load_model(tiny_models[name][2]).model
-    use_body(model, "q8")
-    assert all(isinstance(b.fast, FusedBlock) for b in model.blocks)
-    ids = torch.tensor([3, 17, 5, 9, 22, 4, 8])
-    fused = model.new_cache(32)
-    got = [model.hidden(ids[:5], fused)] + [model.hidden(ids[i:i + 1], fused) for i in (5, 6)]
-    saved = [b.fast for b in model.blocks]
-    for b in model.blocks:
-        b.fast = None
-    ref = model.new_cache(32)
-    want = [model.hidden(ids[:5], ref)] + [model.hidden(ids[i:i + 1], ref) for i in (5, 6)]
-    for b, f in zip(model.blocks, saved):
-        b.fast = f
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)  # float rounding, through Q8 x
-
-
-def test_fp32_body_has_no_fused_blocks(tiny_models):
-    from ember.models.loader import load_model
-    from ember.offload.body.quant_body import use_body
-
-    model = load_model(tiny_models["gemma3"][2]).model
-    use_body(model, "q8")
-    use_body(model, "fp32")
-    assert all(b.fast is None and b.attn.wqkv is None for b in model.blocks)
-
-
 # Four keys at a time plus a tail (s % 4), head dims the vector code takes (multiples of 8)
 # and others, grouped query heads, one key, and contexts long enough for the exp's vector body.
 @pytest.mark.parametrize("nh,nkv,hd,s", [(4, 1, 256, 1), (4, 2, 10, 37), (3, 3, 7, 5),
@@ -173,29 +137,6 @@ def test_attend_slots_rejects_bad_slots(fast):
         fast.attend_slots(torch.randn(2, 4), pool, pool, torch.tensor([], dtype=torch.long), 1.0)
 
 
-def test_paged_decode_reads_keys_in_place(fast, tiny_models):
-    """The engine's decode steps go through the in-place attention, and match gathering."""
-    from ember.models.loader import load_model
-    from ember.offload.runtime.engine import Engine, EngineOptions
-
-    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
-    for b in engine.model.blocks:
-        b.fast.one_call = False  # the op-by-op path (tree rows' path) is the one under test
-    attn = engine.model.blocks[0].attn
-    calls = []
-    real = attn.single_query
-    attn.single_query = lambda *a: calls.append(1) or real(*a)
-    ids = engine.encode("the cat is in the hat")
-    engine.runner.prefill("s", ids)
-    fast_logits = engine.runner.decode("s", 5)
-    assert calls
-    for b in engine.model.blocks:
-        b.attn.single_query = None
-    engine.runner.reset("s")
-    engine.runner.prefill("s", ids)
-    torch.testing.assert_close(engine.runner.decode("s", 5), fast_logits, rtol=1e-3, atol=1e-3)
-
-
 @pytest.mark.parametrize("norms,post,rows", [(True, True, 1), (False, False, 1), (True, True, 3)])
 def test_attention_step_equals_its_op_chain_bit_for_bit(fast, norms, post, rows):
     """One row, or three tree rows (the second and third read the first's K/V, written in
@@ -231,24 +172,6 @@ def test_attention_step_equals_its_op_chain_bit_for_bit(fast, norms, post, rows)
         fast.attention_step(x, attn_norm, qkv_rows, *common, *pools, slots + slots, *weights)
 
 
-def test_decode_in_one_call_equals_op_by_op_decode(fast, tiny_models):
-    """The engine's one-call attention step gives the bits of the op-by-op path tree rows
-    take (speculative decoding's equality rests on it)."""
-    from ember.models.loader import load_model
-    from ember.offload.runtime.engine import Engine, EngineOptions
-
-    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
-    ids = engine.encode("the cat is in the hat")
-    runs = []
-    for one_call in (True, False):
-        for b in engine.model.blocks:
-            b.fast.one_call = one_call
-        engine.runner.reset("s")
-        engine.runner.prefill("s", ids)
-        runs.append([engine.runner.decode("s", t) for t in (5, 9, 2)])
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
-
-
 @pytest.mark.parametrize("activation", ["gelu_glu", "silu_glu", "relu_glu", "drelu", "relu",
                                         "relu2"])
 @pytest.mark.parametrize("t,post", [(1, True), (5, False)])
@@ -277,26 +200,6 @@ def test_ffn_step_rejects_an_unknown_activation(fast):
     rows = q8_matmul.q8_0_quantize(torch.randn(64, 32))
     with pytest.raises(RuntimeError, match="unknown activation"):
         fast.ffn_step(torch.randn(1, 32), torch.randn(1, 32), rows, rows, "swish", None, 1e-6)
-
-
-def test_a_hooked_ffn_runs_as_its_module(fast, tiny_models):
-    """The one-call FFN step is skipped where hooks must fire (activation collection), with
-    the same result."""
-    from ember.models.loader import load_model
-    from ember.offload.runtime.engine import Engine, EngineOptions
-
-    engine = Engine(load_model(tiny_models["gemma3"][2]), EngineOptions(device="cpu", n_ctx=64, weights="q8"))
-    ids = engine.encode("the cat is in the hat")
-    one_call = engine.runner.prefill("s", ids)
-    seen = []
-    handles = [b.ffn.register_forward_hook(lambda m, i, o: seen.append(o.shape))
-               for b in engine.model.blocks]
-    engine.runner.reset("s")
-    hooked = engine.runner.prefill("s", ids)
-    for handle in handles:
-        handle.remove()
-    assert len(seen) == len(engine.model.blocks)
-    assert torch.equal(one_call, hooked)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 100, 262144])

@@ -333,4 +333,4 @@ def test_cold_rows_default_to_int8_unless_the_body_is_float32():
 
     assert resolve_cold_dtype("auto", "auto") == ("int8" if q8_matmul.available() else "fp32")
     assert resolve_cold_dtype("auto", "fp32") == "fp32"
-    assert resolve_cold_dtype("fp32", "q8") == "fp32" and resolve_cold_dtype("int8", "fp32") == "int8"
+    assert resolve_cold_dtype("fp32", "auto") == "fp32" and resolve_cold_dtype("int8", "fp32") == "int8"

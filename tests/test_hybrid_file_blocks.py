@@ -81,9 +81,9 @@ def test_file_rows_are_the_float_models_rows(tiny_q4_k_m):
         rows = FileFFNRows(layer.gate_up, layer.down, layer.activation)
         for got, want in zip(rows.neuron_rows(idx), FloatFFNRows(float_ffn).neuron_rows(idx)):
             assert torch.equal(got, want)
-        assert rows.derived_bytes() == 512 * 256 * 4  # one layer's down, neuron-major
+        assert rows._down_nm.numel() * 4 == 512 * 256 * 4  # one layer's down, neuron-major
         rows.release()
-        assert rows.derived_bytes() == 0
+        assert rows._down_nm is None  # the split keeps its own copies of the rows
 
 
 def test_the_layer_by_layer_pass_equals_the_one_call_pass(tiny_models, tiny_q4_k_m):
@@ -174,7 +174,7 @@ def test_the_split_never_holds_the_whole_model_in_float(tiny_q4_k_m, monkeypatch
                                           gpu_budget=_split_budget(cfg)))
     try:
         assert largest[0] <= cfg.hidden_size * cfg.ffn_size  # one layer's down at most
-        assert len(sources) == cfg.n_layers and all(s.derived_bytes() == 0 for s in sources)
+        assert len(sources) == cfg.n_layers and all(s._down_nm is None for s in sources)
         assert loaded._model is None  # the float32 model was never built
     finally:
         engine.close()

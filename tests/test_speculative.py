@@ -67,18 +67,17 @@ def test_compact_moves_positions(tiny_models):
 
 
 # -- numerics -----------------------------------------------------------------------------
-@pytest.mark.parametrize("weights", ["fp32", "q8", "auto"])
+@pytest.mark.parametrize("weights", ["fp32", "auto"])
 def test_tree_verification_logits_equal_decode_bit_for_bit(tiny_models, weights):
     """Verifying a chain gives exactly the logits plain decode gives: one pass over all rows
-    with the batch-invariant bodies (the file's blocks, "auto"; the Q8_0 body), one row at a
-    time with the fp32 reference body."""
-    from ember.kernels import q8_matmul
-    from ember.offload.decode.runner import body_batch_invariant
+    with the batch-invariant file-blocks model ("auto"), one row at a time with the fp32
+    reference."""
+    from ember.offload.body import quant_model
 
-    if weights != "fp32" and not q8_matmul.available():
+    if weights != "fp32" and not quant_model.applies():
         pytest.skip("no C++ kernels here")
     engine = _engine(tiny_models["gemma3"][2], weights=weights)
-    assert body_batch_invariant(engine.model) == (weights != "fp32")
+    assert engine.model.batch_invariant == (weights != "fp32")
     runner = engine.runner
     ids = engine.encode(PROMPTS[0])
     out = _greedy(engine, PROMPTS[0], 12)
@@ -96,33 +95,10 @@ def test_tree_verification_logits_equal_decode_bit_for_bit(tiny_models, weights)
     runner.reset("v")
 
 
-def test_single_tree_rows_in_one_call_equal_op_by_op(tiny_models):
-    """A lone tree row (each self-drafting step) runs its attention in one C++ call; its
-    hidden state is the op-by-op path's, bit for bit, on a tree with branches."""
-    engine = _engine(tiny_models["gemma3"][2], weights="q8")
-    runner = engine.runner
-    ids = engine.encode(PROMPTS[0])
-    hidden = []
-    for one_call in (True, False):
-        for block in engine.model.blocks:
-            block.fast.one_call = one_call
-        runner.reset("v")
-        runner.prefill("v", ids)
-        tree = TokenTree.root(5)
-        a = tree.add(0, 7)
-        tree.add(0, 9)
-        tree.add(tree.add(a, 11), 3)
-        assert runner.begin_tree("v", len(tree)) == len(tree)
-        for i in range(len(tree)):  # one node per call, as the self-drafter goes
-            runner.tree_hidden("v", tree, upto=i + 1)
-        hidden.append(torch.cat(tree.hidden))
-        runner.reset("v")
-    assert torch.equal(hidden[0], hidden[1])
-
-
 def test_batched_tree_pass_matches_rows_closely(tiny_models):
-    """The one-pass tree-mask forward (for batch-invariant bodies) agrees with row-by-row
-    passes to rounding; fp32 torch matmul is not batch-invariant, hence the row default."""
+    """The fp32 reference's one-pass tree-mask forward agrees with its row-by-row passes to
+    rounding only (fp32 torch matmul is not batch-invariant), hence the runner's rows one at
+    a time for it. Both paths are called directly on the model."""
     engine = _engine(tiny_models["gemma3"][2], weights="fp32")
     runner, model = engine.runner, engine.model
     ids = engine.encode(PROMPTS[1])
@@ -131,38 +107,36 @@ def test_batched_tree_pass_matches_rows_closely(tiny_models):
     tree.add(0, 50)
     tree.add(a, 60)
     tree.add(a, 70)
-    results = []
-    for batched in (False, True):
-        runner.reset("b")
-        runner.prefill("b", ids[:-1])
-        runner.begin_tree("b", len(tree))
-        t = TokenTree(list(tree.tokens), list(tree.parents), list(tree.depths), [None] * len(tree))
-        model.batch_invariant = batched  # force the one-pass path on the fp32 body
-        try:
-            results.append(runner.verify("b", t))
-        finally:
-            del model.batch_invariant
+    runner.prefill("b", ids[:-1])
+    context = len(runner.tokens("b"))
+    runner.begin_tree("b", len(tree))
+    view = engine.kv.view(runner.sessions["b"].seq_id)
+    tokens = torch.tensor(tree.tokens)
+    rows = torch.cat([model.hidden(tokens[i: i + 1], view, tree.row_for(context, i))
+                      for i in range(len(tree))])
+    batched = model.hidden(tokens, view, tree.rows_for(context, 0, len(tree)))
     runner.reset("b")
-    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model.logits(batched), model.logits(rows), rtol=1e-4, atol=1e-4)
 
 
 def test_which_ops_are_batch_invariant():
     """Documents the cause: a T-row fp32 matmul may round each row differently from a
-    single-row one (GEMM vs GEMV kernels); the Q8_0 LM head kernel does not."""
-    from ember.kernels import q8_matmul
+    single-row one (GEMM vs GEMV kernels); the file-blocks kernel does not."""
+    from ember.kernels import block_matmul as bm
     from ember.models.quantize import quantize
+    from ember.models.quants import T
+    from ember.models.weights import QTensor
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 64, generator=g)
     w = torch.randn(64, 96, generator=g)
     rows = torch.stack([x[i: i + 1] @ w for i in range(8)])[:, 0]
     assert torch.allclose(x @ w, rows, atol=1e-5)  # equal to rounding; bitwise varies by BLAS
-    raw = quantize(torch.randn(96, 64, generator=g), q8_matmul.Q8_0)
-    if not q8_matmul.available():
-        pytest.skip("no Q8_0 kernel here")
-    q = q8_matmul.q8_0_rows(raw, 96, 64)
-    batched = q8_matmul.q8_0_matmul(x, q)
-    single = torch.cat([q8_matmul.q8_0_matmul(x[i: i + 1], q) for i in range(8)])
+    q = QTensor(quantize(torch.randn(96, 64, generator=g), T.Q8_0), T.Q8_0, (96, 64))
+    if not bm.available():
+        pytest.skip("no block kernel here")
+    batched = bm.block_matmul(x, [q])
+    single = torch.cat([bm.block_matmul(x[i: i + 1], [q]) for i in range(8)])
     assert torch.equal(batched, single)
 
 
@@ -196,13 +170,13 @@ def test_trees_with_branches_are_lossless(tiny_models, plain):
         assert max(spec.speculation["accepted_per_step"]) >= 1
 
 
-@pytest.mark.parametrize("weights", ["q8", "fp32"])
+@pytest.mark.parametrize("weights", ["auto", "fp32"])
 def test_self_drafter_reads_a_head_kept_in_host_ram(tiny_models, weights):
     """On a GPU the runtime may wrap the LM head (HostLMHead); the shortlist reads the real one."""
     from ember.offload.speculative.drafters import ShortlistHead
     from ember.offload.hybrid.setup import HostLMHead
 
-    model = _engine(tiny_models["gemma3"][2], weights=weights, lm_head="auto").model
+    model = _engine(tiny_models["gemma3"][2], weights=weights).model
     hidden = torch.randn(2, model.cfg.hidden_size)
     plain_top = ShortlistHead(model, 50).top(hidden, 3)
     inner = model.head

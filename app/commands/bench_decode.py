@@ -92,12 +92,10 @@ def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
     """Weights read per decode step (Ember's, and the file's own: what reading every
     projection and the LM head as stored costs) times tokens/s, against the measured copy
     bandwidth."""
-    from ember.offload.body.quant_body import weight_bytes_per_token
     from ember.offload.body.quant_model import file_bytes_per_token
 
     model, source = engine.model, engine.loaded.source
-    per_token = (model.weight_bytes_per_token() if hasattr(model, "weight_bytes_per_token")
-                 else weight_bytes_per_token(model))
+    per_token = model.weight_bytes_per_token()
     file_per_token = file_bytes_per_token(source.config, source.weights)
     achieved = per_token * decode_median
     from ember.models.ram_copy import huge_page_bytes

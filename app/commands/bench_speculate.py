@@ -59,7 +59,6 @@ def _options(args, speculate: str, tree: str | None):
     from ember.offload.runtime.engine import EngineOptions
 
     return EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads or 2,
-                         lm_head=getattr(args, "lm_head", "auto"),
                          weights=getattr(args, "weights", "auto"), speculate=speculate,
                          tree=tree, draft_model=args.draft_model if speculate == "model" else None,
                          mmap=getattr(args, "mmap", "auto"))

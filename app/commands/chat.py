@@ -43,7 +43,7 @@ def engine_options(args) -> dict:
     if args.ctx_size < 1:
         raise EmberError(f"--ctx-size must be at least 1, got {args.ctx_size}")
     options = dict(device=args.device, n_ctx=args.ctx_size, threads=args.threads,
-                   lm_head=args.lm_head, chat_format=getattr(args, "chat_format", "auto"))
+                   chat_format=getattr(args, "chat_format", "auto"))
     if (weights := getattr(args, "weights", None)) is not None:
         options["weights"] = weights
     for key in ("kv_budget", "kv_host_budget", "gpu_budget"):

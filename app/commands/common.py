@@ -28,7 +28,6 @@ def load_engine(args):
 
     options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads,
                             kv_budget=size("kv-budget"), kv_host_budget=size("kv-host-budget"),
-                            lm_head=getattr(args, "lm_head", "auto"),
                             weights=getattr(args, "weights", "auto"),
                             gpu_budget=size("gpu-budget"), split=getattr(args, "split", "auto"),
                             cold_dtype=getattr(args, "cold_dtype", "auto"),

@@ -55,7 +55,7 @@ def run(args) -> int:
           f"{_mib(m['weights_bytes'])} ({where}) + KV cache (float16) "
           f"{_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
-          "--weights fp32/q8 or a GPU device)")
+          "--weights fp32 or a GPU device)")
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
         err = s["gpu_plan"]["tier_conversion_error"]

@@ -86,10 +86,6 @@ class FileFFNRows:
         """Drop the derived down: the split keeps copies of the rows it sliced."""
         self._down_nm = None
 
-    def derived_bytes(self) -> int:
-        """Bytes of the neuron-major down while it is held (0 after `release`)."""
-        return 0 if self._down_nm is None else self._down_nm.numel() * 4
-
     @property
     def nbytes(self) -> int:
         """The file's bytes a dense pass reads."""

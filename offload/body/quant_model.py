@@ -47,12 +47,12 @@ def applies() -> bool:
 
 def runs_on_file_blocks(options, device: torch.device) -> bool:
     """Whether an engine with `options` (EngineOptions) runs on the file's own blocks: the
-    defaults (`--weights auto`, `--lm-head auto`) on the CPU, or on a CUDA device with a
-    GPU-tier budget (attention and the cold FFN rows on the blocks in host RAM, the hot
-    rows on the GPU in their tier formats), once the kernels are built. The other choices
-    ask for the float32 reference or the requantized Q8_0 body."""
+    default (`--weights auto`) on the CPU, or on a CUDA device with a GPU-tier budget
+    (attention and the cold FFN rows on the blocks in host RAM, the hot rows on the GPU in
+    their tier formats), once the kernels are built. `--weights fp32` asks for the float32
+    reference."""
     tier = device.type == "cpu" or (device.type == "cuda" and options.gpu_budget is not None)
-    return options.weights == "auto" and options.lm_head == "auto" and tier and applies()
+    return options.weights == "auto" and tier and applies()
 
 
 # K and V in half precision on this runtime (its attention converts them on load): half the

@@ -16,12 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ember.models.errors import ConfigError
-from ember.models.transformer import FeedForward, Transformer
+from ember.models.transformer import Transformer
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
-from ..body.lm_head import QuantizedLMHead
 from ..kv.paged import DROPPED, PagedKVCache
-from ..body.quant_body import BlockFeedForward, BlockProjection
 from ..body.quant_model import BlockLMHead
 
 
@@ -129,9 +127,10 @@ class Runner:
         return self.model.logits(hidden)[0]
 
     # -- speculation: a token tree in the slots after the committed context ---------------
-    # All tree nodes go through the body in one pass when the body is batch-invariant (see
-    # body_batch_invariant); otherwise one node at a time, each given exactly its path: the
-    # very computation plain decoding does, so equality with it holds bit for bit either way.
+    # All tree nodes go through the body in one pass when the model is batch-invariant (a
+    # T-row pass gives each row the bits a one-row pass gives: the file-blocks model unless
+    # its FFNs are split); otherwise one node at a time, each given exactly its path: the very
+    # computation plain decoding does, so equality with it holds bit for bit either way.
 
     def begin_tree(self, name: str, max_nodes: int) -> int:
         """Reserve slots for up to `max_nodes` tree nodes; returns how many fit (>= 1), or 0
@@ -159,7 +158,7 @@ class Runner:
         if not todo:
             return
         # One node (every self-drafter step) needs no batching decision.
-        if len(todo) > 1 and todo == list(range(todo[0], upto)) and body_batch_invariant(self.model):
+        if len(todo) > 1 and todo == list(range(todo[0], upto)) and self.model.batch_invariant:
             rows = tree.rows_for(context, todo[0], len(todo))
             hidden = self.model.hidden(self._tensor(tree.tokens[todo[0]:upto]), view, rows)
             for j, i in enumerate(todo):
@@ -174,7 +173,7 @@ class Runner:
         """Target logits (N, vocab) at every node of `tree`."""
         self.tree_hidden(name, tree)
         hidden = torch.cat(tree.hidden)
-        if isinstance(self.model.head, (QuantizedLMHead, BlockLMHead)):  # batch-invariant: all rows at once
+        if isinstance(self.model.head, BlockLMHead):  # batch-invariant: all rows at once
             return self.model.logits(hidden)
         return torch.cat([self.model.logits(hidden[i: i + 1]) for i in range(len(tree))])
 
@@ -198,28 +197,6 @@ class Runner:
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.model.device)
-
-
-def body_batch_invariant(model: Transformer) -> bool:
-    """Whether a T-row body pass gives each row the bits a one-row pass gives.
-
-    True with the file-blocks model (offload/body/quant_model.py) and the Q8_0 body (each output is
-    one dot product in a fixed order, whatever T) with tree attention (row by row). fp32 torch matmul is not: MKL's GEMM for T >= 4 rows rounds
-    differently from its GEMV, which can flip a near-tie greedy token. A model may set
-    `batch_invariant` to override the check (tests do).
-    """
-    forced = getattr(model, "batch_invariant", None)  # QuantModel: always
-    if forced is not None:
-        return bool(forced)
-    # Read through the modules' _modules dicts, what nn.Module's attribute lookup searches:
-    # this runs for every multi-node verification, and 18 layers of lookups took ~0.4 ms.
-    for block in model.blocks:
-        attn, ffn = block._modules["attn"]._modules, block._modules["ffn"]
-        if not (all(isinstance(attn[n], BlockProjection) for n in ("wq", "wk", "wv", "wo"))
-                and type(ffn) is FeedForward
-                and isinstance(ffn._modules.get("fast"), BlockFeedForward)):
-            return False
-    return True
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

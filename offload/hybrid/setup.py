@@ -31,9 +31,9 @@ COLD_CHOICES = ("auto",) + COLD_DTYPES
 
 
 def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
-    """"auto": int8 bundles (a quarter of the float32 bytes, about what the Q8_0 body reads)
-    when the C++ kernels are built and --weights is not fp32; fp32 bundles when the float32
-    reference is asked for or there are no kernels."""
+    """"auto": int8 bundles (a quarter of the float32 bytes) when the C++ kernels are built
+    and --weights is not fp32; fp32 bundles when the float32 reference is asked for or there
+    are no kernels."""
     if choice != "auto":
         return choice
     return "int8" if weights != "fp32" and q8_matmul.available() else "fp32"

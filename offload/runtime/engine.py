@@ -26,10 +26,8 @@ from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictor
                            profile_chooser, profile_predictors, resolve_cold_dtype,
                            restore_dense, split_ffns)
 from ..kv.plan import DEFAULT_BLOCK_SIZE, DEFAULT_ROLLBACK_MARGIN, plan_kv
-from ..body.lm_head import choose_lm_head
 from ..hybrid.memory_plan import SPLITS
 from .profile_file import default_profile_path, load_profile
-from ..body.quant_body import BODY_CHOICES, use_body
 from ..body.input_sparsity import apply_input_sparsity
 from ..body.quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from ..kv.paged import PagedKVCache
@@ -45,6 +43,12 @@ from ..decode.stopping import StopStrings
 DEFAULT_CTX = 4096
 FFN_MODES = ("auto", "dense", "sparse")
 MMAP_CHOICES = ("auto", "on", "off")
+# --weights: "auto" the file's own blocks (QuantModel) where the kernels are built, "fp32" the
+# float32 reference (what perplexity comparisons are made against).
+WEIGHT_CHOICES = ("auto", "fp32")
+# Choices that once selected the requantized Q8_0 copies of the float32 model (issue 21).
+REMOVED_WEIGHTS = {"q8": "removed: the default runtime (--weights auto) reads the file's own "
+                         "blocks; --weights fp32 runs the float32 reference"}
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,7 @@ class EngineOptions:
     kv_budget: int | None = None  # device KV pool in bytes; None: one full-length context
     kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
     kv_block_size: int = DEFAULT_BLOCK_SIZE
-    lm_head: str = "auto"  # "fp32" reference, "q8_0" kernel, "auto": the kernel when it applies
-    weights: str = "auto"  # body projections: "fp32" reference, "q8" kernel, "auto": q8 if it applies
+    weights: str = "auto"  # WEIGHT_CHOICES: the file's own blocks, or the float32 reference
     # Hybrid FFN: a GPU-tier byte budget splits FFN layers into hot (GPU tier) and cold
     # (host) neurons; None with split "auto" runs the dense model on one device.
     gpu_budget: int | None = None
@@ -98,9 +101,11 @@ class EngineOptions:
             parse_tree(self.tree)
         if self.n_ctx < 1:
             raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
-        if self.weights not in BODY_CHOICES:
+        if self.weights in REMOVED_WEIGHTS:
+            raise ConfigError(f"--weights {self.weights}: {REMOVED_WEIGHTS[self.weights]}")
+        if self.weights not in WEIGHT_CHOICES:
             raise ConfigError(f"unknown --weights {self.weights!r}; choose one of "
-                              f"{', '.join(BODY_CHOICES)}")
+                              f"{', '.join(WEIGHT_CHOICES)}")
         if self.ffn_mode not in FFN_MODES:
             raise ConfigError(f"unknown --ffn-mode {self.ffn_mode!r}; choose one of "
                               f"{', '.join(FFN_MODES)}")
@@ -156,15 +161,13 @@ class Engine:
         self.speculation: dict | None = None  # the last stream's SpecStats.to_dict()
 
     def _float_model(self, loaded: LoadedModel, options: EngineOptions, compute):
-        """The shared float32 Transformer with the runtime pieces swapped in: the path for
-        `--weights fp32/q8` and a GPU device (with or without a hybrid split). Sets the
-        weights and LM head in use."""
+        """The shared float32 Transformer, op by op in PyTorch: the path for `--weights fp32`
+        and a GPU device (with or without a hybrid split). Sets the weights and LM head in
+        use."""
         if self.hybrid is None:
-            use_body(loaded.model, "fp32")  # an earlier engine's q8 body off
             restore_dense(loaded.model)
         model = loaded.model.to(compute)
-        self.lm_head = choose_lm_head(model, options.lm_head)
-        self.weights = use_body(model, options.weights)
+        self.weights = self.lm_head = "fp32"
         if (self.hybrid is not None and compute.type != "cpu"
                 and not self.hybrid.plan.lm_head_on_gpu):
             model.head = HostLMHead(model.head)
@@ -218,7 +221,6 @@ class Engine:
                                 kv_bytes, ungated=[g is None for g in gates],
                                 attention_movable=False, **how)
         else:
-            use_body(loaded.model, "fp32")  # an earlier engine's q8 body off: float FFNs
             hybrid = build_hybrid(loaded.model, budget, self.device, kv_bytes, **how)
         if sparse:
             attach_predictors(hybrid, predictors, profile.bias)

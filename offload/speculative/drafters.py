@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ember.kernels import q8_matmul
 from ember.models.errors import ConfigError
 
-from ..body.lm_head import QuantizedLMHead
 from ..body.quant_model import BlockLMHead
 from ..decode.runner import Runner
 from .token_tree import TokenTree
@@ -102,8 +100,6 @@ class ShortlistHead:
     def _rows(self, ids: torch.Tensor):
         if isinstance(self.head, BlockLMHead):
             return self.stored.select_rows(ids)  # (S, vocab rows) in the file's blocks
-        if isinstance(self.head, QuantizedLMHead):
-            return self.head.rows.index_select(0, ids)  # (S, row_bytes) Q8_0 blocks, host RAM
         return self.stored.dequantize_rows(ids).t().contiguous().to(self.model.device)  # (H, S)
 
     def add(self, tokens: list[int]) -> None:
@@ -118,8 +114,6 @@ class ShortlistHead:
             return self.head.scores(hidden, rows)
         if rows.numel() == 0:
             return hidden.new_empty(hidden.shape[0], 0)
-        if isinstance(self.head, QuantizedLMHead):
-            return q8_matmul.q8_0_matmul(hidden.float().cpu(), rows)
         return hidden @ rows
 
     def top(self, hidden: torch.Tensor, k: int) -> list[list[int]]:

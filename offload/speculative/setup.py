@@ -34,9 +34,7 @@ def _draft_runner(engine, path: str):
 
     from ..body import quant_model
     from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
-    from ..body.lm_head import choose_lm_head
     from ..kv.paged import PagedKVCache
-    from ..body.quant_body import use_body
     from ..decode.runner import Runner
 
     try:
@@ -47,10 +45,8 @@ def _draft_runner(engine, path: str):
     device = engine.model.device
     if device.type == "cpu" and quant_model.applies():  # the draft's own file blocks
         model = quant_model.QuantModel(loaded.source)
-    else:
+    else:  # the float32 model, op by op (a GPU device, or no C++ kernels)
         model = loaded.model.to(device)
-        choose_lm_head(model, "auto")
-        use_body(model, "auto")  # draft numerics need not match anything: the fastest body
     n_ctx = min(engine.n_ctx, loaded.config.context_length)
     dtype = getattr(model, "kv_dtype", torch.float32)  # what the draft model's attention reads
     plan = plan_kv(loaded.config, n_ctx, None, 0, engine.kv_plan.block_size, dtype.itemsize)
