@@ -1,8 +1,9 @@
 """The Engine: load a model, turn prompts into token ids, stream generated tokens as events.
 
-Layers, innermost first: `Runner` (prefill / decode), `_steps()` (sample -> decode loop, one
-token id at a time), `stream()` (text deltas, stop conditions, timings, events), `generate()`
-(blocking helper). The CLI, the TUI and the benchmarks all consume `stream()`.
+Layers, innermost first: `Runner` (prefill / decode), `decode_loop` with a plain or a
+speculative step (token ids and the finish reason), `stream()` (text deltas, stop strings,
+timings, events), `generate()` (blocking helper). The CLI, the TUI and the benchmarks all
+consume `stream()`.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from ..body.input_sparsity import apply_input_sparsity
 from ..body.quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from ..kv.paged import PagedKVCache
 from .resources import memory_check, weights_in_ram
+from ..decode.loop import PlainStep, Step, decode_loop
 from ..decode.runner import Runner
 from ..decode.sampler import Sampler, SamplingParams
-from ..speculative.verify import SpecStats, TreeSizer, speculative_steps
+from ..speculative.verify import SpecStats, SpeculativeStep, TreeSizer
 from ..speculative.setup import SPECULATE_CHOICES, make_drafter
 from ..hybrid.tier_dtypes import TIER_CHOICES, TierChoice
 from ..speculative.token_tree import parse_tree
@@ -158,7 +160,12 @@ class Engine:
         # One sizer for the engine's life: what a step and a drafted level cost are properties
         # of the machine and model, not of one reply, so later replies start well estimated.
         self.sizer = TreeSizer(self.tree_widths)
-        self.speculation: dict | None = None  # the last stream's SpecStats.to_dict()
+        self._spec_stats: SpecStats | None = None  # the latest stream's, with a drafter
+
+    @property
+    def speculation(self) -> dict | None:
+        """The latest stream's `SpecStats.to_dict()` (None before one, or with no drafter)."""
+        return None if self._spec_stats is None else self._spec_stats.to_dict()
 
     def _float_model(self, loaded: LoadedModel, options: EngineOptions, compute):
         """The shared float32 Transformer, op by op in PyTorch: the path for `--weights fp32`
@@ -332,27 +339,17 @@ class Engine:
         set (checked before each prompt chunk and every token). Control and image-marker tokens
         show no text.
         """
-        if max_tokens < 1:
-            raise ConfigError(f"max tokens must be at least 1, got {max_tokens}")
-        if len(prompt_ids) >= self.n_ctx:
-            raise ConfigError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
-                              f"{self.n_ctx}; shorten it or raise --ctx-size")
-        vocab = self.loaded.config.vocab_size
-        if prompt_ids and not 0 <= min(prompt_ids) <= max(prompt_ids) < vocab:
-            bad = next(t for t in prompt_ids if not 0 <= t < vocab)
-            raise ConfigError(f"token id {bad} is outside the model's vocabulary of {vocab} "
-                              "(does the tokenizer belong to this model?)")
         timings = Timings(prompt_tokens=len(prompt_ids))
         fmt = prompt_ids.format if isinstance(prompt_ids, ChatPrompt) else ChatFormat("none")
         decoder = StreamDecoder(self.tokenizer)
         stops = StopStrings([*stop, *fmt.stop_strings], strip_leading=fmt.strip_leading_space)
         generated: list[int] = []
-        text = ""
-        finish = "length"
+        text, finish = "", None
         start = time.perf_counter()
         stop_ids = set() if ignore_eos else self.stop_ids
-        for token, reason in self._steps(session, prompt_ids, sampling, max_tokens, stop_ids,
-                                         timings, cancel):
+        tokens = decode_loop(self.runner, session, self._step(session, Sampler(sampling)),
+                             prompt_ids, max_tokens, stop_ids, timings, cancel)
+        for token, reason in tokens:
             if reason is not None:
                 finish = reason
                 break
@@ -375,42 +372,14 @@ class Engine:
         timings.generated_tokens = len(generated)
         yield DoneEvent(finish, text, generated, list(prompt_ids), timings)
 
-    def _steps(self, session, prompt_ids, sampling, max_tokens, stop_ids, timings, cancel):
-        """Yield (token, None) per generated token, then (None, finish_reason) if it ends early."""
-        sampler = Sampler(sampling)
-        if self.drafter is not None:
-            stats = SpecStats(self.drafter.name)
-            self.speculation = stats.to_dict()
-            try:
-                yield from speculative_steps(self.runner, session, self.drafter,
-                                             self.sizer, sampler, prompt_ids,
-                                             max_tokens, stop_ids, timings, cancel, stats)
-            finally:
-                self.speculation = stats.to_dict()
-            return
-        t0 = time.perf_counter()
-        logits = self.runner.prefill(session, list(prompt_ids), cancel)
-        timings.prefill_s = time.perf_counter() - t0
-        if logits is None:  # cancelled between prompt chunks
-            yield None, "cancelled"
-            return
-        history = list(prompt_ids)
-        for i in range(max_tokens):
-            if cancel is not None and cancel.is_set():
-                yield None, "cancelled"
-                return
-            token = sampler(logits, history)
-            if token in stop_ids:
-                yield None, "eos"
-                return
-            history.append(token)
-            yield token, None
-            if i + 1 == max_tokens:
-                return
-            if len(self.runner.tokens(session)) >= self.n_ctx:
-                yield None, "context"
-                return
-            logits = self.runner.decode(session, token)
+    def _step(self, session: str, sampler: Sampler) -> Step:
+        """This engine's decode step: speculative with a drafter (fresh stats per reply),
+        else plain."""
+        if self.drafter is None:
+            return PlainStep(self.runner, session, sampler)
+        self._spec_stats = SpecStats(self.drafter.name)
+        return SpeculativeStep(self.runner, session, sampler, self.drafter, self.sizer,
+                               self._spec_stats)
 
     def kv_usage(self) -> dict:
         """Blocks used/free on each tier, swaps (count, bytes, seconds), dropped sessions."""
