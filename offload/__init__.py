@@ -3,11 +3,11 @@
 Each room is a sub-package whose docstring says what it owns. Imports point down this list
 only (`tests/test_layering.py` checks it):
 
-- `runtime/`: the `Engine` (options, the per-reply stream), the device, the memory check
-  before loading, the profile file a run loads.
+- `runtime/`: the `Engine` (options, the model it runs, prompts, a reply's events), the
+  device, the memory check before loading, the profile file a run loads.
 - `speculative/`: drafters, token trees, the draft-verify-accept step.
-- `decode/`: the `Runner` (prefill and decode over a KV cache), sampling, stop strings, the
-  events a stream yields.
+- `decode/`: the `Runner` (prefill and decode over a KV cache), the one decode loop plain
+  and speculative steps share, sampling, stop strings, the events a stream yields.
 - `hybrid/`: FFN layers split by a placement into hot rows on the GPU tier and cold rows on
   CPU threads, the memory plan and the placement solve behind them.
 - `body/`: the model body an engine runs on the CPU: the file's own blocks (`quant_model`),

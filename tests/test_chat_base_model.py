@@ -73,10 +73,10 @@ def test_chat_app_port_answers_a_follow_up_in_the_same_conversation(default_engi
     each ending by itself, the second prefilling only its new turn."""
     import threading
 
-    from ember.app.tui.engine_port import EngineBackend
+    from .tui_fakes import PreloadedBackend
     from ember.app.tui.settings import ChatSettings
 
-    backend = EngineBackend.from_engine(default_engine, "default")
+    backend = PreloadedBackend(default_engine, "default")
     assert backend.stats()["chat_format"] == "transcript"
     settings = ChatSettings(temperature=0.0, max_tokens=MAX_TOKENS)
     messages = [ChatMessage("user", "What is the capital of France?")]

@@ -28,9 +28,6 @@ ALLOWED = {
 # test doubles moving to tests/, the body rebuild, the kernel convention). Re-check each
 # after that change merges: delete the function, or move the entry to ALLOWED with a reason.
 OWNED_BY_A_PARALLEL_CHANGE = {
-    "app/tui/engine_port.py::EngineBackend.from_engine": "moves to tests/ (issue 21, loop)",
-    "app/tui/fake_engine.py::FakeEngine": "a test double, moves to tests/ (issue 21, loop)",
-    "app/tui/fake_engine.py::sample_hybrid_report": "moves with FakeEngine (issue 21, loop)",
     # Kernels the removed Q8_0 body (quant_body / fused_block / fused_body) was their only
     # caller of: the kernel convention change renames kernels/, so they go after it merges.
     "kernels/fused_ops.py::attention_step": "caller removed (issue 21, blocks; kernels)",

@@ -188,7 +188,7 @@ def test_unknown_or_impossible_chat_formats_are_config_errors(engine):
 
 def test_a_chat_prompt_stops_at_its_format_stop_strings_without_leaking(engine):
     from ember.models.chat_format import ChatFormat
-    from ember.offload.runtime.engine import ChatPrompt
+    from ember.offload.runtime.prompts import ChatPrompt
 
     ids = engine.encode("the")
     free = engine.generate(ids, sampling=GREEDY, max_tokens=16, ignore_eos=True)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from ember.models import ram_copy
-from ember.models.errors import ModelFormatError
+from ember.models.errors import ConfigError, ModelFormatError
 from ember.models.gguf_file import GGUFFile
 from ember.models.loader import load_model, open_model
 from ember.offload.body import quant_model
-from ember.offload.runtime.engine import ConfigError, Engine, EngineOptions
+from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.runtime.resources import RAM_COPY_SHARE, reads_weights_into_ram
 from ember.offload.decode.sampler import GREEDY
 

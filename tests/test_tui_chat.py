@@ -13,7 +13,6 @@ pytest.importorskip("pytest_asyncio")  # runs the async pilot tests
 pytestmark = pytest.mark.asyncio
 
 from ember.app.tui.app import ChatApp
-from ember.app.tui.fake_engine import FakeEngine
 from ember.app.tui.screens.settings_form import SettingsScreen
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.message_list import MessageView
@@ -21,6 +20,7 @@ from ember.app.tui.widgets.prompt_input import PromptInput
 from ember.app.tui.widgets.sidebar import ConversationList
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import EmberError
+from .tui_fakes import FakeEngine
 
 SIZE = (80, 24)
 LONG_REPLY = " ".join(f"word{i}" for i in range(200))

@@ -15,13 +15,13 @@ from rich.console import Console
 
 from ember.app.tui.app import ChatApp
 from ember.app.tui.engine_port import EngineBackend
-from ember.app.tui.fake_engine import FakeEngine, sample_hybrid_report
 from ember.app.tui.screens.help import HelpScreen
 from ember.app.tui.screens.placement import PlacementScreen
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.placement_chart import LayerBars, PlanHeader, layer_runs
 from ember.app.tui.widgets.status_bar import hybrid_parts, speculation_parts
 from tests.test_tui_chat import SIZE, make_app, ready, send, status_text, wait_for
+from .tui_fakes import FakeEngine, PreloadedBackend, sample_hybrid_report
 
 SPECULATION = {"drafter": "self", "verifications": 12, "mean_accepted_length": 2.44}
 
@@ -294,7 +294,7 @@ def test_backend_reports_speculation_from_a_real_engine(tiny_gemma_gguf):
     # preamble alone is ~230 tokens of the tiny model's character-level vocabulary.
     engine = Engine(load_model(tiny_gemma_gguf),
                     EngineOptions(device="cpu", n_ctx=128, speculate="lookup", chat_format="gemma"))
-    backend = EngineBackend.from_engine(engine, "tiny")
+    backend = PreloadedBackend(engine, "tiny")
     before = backend.stats()
     assert before["speculate"] == "lookup" and before["speculation"] is None
     assert before["hybrid"] is None  # dense: no split
@@ -314,7 +314,7 @@ def test_backend_writes_a_conversation_in_its_settings_chat_format(tiny_gemma_gg
 
     engine = Engine(load_model(tiny_gemma_gguf),
                     EngineOptions(device="cpu", n_ctx=256, chat_format="gemma"))
-    backend = EngineBackend.from_engine(engine, "tiny")
+    backend = PreloadedBackend(engine, "tiny")
     assert backend.stats()["chat_format"] == "gemma"  # the engine's, before any reply
     msgs = [ChatMessage("user", "hi")]
     events = list(backend.stream_reply(msgs, ChatSettings(max_tokens=2, chat_format="transcript"),

@@ -31,7 +31,7 @@ LONG_REPLY = " ".join(f"word{i}" for i in range(400))  # 400 x 50 ms: streams fo
 
 
 async def _child(db: str) -> None:
-    from ember.app.tui.fake_engine import FakeEngine
+    from .tui_fakes import FakeEngine
 
     engine = FakeEngine(["first reply", LONG_REPLY], token_delay=0.05)
     app = make_app(db, engine)

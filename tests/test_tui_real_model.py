@@ -10,13 +10,13 @@ import pytest
 pytest.importorskip("pytest_asyncio")
 
 from ember.app.tui.app import ChatApp
-from ember.app.tui.engine_port import EngineBackend
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.message_list import MessageView
 from ember.app.tui.widgets.prompt_input import PromptInput
 from ember.models import synthetic
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
+from .tui_fakes import PreloadedBackend
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ async def _until(condition, timeout=20.0):
 
 @pytest.mark.asyncio
 async def test_chat_with_a_tiny_real_model(tmp_path, tiny_engine):
-    app = ChatApp(EngineBackend.from_engine(tiny_engine, "tiny"), ChatStore(tmp_path / "chat.db"))
+    app = ChatApp(PreloadedBackend(tiny_engine, "tiny"), ChatStore(tmp_path / "chat.db"))
     async with app.run_test(size=(80, 24)) as pilot:
         await _until(lambda: app.model_state == "ready")
         app.query_one(PromptInput).post_message(PromptInput.Submitted("Hello there"))

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("pytest_textual_snapshot")
 
 from ember.app.tui.app import ChatApp
-from ember.app.tui.fake_engine import FakeEngine, sample_hybrid_report
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.prompt_input import PromptInput
+from .tui_fakes import FakeEngine, sample_hybrid_report
 
 SIZE = (80, 24)
 

@@ -7,10 +7,10 @@ import pytest
 pytest.importorskip("textual")
 pytest.importorskip("pytest_asyncio")
 
-from ember.app.tui.fake_engine import FakeEngine
 from ember.app.tui.widgets.sidebar import ConversationList
 from ember.app.tui.widgets.status_bar import fit_parts, kv_parts
 from tests.test_tui_chat import SIZE, make_app, ready, send, status_text, wait_for
+from .tui_fakes import FakeEngine
 
 
 @pytest.mark.asyncio

@@ -5,7 +5,7 @@ worker thread at a time (the Engine is not thread-safe). `load()` reports its pr
 callback; `stream_reply` yields the engine's own events: a `TokenEvent` per text delta and one
 final `DoneEvent` with the finish reason and timings; `stats()`, once loaded and after each
 reply, says where the KV cache stands, how the FFN is split and how speculation fares.
-`FakeEngine` (fake_engine.py) implements the same interface for tests.
+The tests' `FakeEngine` (tests/tui_fakes.py) implements the same interface.
 """
 
 from __future__ import annotations
@@ -60,30 +60,19 @@ class EngineBackend:
     """The real engine behind the port: loads lazily, so the UI is up before torch is."""
 
     def __init__(self, model_path: str | Path | None = None, device: str = "auto",
-                 n_ctx: int = 4096, threads: int | None = None, engine=None, **options):
+                 n_ctx: int = 4096, threads: int | None = None, **options):
         """`options`: further `EngineOptions` fields (kv_budget, gpu_budget, speculate, ...)."""
         self.name = Path(model_path).name if model_path else "Gemma 3 270M (default)"
         self._model_path = model_path
         self._options = dict(device=device, n_ctx=n_ctx, threads=threads, **options)
-        self._engine = engine
+        self._engine = None
         self._chat_format: str | None = None  # the format of the latest reply's prompt
-
-    @classmethod
-    def from_engine(cls, engine, name: str = "model") -> "EngineBackend":
-        """Wrap an already loaded `Engine` (tests, or a caller that loaded it itself)."""
-        backend = cls(engine=engine)
-        backend.name = name
-        return backend
 
     @property
     def n_ctx(self) -> int:
         return self._engine.n_ctx if self._engine is not None else 0
 
     def load(self, progress: Callable[[float, str], None] | None = None) -> None:
-        if self._engine is not None:
-            if progress is not None:
-                progress(1.0, "ready")
-            return
         from ember.offload.runtime.engine import Engine, EngineOptions
 
         self._engine = Engine.load(self._model_path, EngineOptions(**self._options),
@@ -93,18 +82,10 @@ class EngineBackend:
         engine = self._engine
         if engine is None:
             return {}
-        stats = {"kv": engine.kv_usage(), "lm_head": engine.lm_head}
-        # Tolerant of engines without the hybrid FFN or speculation.
-        if hasattr(engine, "hybrid_report"):
-            stats["hybrid"] = engine.hybrid_report()
-        options = getattr(engine, "options", None)
-        if hasattr(options, "speculate"):
-            stats["speculate"] = options.speculate
-        if hasattr(engine, "speculation"):
-            stats["speculation"] = engine.speculation
-        if hasattr(engine, "chat_format"):
-            stats["chat_format"] = self._chat_format or engine.chat_format.name
-        return stats
+        return {"kv": engine.kv_usage(), "lm_head": engine.lm_head,
+                "hybrid": engine.hybrid_report(), "speculate": engine.options.speculate,
+                "speculation": engine.speculation,
+                "chat_format": self._chat_format or engine.chat_format.name}
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         # Each turn re-encodes the whole conversation; the engine's session for it keeps the

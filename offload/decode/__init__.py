@@ -1,4 +1,6 @@
 """Batch-1 decoding: the `Runner` (chunked prefill, decode steps and tree verification
-over the paged KV cache), the sampler, stop strings and the events a stream yields.
+over the paged KV cache, and the checks a prompt must pass), the decode loop plain and
+speculative steps share (`loop`: prefill timing and every stop condition), the sampler, stop
+strings and the events a stream yields.
 
 May import `body` and `kv`."""

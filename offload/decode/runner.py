@@ -69,17 +69,35 @@ class Runner:
 
     def prefill(self, name: str, ids: list[int],
                 cancel: threading.Event | None = None) -> torch.Tensor | None:
-        """Make session `name` hold exactly `ids`; returns the logits after the last one.
+        """Make session `name` hold exactly the prompt `ids`; returns the logits after the
+        last one. A ConfigError if the prompt is empty, leaves no room in the context for a
+        generated token, or holds an id outside the vocabulary.
 
         Reuses the longest common prefix with what the session already holds. With `cancel`,
         checked before each chunk (chunks of ~CANCEL_CHUNK_S): once it is set, returns None,
         the session holding the chunks already done (a later prompt extending them reuses them).
         """
+        self._check_prompt(ids)
+        return self._fill(name, ids, cancel)
+
+    def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise ConfigError("the prompt is empty")
-        if len(ids) > self.n_ctx:
+        # The last position's logits give the first generated token, which needs a slot too.
+        if len(ids) >= self.n_ctx:
             raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds "
-                              f"{self.n_ctx}; shorten it or raise --ctx-size")
+                              f"{self.n_ctx} for the prompt and its reply together; shorten "
+                              "the prompt or raise --ctx-size")
+        vocab = self.model.cfg.vocab_size
+        if not 0 <= min(ids) <= max(ids) < vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise ConfigError(f"token id {bad} is outside the model's vocabulary of {vocab} "
+                              "(does the tokenizer belong to this model?)")
+
+    def _fill(self, name: str, ids: list[int],
+              cancel: threading.Event | None = None) -> torch.Tensor | None:
+        """`prefill` without the prompt checks: also rebuilds a dropped session from the
+        tokens it held (up to the whole context)."""
         s = self.session(name)
         # Keep at least the last token to recompute: its logits are what we return.
         keep = min(_common_prefix(s.tokens, ids), len(ids) - 1)
@@ -121,7 +139,7 @@ class Runner:
         if len(s.tokens) >= self.n_ctx:
             raise ConfigError(f"the context is full ({self.n_ctx} tokens)")
         if self.kv.seqs[s.seq_id].tier == DROPPED:  # rebuilt from its tokens, then continue
-            return self.prefill(name, s.tokens + [token])
+            return self._fill(name, s.tokens + [token])
         hidden = self.model.hidden(self._tensor([token]), self.kv.view(s.seq_id))
         s.tokens.append(token)
         return self.model.logits(hidden)[0]
@@ -137,7 +155,7 @@ class Runner:
         when the context is full."""
         s = self.sessions[name]
         if self.kv.seqs[s.seq_id].tier == DROPPED:
-            self.prefill(name, list(s.tokens))  # rebuilt; these logits are not needed
+            self._fill(name, list(s.tokens))  # rebuilt; these logits are not needed
         n = min(max_nodes, self.n_ctx - len(s.tokens))
         if n > 0:
             self.kv.view(s.seq_id).reserve(n)

@@ -1,11 +1,10 @@
-"""Speculative decoding in the batch-1 loop: draft a token tree, verify it, accept, commit.
+"""Speculative decoding's step in the shared decode loop: draft a token tree, verify it,
+accept, commit.
 
 One step, as named phases: reserve tree slots -> draft (a `Drafter`) -> verify (target logits
 at every node) -> accept (walk the tree with the target's own draws) -> commit (the accepted
-path's K/V compacted to consecutive positions, the rest truncated).
-
-The generator yields exactly what `Engine._steps` yields, (token, None) per token and
-(None, reason) at an early end, so `Engine.stream()` needs no other change.
+path's K/V compacted to consecutive positions, the rest truncated). `decode/loop.py` runs it
+exactly as it runs a plain step: prefill, stop conditions and timing live there.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..decode.loop import PlainStep
 from ..decode.runner import Runner
 from ..decode.sampler import Sampler
 from .token_tree import TokenTree, tree_size
@@ -137,73 +137,55 @@ def accept(tree: TokenTree, logits: torch.Tensor, sample, history: list[int]):
         path.append(child)
 
 
-def speculative_steps(runner: Runner, session: str, drafter, sizer: TreeSizer, sampler: Sampler,
-                      prompt_ids: list[int], max_tokens: int, stop_ids: set[int], timings,
-                      cancel, stats: SpecStats):
-    """Yield (token, None) per generated token, then (None, finish_reason) if it ends early."""
-    t0 = time.perf_counter()
-    logits = runner.prefill(session, list(prompt_ids), cancel)
-    timings.prefill_s = time.perf_counter() - t0
-    if logits is None:  # cancelled between prompt chunks
-        yield None, "cancelled"
-        return
-    drafter.start(runner, session, list(prompt_ids))
-    history = list(prompt_ids)
-    queue = [sampler(logits, history)]
-    emitted = 0
-    while True:
-        token = queue.pop(0)
-        if cancel is not None and cancel.is_set():
-            yield None, "cancelled"
-            return
-        if token in stop_ids:
-            yield None, "eos"
-            return
-        history.append(token)
-        yield token, None
-        emitted += 1
-        if emitted == max_tokens:
-            return
-        if queue:
-            continue
-        if len(runner.tokens(session)) >= runner.n_ctx:
-            yield None, "context"
-            return
-        queue = _step(runner, session, drafter, sizer, sampler, history, max_tokens - emitted, stats)
+class SpeculativeStep:
+    """The step of speculative decoding (see `decode/loop.py`): one draft -> verify ->
+    accept -> commit round rooted at the last token, returning the target's tokens after it
+    (accepted drafts, then its own next token). With nothing to draft it is a plain step
+    (the same logits as a one-node tree), timed for the sizer."""
 
+    def __init__(self, runner: Runner, session: str, sampler: Sampler, drafter,
+                 sizer: TreeSizer, stats: SpecStats):
+        self.plain = PlainStep(runner, session, sampler)
+        self.runner, self.session, self.sampler = runner, session, sampler
+        self.drafter, self.sizer, self.stats = drafter, sizer, stats
 
-def _step(runner, session, drafter, sizer, sampler, history, remaining, stats) -> list[int]:
-    """One draft -> verify -> accept -> commit round rooted at history[-1]; returns the
-    target's tokens for the positions after it (accepted drafts, then its own next token).
-    With nothing to draft it is a plain decode step (the same logits as a one-node tree)."""
-    widths = sizer.next_widths()[: max(remaining - 1, 0)]
-    t0 = time.perf_counter()
-    if widths:
-        room = runner.begin_tree(session, tree_size(widths))
-        tree = drafter.draft(runner, session, history, widths, room)
-        if len(tree) == 1 and tree.hidden[0] is None:
-            # Nothing drafted (prompt lookup found no match) and nothing computed: a plain
-            # step, without a one-node tree's bookkeeping. (A drafter with nothing to offer
-            # tells the sizer nothing about drafting.)
-            runner.end_tree(session)
-            widths = ()
-    if not widths:
-        drawn = [sampler(runner.decode(session, history[-1]), history)]
-        seconds = time.perf_counter() - t0
-        stats.verify_s += seconds
-        stats.accepted.append(0)
-        stats.tree_nodes.append(1)
-        sizer.update(0, 0, seconds)
+    def first(self, logits: torch.Tensor, history: list[int]) -> list[int]:
+        self.drafter.start(self.runner, self.session, list(history))
+        return self.plain.first(logits, history)
+
+    def next(self, history: list[int], remaining: int) -> list[int]:
+        widths = self.sizer.next_widths()[: max(remaining - 1, 0)]
+        t0 = time.perf_counter()
+        tree = self._draft(history, widths) if widths else None
+        if tree is None:
+            drawn = self.plain.next(history, remaining)
+            seconds = time.perf_counter() - t0
+            self.stats.verify_s += seconds
+            self.stats.accepted.append(0)
+            self.stats.tree_nodes.append(1)
+            self.sizer.update(0, 0, seconds)
+            return drawn
+        t1 = time.perf_counter()
+        logits = self.runner.verify(self.session, tree)
+        path, drawn = accept(tree, logits, self.sampler, history)
+        self.runner.commit_path(self.session, tree, path)
+        t2 = time.perf_counter()
+        self.stats.draft_s += t1 - t0
+        self.stats.verify_s += t2 - t1
+        self.stats.accepted.append(len(path) - 1)
+        self.stats.tree_nodes.append(len(tree))
+        if len(tree) > 1:  # (a drafter with nothing to offer tells the sizer nothing)
+            self.sizer.update(max(tree.depths), len(path) - 1, t2 - t0)
         return drawn
-    t1 = time.perf_counter()
-    logits = runner.verify(session, tree)
-    path, drawn = accept(tree, logits, sampler, history)
-    runner.commit_path(session, tree, path)
-    t2 = time.perf_counter()
-    stats.draft_s += t1 - t0
-    stats.verify_s += t2 - t1
-    stats.accepted.append(len(path) - 1)
-    stats.tree_nodes.append(len(tree))
-    if len(tree) > 1:  # (a drafter with nothing to offer tells the sizer nothing)
-        sizer.update(max(tree.depths), len(path) - 1, t2 - t0)
-    return drawn
+
+    def _draft(self, history: list[int], widths: tuple[int, ...]) -> TokenTree | None:
+        """The drafter's tree in slots reserved after the context; None when nothing was
+        drafted (prompt lookup found no match) and nothing computed: then a plain step
+        follows, without a one-node tree's bookkeeping. (A drafter with nothing to offer
+        tells the sizer nothing about drafting.)"""
+        room = self.runner.begin_tree(self.session, tree_size(widths))
+        tree = self.drafter.draft(self.runner, self.session, history, widths, room)
+        if len(tree) == 1 and tree.hidden[0] is None:
+            self.runner.end_tree(self.session)
+            return None
+        return tree

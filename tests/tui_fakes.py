@@ -1,6 +1,7 @@
-"""A stand-in engine for tests and demos: streams scripted replies with small delays.
+"""Test doubles for the chat app: `FakeEngine`, a stand-in that streams scripted replies
+with small delays, and `PreloadedBackend`, the real backend around an engine a test loaded.
 
-Deterministic and fast, with the knobs the tests need: per-token delay, a gate that holds
+`FakeEngine` is deterministic and fast, with the knobs the tests need: per-token delay, a gate that holds
 loading until the test opens it, an error to raise instead of replying, and a record of every
 conversation it was asked to answer. `load()` reports scripted progress steps. `stats()` plays a
 paged KV cache in miniature: each session holds 16-token blocks on each of `KV_LAYERS` layers,
@@ -16,6 +17,7 @@ import math
 import threading
 import time
 
+from ember.app.tui.engine_port import EngineBackend
 from ember.models.errors import EmberError
 from ember.offload.decode.events import DoneEvent, Timings, TokenEvent
 
@@ -131,6 +133,19 @@ class FakeEngine:
 
     def _used(self, tier: str) -> int:
         return sum(b for t, b in self._kv.values() if t == tier)
+
+
+class PreloadedBackend(EngineBackend):
+    """`EngineBackend` around an `Engine` the test built (loading a model takes seconds, and
+    one engine serves several tests): `load()` only reports that it is ready."""
+
+    def __init__(self, engine, name: str):
+        super().__init__()
+        self.name, self._engine = name, engine
+
+    def load(self, progress=None) -> None:
+        if progress is not None:
+            progress(1.0, "ready")
 
 
 def sample_hybrid_report(n_layers: int = KV_LAYERS, ffn_size: int = 2048,

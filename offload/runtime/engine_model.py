@@ -1,0 +1,140 @@
+"""The model an engine runs, built from its options: the file's own blocks or the float32
+reference, its FFN layers split into a GPU tier and a host side when a budget or a profile
+asks for it, and a profile's predictors or input thresholds applied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ember.models.errors import ConfigError
+from ember.models.loader import LoadedModel
+
+from ..body.input_sparsity import apply_input_sparsity
+from ..body.quant_model import QuantModel, runs_on_file_blocks
+from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
+                            profile_chooser, profile_predictors, resolve_cold_dtype,
+                            restore_dense, split_ffns)
+from ..hybrid.tier_dtypes import TierChoice
+from ..kv.plan import KVPlan
+from .engine_options import EngineOptions
+from .profile_file import default_profile_path, load_profile
+
+
+@dataclass
+class EngineModel:
+    model: object  # what the Runner drives: a QuantModel or the float32 Transformer
+    compute: torch.device  # where attention and its KV cache run
+    weights: str  # the body's weights: "native" (the file's blocks) or "fp32"
+    lm_head: str  # the LM head's kind: "fp32", or the GGML type name of the file's head
+    hybrid: HybridModel | None  # the FFN split, None when the FFNs are whole
+    input_sparsity: object | None  # a profile's input thresholds, when applied
+    profile_path: str | Path | None
+    profile_quality: dict | None  # what the profile's end-to-end check measured
+
+
+def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torch.device,
+                       kv_plan: KVPlan) -> EngineModel:
+    """Build the body for `options` on `device`; `kv_plan` says what the KV pool takes of a
+    GPU tier."""
+    # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
+    # hybrid split slices its FFN rows from them too.
+    blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, device) else None
+    profile, path = _find_profile(loaded, options)
+    quality = None if profile is None else _profile_quality(profile)
+    input_sparsity, hybrid = None, None
+    if use_input_thresholds(profile, blocks, options):
+        # GLU models: the profile thresholds matmul inputs rather than predicting neurons
+        input_sparsity = apply_input_sparsity(blocks, profile.meta["input_thresholds"],
+                                              profile.meta.get("input_layout", "q8_0"))
+    else:
+        hybrid = _split_ffn(loaded, options, device, kv_plan, profile, blocks)
+    if blocks is not None:
+        if hybrid is not None:
+            blocks.use_ffns(hybrid.layers)
+        head = blocks.head.stored.qtype_name.lower()
+        return EngineModel(blocks, blocks.device, "native", head, hybrid, input_sparsity,
+                           path, quality)
+    compute = device if hybrid is None else hybrid.attention_device
+    model = _float_model(loaded, compute, hybrid)
+    return EngineModel(model, compute, "fp32", "fp32", hybrid, input_sparsity, path, quality)
+
+
+def _float_model(loaded: LoadedModel, compute: torch.device, hybrid: HybridModel | None):
+    """The shared float32 Transformer, op by op in PyTorch: the path for `--weights fp32`
+    and a GPU device (split or not)."""
+    if hybrid is None:
+        restore_dense(loaded.model)
+    model = loaded.model.to(compute)
+    if hybrid is not None and compute.type != "cpu" and not hybrid.plan.lm_head_on_gpu:
+        model.head = HostLMHead(model.head)
+    return model
+
+
+def _find_profile(loaded: LoadedModel, options: EngineOptions):
+    """(profile, its path), both None when the options name none."""
+    path = options.profile
+    if path == "auto":  # the one `ember profile` wrote for this model, if any
+        found = default_profile_path(loaded.source.fingerprint)
+        path = found if found.is_file() else None
+        if path is None and options.ffn_mode == "sparse":
+            raise ConfigError(f"--ffn-mode sparse needs a profile and there is none at "
+                              f"{found}; run `ember profile` first")
+    if path is None:
+        return None, None
+    return load_profile(path, loaded.config, loaded.source.fingerprint), path
+
+
+def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device,
+               kv_plan: KVPlan, profile, blocks: QuantModel | None) -> HybridModel | None:
+    """Split FFN layers by the GPU-tier plan (None: no split): rows from the file's
+    `blocks` when the engine runs on them, else from the float32 model's FFNs."""
+    if options.gpu_budget is None and options.split == "auto" and profile is None:
+        return None
+    if options.gpu_budget is None and options.split != "auto":
+        raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
+    kv_bytes = kv_plan.device_blocks * kv_plan.block_bytes
+    if options.gpu_budget is None:  # a profile alone: sparse on the host, no GPU tier
+        budget, split = UNLIMITED, "cpu-only"
+    else:
+        budget, split = options.gpu_budget, options.split
+    predictors = None if profile is None else profile_predictors(profile, loaded.config)
+    sparse = predictors is not None and options.ffn_mode != "dense"
+    how = dict(
+        tier=TierChoice.resolve(options.tier_dtype, device),
+        split=split, cold_dtype=resolve_cold_dtype(options.cold_dtype, options.weights),
+        preferred=None if profile is None else profile.placement,
+        neuron_order=None if profile is None else profile.neuron_order(),
+        predictor_bytes=0 if predictors is None else predictors.nbytes,
+        choose=None if profile is None else profile_chooser(profile, predictors, sparse,
+                                                            loaded.config))
+    if blocks is not None:
+        # Layers no predictor gates compute every cold neuron: with nothing hot they run
+        # on the file's blocks, with no bundles derived.
+        gates = predictors.predict if sparse else [None] * len(blocks.layers)
+        # Attention and its KV run on the blocks in host RAM: the tier holds FFN rows.
+        hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
+                            kv_bytes, ungated=[g is None for g in gates],
+                            attention_movable=False, **how)
+    else:
+        hybrid = build_hybrid(loaded.model, budget, device, kv_bytes, **how)
+    if sparse:
+        attach_predictors(hybrid, predictors, profile.bias)
+    return hybrid
+
+
+def use_input_thresholds(profile, blocks, options) -> bool:
+    """A profile with input thresholds runs them on the file-blocks runtime when no GPU tier
+    is asked for (the split's cold side takes predictors) and the FFNs are not forced dense."""
+    return (profile is not None and blocks is not None and "input_thresholds" in profile.meta
+            and options.gpu_budget is None and options.ffn_mode != "dense")
+
+
+def _profile_quality(profile) -> dict:
+    """What `ember profile`'s end-to-end check measured against the dense model (held-out
+    perplexity ratio, top-1 and greedy agreement), with the budget it was held to."""
+    meta = profile.meta
+    return {"quality_budget": meta.get("quality_budget"), "recall": meta.get("recall_used"),
+            "check": (meta.get("report") or {}).get("quality")}

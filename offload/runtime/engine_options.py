@@ -1,0 +1,95 @@
+"""`EngineOptions`: every choice an engine is built with, checked when it is made (a
+`ConfigError` naming the flag, never an assert)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.models.chat_format import CHAT_FORMATS
+from ember.models.errors import ConfigError
+
+from ..hybrid.memory_plan import SPLITS
+from ..hybrid.tier_dtypes import TIER_CHOICES
+from ..kv.plan import DEFAULT_BLOCK_SIZE
+from ..speculative.setup import SPECULATE_CHOICES
+from ..speculative.token_tree import parse_tree
+
+DEFAULT_CTX = 4096
+FFN_MODES = ("auto", "dense", "sparse")
+MMAP_CHOICES = ("auto", "on", "off")
+# --weights: "auto" the file's own blocks (QuantModel) where the kernels are built, "fp32" the
+# float32 reference (what perplexity comparisons are made against).
+WEIGHT_CHOICES = ("auto", "fp32")
+# Choices that once selected the requantized Q8_0 copies of the float32 model (issue 21).
+REMOVED_WEIGHTS = {"q8": "removed: the default runtime (--weights auto) reads the file's own "
+                         "blocks; --weights fp32 runs the float32 reference"}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    device: str = "auto"
+    n_ctx: int = DEFAULT_CTX  # capped at the model's own context length
+    threads: int | None = None
+    kv_budget: int | None = None  # device KV pool in bytes; None: one full-length context
+    kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
+    kv_block_size: int = DEFAULT_BLOCK_SIZE
+    weights: str = "auto"  # WEIGHT_CHOICES: the file's own blocks, or the float32 reference
+    # Hybrid FFN: a GPU-tier byte budget splits FFN layers into hot (GPU tier) and cold
+    # (host) neurons; None with split "auto" runs the dense model on one device.
+    gpu_budget: int | None = None
+    split: str = "auto"  # "auto" | "cpu-only" | "gpu-only" (see memory_plan)
+    cold_dtype: str = "auto"  # host-side FFN rows: "fp32", "int8", "auto" (int8 with a q8 body)
+    # GPU-tier hot rows: "auto" (by file type and device: int4/int8/fp16, tier_dtypes.py) or
+    # one format for every matrix ("int4", "int8", "fp16", "bf16", "fp32").
+    tier_dtype: str = "auto"
+    # A profile artifact (`ember profile`): its placement guides the split and its
+    # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
+    profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
+    ffn_mode: str = "auto"  # "auto" | "dense" (every neuron) | "sparse" (predictor-gated)
+    # Speculative decoding (lossless): "off", "self", "lookup" or "model" (with draft_model);
+    # tree: expansion per depth such as "1,1,3,1" (None: the drafter's default).
+    speculate: str = "off"
+    tree: str | None = None
+    draft_model: str | None = None
+    # How `encode_chat` writes a conversation: "auto" (the file's template, else a transcript
+    # a base model continues), "template", "transcript" or a family format ("gemma", ...).
+    chat_format: str = "auto"
+    # Where the file's bytes live: "on" the memory map, "off" a copy in RAM on huge pages
+    # (faster decode), "auto" the copy when the file fits easily in free RAM and the FFNs
+    # are not split (resources.reads_weights_into_ram).
+    mmap: str = "auto"
+
+    def __post_init__(self):
+        if self.mmap not in MMAP_CHOICES:
+            raise ConfigError(f"unknown --mmap {self.mmap!r}; choose one of {', '.join(MMAP_CHOICES)}")
+        if self.chat_format not in CHAT_FORMATS:
+            raise ConfigError(f"unknown --chat-format {self.chat_format!r}; choose one of "
+                              f"{', '.join(CHAT_FORMATS)}")
+        if self.speculate not in SPECULATE_CHOICES:
+            raise ConfigError(f"unknown --speculate {self.speculate!r}; choose one of "
+                              f"{', '.join(SPECULATE_CHOICES)}")
+        if (self.speculate == "model") != (self.draft_model is not None):
+            raise ConfigError("--speculate model needs --draft-model PATH, and --draft-model "
+                              "needs --speculate model")
+        if self.tree is not None:
+            parse_tree(self.tree)
+        if self.n_ctx < 1:
+            raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
+        if self.weights in REMOVED_WEIGHTS:
+            raise ConfigError(f"--weights {self.weights}: {REMOVED_WEIGHTS[self.weights]}")
+        if self.weights not in WEIGHT_CHOICES:
+            raise ConfigError(f"unknown --weights {self.weights!r}; choose one of "
+                              f"{', '.join(WEIGHT_CHOICES)}")
+        if self.ffn_mode not in FFN_MODES:
+            raise ConfigError(f"unknown --ffn-mode {self.ffn_mode!r}; choose one of "
+                              f"{', '.join(FFN_MODES)}")
+        if self.ffn_mode == "sparse" and self.profile is None:
+            raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
+                              "`ember profile`)")
+        if self.tier_dtype not in TIER_CHOICES:
+            raise ConfigError(f"unknown --tier-dtype {self.tier_dtype!r}; choose one of "
+                              f"{', '.join(TIER_CHOICES)}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"unknown --split {self.split!r}; choose one of {', '.join(SPLITS)}")
+        if self.gpu_budget is not None and self.gpu_budget < 0:
+            raise ConfigError("--gpu-budget must not be negative")
