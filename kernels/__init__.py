@@ -1,12 +1,23 @@
-"""Compute kernels: a plain PyTorch reference for each, and C++ versions tested against it
-(`cpu_extension` builds them on first use; without a compiler the references run).
+"""Compute kernels: model-agnostic (tensors and switches in, tensors out; what a model means by
+them is decided in offload/body/ and models/). `cpu_extension` builds the C++ versions on first
+use; without a compiler, or with EMBER_KERNELS=reference, the references run.
 
-- `block_matmul`: x @ W^T on GGML blocks as the file stores them (Q4_0..Q8_0, K-quants,
-  F16/BF16/F32), AVX-512 VNNI / AVX2 / portable paths chosen at run time.
+One convention for every op module: `op(...)` (the fast version where there is one),
+`op_reference(...)` beside it in the same module (the plain PyTorch it is tested against, same
+arguments) and `available()` (whether `op` runs the fast version here). Unqualified, "block"
+here means a GGML quant block (32 or 256 values with their scales); a transformer block or a
+KV block is named as such. The FFN activations come from one table, models/activations.py,
+whose codes the C++ kernels receive (csrc/activation.h).
+
+- `block_matmul`: x @ W^T on GGML quant blocks as the file stores them (Q4_0..Q8_0, K-quants,
+  F16/BF16/F32), AVX-512 VNNI / AVX2 / portable paths chosen at run time (EMBER_CPU_PATH).
 - `decoder_step`: every decoder layer for T rows in one call, on those blocks.
-- `fused_ops`: norms, rotary, attention over the paged KV pool, activations; per-row ops that
-  replace chains of small PyTorch calls at batch 1.
-- `sparse_ffn` (reference: `sparse_ffn_reference`), `ffn_bundles`, `hot_ffn`: the hybrid
-  split's cold (CPU, active neurons only) and hot sides.
-- `q8_matmul`: the Q8_0 body of the `--weights q8` path.
+- `input_sparse`: x @ W^T reading only the weight columns of inputs above a threshold, on an
+  input-major re-layout of the blocks.
+- `fused_ops`: norms, rotary, attention over the paged KV pool, activations, argmax/top-k;
+  per-row ops that replace chains of small PyTorch calls at batch 1 (and the Q8_0 body's
+  attention_step / ffn_step / body_step).
+- `sparse_ffn` (over `ffn_bundles`, one contiguous bundle per neuron) and `hot_ffn` (over
+  `tier_weights`' formats): the hybrid split's cold (CPU, active neurons only) and hot sides.
+- `q8_matmul`: x @ W^T on Q8_0 rows (the LM head, the `--weights q8` body).
 """

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ember.models.weights import QTensor
 
 __all__ = ["NATIVE_TYPES", "available", "block_matmul", "block_matmul_reference", "cpu_path",
-           "cpu_paths", "dequantize_row", "set_cpu_path", "supports"]
+           "cpu_paths", "dequantize_row", "dequantize_row_reference", "set_cpu_path", "supports"]
 
 _FLOAT_TYPES = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))
 _SMALL_TYPES = frozenset(int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0))
@@ -92,7 +92,7 @@ def cpu_paths() -> tuple[str, ...]:
     return tuple(usable)
 
 
-_BLOCKS = {t: quants.block_info(t) for t in NATIVE_TYPES}  # qtype -> (values, bytes) per block
+_QUANT_BLOCKS = {t: quants.block_info(t) for t in NATIVE_TYPES}  # qtype -> (values, bytes) per block
 
 
 def _check(x: torch.Tensor, weights: Sequence[QTensor]) -> list[tuple[int, int, int]]:
@@ -108,7 +108,7 @@ def _check(x: torch.Tensor, weights: Sequence[QTensor]) -> list[tuple[int, int, 
     out = []
     for i, w in enumerate(weights):
         qtype = int(w.qtype)
-        blocks = _BLOCKS.get(qtype)
+        blocks = _QUANT_BLOCKS.get(qtype)
         if blocks is None:
             names = ", ".join(quants.type_name(t) for t in sorted(NATIVE_TYPES))
             raise ValueError(f"weight {i}: GGML type {quants.type_name(qtype)} is not read "
@@ -193,18 +193,30 @@ def block_matmul_reference(x: torch.Tensor, weights: Sequence[QTensor]) -> torch
     return torch.cat(outs, 1).float()
 
 
-def dequantize_row(t: QTensor, index: int) -> torch.Tensor:
-    """Row `index` of a 2-D tensor of a NATIVE type as (1, K) float32, bit-identical to
-    `quants.dequantize` of that row (e.g. a decoded token's embedding)."""
+def _check_row(t: QTensor, index: int) -> tuple[int, int, int]:
+    """(qtype, n, k) of a 2-D tensor of a NATIVE type whose row `index` exists."""
     qtype = int(t.qtype)
     if qtype not in NATIVE_TYPES:
         raise ValueError(f"GGML type {quants.type_name(qtype)} is not read natively")
     n, k = t.shape
     if not 0 <= index < n:
         raise IndexError(f"row {index} outside {n} rows")
+    return qtype, n, k
+
+
+def dequantize_row_reference(t: QTensor, index: int) -> torch.Tensor:
+    """Row `index` by `quants.dequantize` of that row's bytes: (1, K) float32."""
+    qtype, _, k = _check_row(t, index)
+    rb = quants.row_nbytes(qtype, k)
+    return quants.dequantize(t.raw.reshape(-1)[index * rb:(index + 1) * rb], qtype, (1, k))
+
+
+def dequantize_row(t: QTensor, index: int) -> torch.Tensor:
+    """Row `index` of a 2-D tensor of a NATIVE type as (1, K) float32, bit-identical to
+    `dequantize_row_reference` (e.g. a decoded token's embedding)."""
+    qtype, n, k = _check_row(t, index)
     module = _module()
     if module is None:
-        rb = quants.row_nbytes(qtype, k)
-        return quants.dequantize(t.raw.reshape(-1)[index * rb:(index + 1) * rb], qtype, (1, k))
+        return dequantize_row_reference(t, index)
     return module.dequantize_row(t.raw.contiguous().view(n, quants.row_nbytes(qtype, k)), qtype,
                                  int(index))

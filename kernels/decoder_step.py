@@ -23,17 +23,19 @@ from typing import NamedTuple
 
 import torch
 
-from ember.models.transformer import activate
+from ember.models import activations
 from ember.models.weights import QTensor
 
 from . import cpu_extension
 from .block_matmul import block_matmul
 from .fused_ops import attend_slots, qk_norm_rope_, residual_norm, rms_norm
-from .sparse_ffn_reference import is_gated
 
 
 class DecoderLayer(NamedTuple):
-    """One layer's fixed arguments. Norm weights are float32 (D,); None where absent."""
+    """One decoder layer's fixed arguments, as plain tensors and switches (the model's
+    reading of them lives in offload/body/quant_model.py). Norm weights are float32 (D,); a
+    norm given as None is a step skipped (no q/k head norms, no norm of the attention or FFN
+    output before its residual add)."""
 
     attn_norm: torch.Tensor
     qkv: list[QTensor]  # q, k, v projections (out, hidden): outputs side by side
@@ -52,8 +54,8 @@ class DecoderLayer(NamedTuple):
     post_ffn_norm: torch.Tensor | None
     eps: float
     scale: float  # attention scale
-    qkv_bias: torch.Tensor | None = None  # (q + 2 kv columns,): Qwen 2
-    attn_softcap: float = 0.0  # > 0: scores soft-capped (Gemma 2)
+    qkv_bias: torch.Tensor | None = None  # (q + 2 kv columns,) added to the projections
+    attn_softcap: float = 0.0  # > 0: scaled scores s become cap * tanh(s / cap)
 
 
 def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Tensor:
@@ -87,12 +89,12 @@ def ffn_reference(layer: DecoderLayer, x, h, matmul=_file_matmul):
     """The FFN sub-layer for T rows and its residual step: x + post-normed FFN(h)."""
     L = layer
     gu = matmul("gate_up", h, L.gate_up)
-    if is_gated(L.activation):
+    if activations.is_gated(L.activation):
         n = L.down.shape[1]
         gate, up = gu[:, :n], gu[:, n:]
     else:
         gate, up = None, gu
-    f = matmul("down", activate(L.activation, gate, up).contiguous(), [L.down])
+    f = matmul("down", activations.activate(L.activation, gate, up).contiguous(), [L.down])
     return residual_norm(x, f.contiguous(), L.post_ffn_norm, None, L.eps)[0]
 
 
@@ -119,7 +121,8 @@ def _native_layer(layer: DecoderLayer) -> tuple:
     return (layer.attn_norm, qkv, qkv_types, layer.n_heads, layer.n_kv, layer.head_dim,
             layer.q_norm, layer.k_norm, layer.interleaved, layer.wo.rows(), layer.wo.qtype,
             layer.post_attn_norm, layer.ffn_norm, gate_up, gate_up_types, layer.down.rows(),
-            layer.down.qtype, layer.activation, layer.post_ffn_norm, layer.eps, layer.scale,
+            layer.down.qtype, activations.code(layer.activation), layer.post_ffn_norm, layer.eps,
+            layer.scale,
             layer.qkv_bias, layer.attn_softcap)
 
 

@@ -1,4 +1,4 @@
-"""Neuron bundles: the memory layout of `SparseFFNWeights` (one neuron = one contiguous block).
+"""Neuron bundles: the memory layout of `SparseFFNWeights` (one neuron = one contiguous bundle).
 
 A neuron's weights are its gate row, up row and down row (down_nm: one column of the usual
 (hidden, ffn) down matrix), each `hidden` long. The sparse kernel reads whole neurons in a
@@ -12,6 +12,8 @@ Plain MLP activations have no gate row (two rows, two scales). A sparse read is 
 sequential stream per neuron (its scales included), instead of three streams in three
 matrices plus three scale lookups. The buffer is 2 MiB-aligned and advised for transparent
 huge pages where Linux allows: a random 12 KiB read touches 3-4 small pages, each a TLB miss.
+
+int8 rows are symmetric per row (`quantize_rows_int8`): w[i, :] ~= q[i, :] * scale[i].
 
 Must match `layout_of` in csrc/sparse_ffn.cpp.
 """
@@ -39,6 +41,25 @@ def bundle_layout(hidden: int, gated: bool, dtype: str) -> tuple[int, int]:
         return _round_up(nrows * hidden, 16), -1
     scales = _round_up(nrows * hidden, 16)
     return _round_up(scales + 16, 64), scales
+
+
+def quantize_rows_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: w (rows, cols) -> (q int8 (rows, cols), scale fp32 (rows,)).
+
+    scale = max|row| / 127, so each weight is off by at most scale / 2. An all-zero row gets
+    scale 0 (and q 0), which reproduces it exactly.
+    """
+    if w.dim() != 2:
+        raise ValueError(f"quantize_rows_int8 expects a 2-D tensor, got shape {tuple(w.shape)}")
+    w = w.detach().float()
+    scale = w.abs().amax(dim=1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def dequantize_rows_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale[:, None]
 
 
 def _advise_huge(addr: int, nbytes: int) -> None:

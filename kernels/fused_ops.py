@@ -1,10 +1,13 @@
 """Fused row-wise ops for the CPU decode step (C++ in csrc/: fused_ops.cpp, body_step.cpp,
-select.cpp), with references.
+select.cpp), each `op` beside its plain PyTorch `op_reference`.
 
 At batch 1 a decode step's small ops cost their dispatch, not their arithmetic: an rms_norm is
 seven PyTorch ops, and the default model runs six norms per layer. These do each chain in one
-call. The references below are written with models/transformer.py's own functions, so the
-fused path is checked against exactly what the reference model computes.
+call. Model-agnostic: they take tensors and switches (a norm or None, interleaved or not), and
+the caller (offload/body/) decides from its model what to pass. The references use the same
+PyTorch ops in the same order as the reference model's (models/transformer.py, rotary.py), and
+tests/test_kernel_convention.py checks they give its bits, so the fused path is checked
+against exactly what the reference model computes.
 
 Every op is row by row: a row's result does not depend on the other rows (bit for bit).
 """
@@ -15,19 +18,22 @@ import functools
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
-from ember.models.rotary import rotate
-from ember.models.transformer import activate, attend
-from ember.models.transformer import rms_norm as rms_norm_reference
+from ember.models import activations
 
 from . import cpu_extension
 from .q8_matmul import q8_0_matmul
-from .sparse_ffn_reference import is_gated
 
 
 def available() -> bool:
     module = cpu_extension.load()
     return module is not None and hasattr(module, "qk_norm_rope_")
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In place on the (T, 1) statistic: two fewer allocations per call, same values.
+    return x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_() * weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,6 +59,18 @@ def residual_norm(x: torch.Tensor, a: torch.Tensor, post: torch.Tensor | None,
     return module.residual_norm(x, a, post, nxt, eps)
 
 
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of x (..., head_dim), cos/sin broadcasting to (..., head_dim/2): pairs
+    (x0, x1), (x2, x3), ... when interleaved, else the halves (x[:hd/2], x[hd/2:])."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
 def qk_norm_rope_reference(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
                            interleaved, eps) -> None:
     t = qkv.shape[0]
@@ -62,8 +80,8 @@ def qk_norm_rope_reference(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, si
     if q_norm is not None:
         q, k = rms_norm_reference(q, q_norm, eps), rms_norm_reference(k, k_norm, eps)
     c, s = cos[:, None, :], sin[:, None, :]
-    q_out.copy_(rotate(q, c, s, interleaved))
-    k_out.copy_(rotate(k, c, s, interleaved))
+    q_out.copy_(rotate_reference(q, c, s, interleaved))
+    k_out.copy_(rotate_reference(k, c, s, interleaved))
 
 
 def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
@@ -82,9 +100,22 @@ def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
 
 
 def attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap: float = 0.0) -> torch.Tensor:
-    """Pools of float32 or float16 (the file-blocks runtime's), computed in float32."""
+    """Pools of float32 or float16 (QuantModel's, on the file's quant blocks), in float32: the
+    gathered keys through PyTorch's attention (grouped K/V heads, no mask: one query sees
+    every key it is given), or written out when scores are soft-capped."""
     keys, values = k_pool.index_select(0, slots).float(), v_pool.index_select(0, slots).float()
-    return attend(q[None], keys, values, None, None, None, scale, softcap or None)
+    n_heads, hd = q.shape
+    if softcap:
+        group = n_heads // keys.shape[1]
+        k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (n_heads, S, hd)
+        v = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = q[None].transpose(0, 1) @ k.transpose(1, 2) * scale  # (n_heads, 1, S)
+        scores = torch.tanh(scores / softcap) * softcap
+        return (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(1, n_heads * hd)
+    out = F.scaled_dot_product_attention(
+        q[None].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        attn_mask=None, scale=scale, enable_gqa=True)  # (1, n_heads, 1, hd)
+    return out[0].transpose(0, 1).reshape(1, n_heads * hd)
 
 
 def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -129,21 +160,21 @@ def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_no
     return module.attention_step(*args)
 
 
-def dense_ffn(h, gate_up_rows, down_rows, activation: str) -> torch.Tensor:
+def q8_0_ffn(h, gate_up_rows, down_rows, activation: str) -> torch.Tensor:
     """A dense FFN on Q8_0 rows (the gate rows then the up rows, or the up rows alone) as
     PyTorch-level calls: h (T, hidden) -> (T, hidden)."""
     gu = q8_0_matmul(h, gate_up_rows)
-    if is_gated(activation):
+    if activations.is_gated(activation):
         n = gate_up_rows.shape[0] // 2
         gate, up = gu[:, :n], gu[:, n:]
     else:
         gate, up = None, gu
-    return q8_0_matmul(activate(activation, gate, up), down_rows)
+    return q8_0_matmul(activations.activate(activation, gate, up), down_rows)
 
 
 def ffn_step_reference(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
-    """The C++ ffn_step as `dense_ffn` followed by the residual step."""
-    f = dense_ffn(h, gate_up_rows, down_rows, activation)
+    """The C++ ffn_step as `q8_0_ffn` followed by the residual step."""
+    f = q8_0_ffn(h, gate_up_rows, down_rows, activation)
     return residual_norm(x, f.contiguous(), post_norm, None, eps)[0]
 
 
@@ -154,11 +185,15 @@ def ffn_step(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: flo
     module = cpu_extension.load()
     if module is None:
         return ffn_step_reference(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
-    return module.ffn_step(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
+    return module.ffn_step(x, h, gate_up_rows, down_rows, activations.code(activation),
+                           post_norm, eps)
 
 
 class BodyLayer(NamedTuple):
-    """One block's fixed arguments for `body_step`: attention_step's, then ffn_step's."""
+    """One transformer block's fixed arguments for `body_step`: attention_step's, then
+    ffn_step's, as plain tensors and switches. A norm given as None is a step skipped: no
+    q/k head norms, no norm of the attention output (post_attn_norm) or of the FFN output
+    (post_ffn_norm) before its residual add."""
 
     attn_norm: torch.Tensor
     qkv_rows: torch.Tensor
@@ -180,7 +215,8 @@ class BodyLayer(NamedTuple):
 
 
 def body_step_reference(layers: list[BodyLayer], x, k_pool, v_pool, slots, cos, sin):
-    """Every block's forward for T rows: per layer, attention_step then ffn_step."""
+    """Every transformer block's forward for T rows: per layer, attention_step then
+    ffn_step."""
     for l, read_slots, c, s in zip(layers, slots, cos, sin, strict=True):
         mid, h = attention_step_reference(
             x, l.attn_norm, l.qkv_rows, l.n_heads, l.n_kv, l.head_dim, l.q_norm, l.k_norm, c, s,
@@ -201,15 +237,20 @@ def body_step(layers: list[BodyLayer]):
         return functools.partial(body_step_reference, list(layers))
     native = module.BodyStep()
     for layer in layers:
-        native.add_layer(*layer)
+        native.add_layer(*layer._replace(activation=activations.code(layer.activation)))
     return native.run
 
 
+def argmax_reference(v: torch.Tensor) -> int:
+    return int(torch.argmax(v))
+
+
 def argmax(v: torch.Tensor) -> int:
-    """torch.argmax of a float32 vector (first index on ties, NaN counts as largest), faster."""
+    """`argmax_reference` (torch.argmax: first index on ties, NaN counts as largest) of a
+    float32 vector, faster."""
     module = cpu_extension.load()
     if module is None or v.dtype != torch.float32 or v.device.type != "cpu" or v.dim() != 1:
-        return int(torch.argmax(v))
+        return argmax_reference(v)
     return module.argmax(v.contiguous())
 
 

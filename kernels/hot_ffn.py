@@ -12,8 +12,9 @@ each a `TierLinear` (kernels/tier_weights.py: int4, int8, fp16/bf16 or fp32):
 so a token costs two matmuls whatever the device. n is the hot count padded to the formats'
 granule (int4 tiles take 32 neurons at a time): padded neurons have zero rows, so they add
 exactly nothing. Nothing here imports a GPU library: the tensors' device decides where it
-runs (CUDA when the tier is a GPU, the CPU in tests). `reference_hot_ffn` states the
-semantics with the sparse kernel's reference.
+runs (CUDA when the tier is a GPU, the CPU in tests). `hot_ffn_reference` is the same FFN in
+plain PyTorch (the sparse kernel's semantics, `sparse_ffn.neuron_rows_ffn`) on the float values
+the stored codes stand for.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.models.transformer import activate
+from ember.models.activations import activate, is_gated
 
-from .sparse_ffn_reference import is_gated, reference_sparse_ffn
+from .sparse_ffn import neuron_rows_ffn
 from .tier_weights import INT4_GROUP, TierLinear, int4_fits, linear_bytes
 
 
@@ -116,10 +117,16 @@ class HotFFNWeights:
         return {"gate_up": self.gate_up.error, "down": self.down.error}
 
 
+def available() -> bool:
+    """Always: plain torch ops, on whatever device the weights are (the kernel convention's
+    `available()`, for a uniform check across kernels/)."""
+    return True
+
+
 def hot_ffn(x: torch.Tensor, w: HotFFNWeights, mask: torch.Tensor | None = None) -> torch.Tensor:
     """x (T, hidden) on w's device -> (T, hidden) float32: sum over hot neurons of h * down.
 
-    mask (T, n_real) bool, optional: neurons to drop per token (a predictor's verdict)."""
+    mask (T, n_real) bool, optional: the neurons each token keeps (a predictor's verdict)."""
     if w.n_real == 0:
         return torch.zeros_like(x, dtype=torch.float32)
     # The matmuls in the formats' compute types; the activation in float32 (T, n elements).
@@ -134,13 +141,12 @@ def hot_ffn(x: torch.Tensor, w: HotFFNWeights, mask: torch.Tensor | None = None)
     return w.down(h).float()
 
 
-def reference_hot_ffn(x: torch.Tensor, gate: torch.Tensor | None, up: torch.Tensor,
-                      down_nm: torch.Tensor, activation: str,
+def hot_ffn_reference(x: torch.Tensor, w: HotFFNWeights,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Same result from the sparse kernel's reference semantics (rows (n, hidden))."""
-    if mask is None:
-        return reference_sparse_ffn(x, gate, up, down_nm, None, activation)
-    rows = [reference_sparse_ffn(x[t:t + 1], gate, up, down_nm,
-                                 torch.nonzero(mask[t]).flatten(), activation)
-            for t in range(x.shape[0])]
-    return torch.cat(rows) if rows else torch.zeros_like(x)
+    """`hot_ffn` in plain PyTorch on the host, from the float rows w's codes stand for
+    (`TierLinear.dequantize`; padding neurons left out): (T, hidden) float32."""
+    n, gate_up = w.n_real, w.gate_up.dequantize()
+    gate, up = (gate_up[:n], gate_up[w.n:w.n + n]) if is_gated(w.activation) else (None, gate_up[:n])
+    down_nm = w.down.dequantize().t()[:n]
+    return neuron_rows_ffn(x.cpu().float(), gate, up, down_nm, w.activation,
+                           None if mask is None else mask.cpu())

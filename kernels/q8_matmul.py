@@ -32,7 +32,7 @@ Q8_0 = int(GGMLQuantizationType.Q8_0)
 # Q5_0 gate/up matrices ran at ~12 GB/s read natively (compute-bound) and decode went from
 # ~45 to ~50 tok/s widened.
 WIDENS_EXACTLY = (int(GGMLQuantizationType.Q4_0), int(GGMLQuantizationType.Q5_0))
-BLOCK = 32  # values per Q8_0 block (and per activation scale)
+QUANT_BLOCK = 32  # values per Q8_0 block (and per activation scale)
 X_LEVELS = 32767  # activations are rounded to int16: q = round(x / s), s = max|x| / 32767
 
 
@@ -41,16 +41,25 @@ def q8_0_rows(raw: torch.Tensor, n_rows: int, n_cols: int) -> torch.Tensor:
     return raw.view(n_rows, quants.row_nbytes(Q8_0, n_cols))
 
 
+def _quantize_input(w: torch.Tensor) -> torch.Tensor:
+    if w.dim() != 2 or w.shape[1] % QUANT_BLOCK:
+        raise ValueError(f"Q8_0 rows need a 2-D weight with a multiple of {QUANT_BLOCK} "
+                         f"columns, got {tuple(w.shape)}")
+    return w.detach().to("cpu", torch.float32).contiguous()
+
+
+def q8_0_quantize_reference(w: torch.Tensor) -> torch.Tensor:
+    """`q8_0_quantize` by models.quantize (GGML's own rounding, in PyTorch)."""
+    w = _quantize_input(w)
+    return q8_0_rows(quantize(w, Q8_0), *w.shape)
+
+
 def q8_0_quantize(w: torch.Tensor) -> torch.Tensor:
     """float (N, K) -> (N, row_bytes) Q8_0 rows (round to nearest, as GGML). K % 32 == 0."""
-    n, k = w.shape
-    if k % BLOCK:
-        raise ValueError(f"Q8_0 rows need a multiple of {BLOCK} columns, got {k}")
-    w = w.detach().to("cpu", torch.float32).contiguous()
     module = cpu_extension.load()
-    if module is not None and hasattr(module, "q8_0_quantize"):  # same bytes, ~50x faster
-        return module.q8_0_quantize(w)
-    return q8_0_rows(quantize(w, Q8_0), n, k)
+    if module is None or not hasattr(module, "q8_0_quantize"):
+        return q8_0_quantize_reference(w)
+    return module.q8_0_quantize(_quantize_input(w))  # the same bytes, ~50x faster
 
 
 def widen_to_q8_0(rows: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -61,7 +70,7 @@ def widen_to_q8_0(rows: torch.Tensor, qtype: int) -> torch.Tensor:
     n = rows.shape[0]
     blocks = rows.reshape(-1, block_bytes)
     k = rows.shape[1] // block_bytes * values
-    w = quants.dequantize(rows.reshape(-1), qtype, (n, k)).view(-1, BLOCK)
+    w = quants.dequantize(rows.reshape(-1), qtype, (n, k)).view(-1, QUANT_BLOCK)
     d_bytes = blocks[:, :2]  # both formats start with the fp16 scale
     d = d_bytes.contiguous().view(torch.float16).float()
     # d * q is exact in float32, so w / d gives q back exactly.
@@ -75,7 +84,7 @@ def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch
     Round half to even, like the kernel; an all-zero block gets s = 0 and q = 0.
     """
     t, k = x.shape
-    xb = x.reshape(t, k // BLOCK, BLOCK)
+    xb = x.reshape(t, k // QUANT_BLOCK, QUANT_BLOCK)
     s = xb.abs().amax(-1, keepdim=True) / X_LEVELS
     q = torch.where(s == 0, torch.zeros_like(xb), torch.round(xb / s))
     return q, s
@@ -100,7 +109,7 @@ def q8_0_matmul(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def q8_0_embed_reference(rows: torch.Tensor, token: int, scale: float) -> torch.Tensor:
     """Row `token` of Q8_0 rows (N, row_bytes) dequantized, times `scale`: (1, K) float32."""
-    k = rows.shape[1] // quants.block_info(Q8_0)[1] * BLOCK
+    k = rows.shape[1] // quants.block_info(Q8_0)[1] * QUANT_BLOCK
     return quants.dequantize(rows[token].contiguous(), Q8_0, (1, k)) * scale
 
 

@@ -2,13 +2,21 @@
 
     w = SparseFFNWeights.from_dense(gate, up, down, "relu_glu", dtype="int8")
     out = sparse_ffn(x, w, active_idx)   # x (T, hidden) -> (T, hidden), active neurons only
-    out = dense_ffn(x, w)                # every neuron
+    out = sparse_ffn(x, w)               # every neuron (the dense FFN, same bundles)
+
+Semantics (`sparse_ffn_reference`, what the C++ kernel is tested against): for x (T, hidden),
+neuron rows gate, up, down_nm (ffn, hidden) (down_nm: the transpose of the usual (hidden, ffn)
+down matrix, so one neuron's down weights are one row) and a set of active neurons A,
+
+    h[t, i] = act(gate[i] . x[t], up[i] . x[t])        (i in A; no gate for plain activations)
+    out[t]  = sum_{i in A} h[t, i] * down_nm[i]          -> (T, hidden)
+
+Duplicates in A count twice. int8 weights are symmetric per row: w[i, :] ~= q[i, :] * scale[i].
 
 The weights are stored as one contiguous bundle per neuron (`ffn_bundles.py`). The fast path
 is the C++ extension (`cpu_extension.py`, built on first use); it reads each active neuron's
-bundle once, as one sequential stream. Without it (no compiler, or EMBER_KERNELS=reference,
-or backend="reference") the PyTorch reference in `sparse_ffn_reference.py` computes the same
-thing, from views into the bundles.
+bundle once, as one sequential stream. Without it (no compiler, or EMBER_KERNELS=reference)
+the reference computes the same thing from views into the bundles.
 """
 
 from __future__ import annotations
@@ -17,14 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cpu_extension
-from .ffn_bundles import bundle_layout, pack_rows, scale_view, select_bundles
-from .sparse_ffn_reference import is_gated, quantize_rows_int8, reference_sparse_ffn
+from ember.models import activations
 
-# Must match enum Act in csrc/sparse_ffn.cpp.
-ACTIVATION_CODES = {"relu": 0, "relu2": 1, "relu_glu": 2, "drelu": 3, "silu_glu": 4, "gelu_glu": 5}
+from . import cpu_extension
+from .ffn_bundles import (bundle_layout, dequantize_rows_int8, pack_rows, quantize_rows_int8,
+                          scale_view, select_bundles)
+
 DTYPES = ("fp32", "int8")
-BACKENDS = ("auto", "cpp", "reference")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class SparseFFNWeights:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        length, _ = bundle_layout(self.hidden, is_gated(self.activation), self.dtype)
+        length, _ = bundle_layout(self.hidden, activations.is_gated(self.activation), self.dtype)
         want = torch.int8 if self.dtype == "int8" else torch.float32
         p = self.packed
         if p.dtype != want or p.dim() != 2 or p.shape[1] != length or not p.is_contiguous():
@@ -58,7 +65,7 @@ class SparseFFNWeights:
 
     @property
     def nrows(self) -> int:
-        return 3 if is_gated(self.activation) else 2
+        return 3 if activations.is_gated(self.activation) else 2
 
     def _row(self, j: int) -> torch.Tensor:
         return self.packed[:, j * self.hidden:(j + 1) * self.hidden]
@@ -102,8 +109,8 @@ class SparseFFNWeights:
         """
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        if is_gated(activation) != (gate is not None):
-            need = "needs a gate" if is_gated(activation) else "takes no gate"
+        if activations.is_gated(activation) != (gate is not None):
+            need = "needs a gate" if activations.is_gated(activation) else "takes no gate"
             raise ValueError(f"activation {activation!r} {need}")
         named = [("gate", gate), ("up", up), ("down_nm", down_nm)][0 if gate is not None else 1:]
         for name, t in named:
@@ -134,17 +141,25 @@ class SparseFFNWeights:
         per_row = self.hidden * (1 if self.dtype == "int8" else 4) + (4 if self.dtype == "int8" else 0)
         return self.ffn * self.nrows * per_row
 
+    def float_rows(self, idx: torch.Tensor | None = None):
+        """(gate or None, up, down_nm) as fp32 (n, hidden) copies of the neurons `idx` (all
+        when None), int8 rows dequantized: a gathered copy, for references, not for speed."""
+        def rows(w, scale):
+            if w is None:
+                return None
+            if idx is not None:
+                w = w.index_select(0, idx)
+                scale = None if scale is None else scale.index_select(0, idx)
+            return w.float() if scale is None else dequantize_rows_int8(w, scale)
 
-def _pick_backend(backend: str):
-    """The compiled module, or None for the reference."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "reference":
-        return None
-    mod = cpu_extension.load()
-    if mod is None and backend == "cpp":
-        raise RuntimeError(f"C++ kernels unavailable: {cpu_extension.unavailable_reason()}")
-    return mod
+        return (rows(self.gate, self.gate_scale), rows(self.up, self.up_scale),
+                rows(self.down_nm, self.down_scale))
+
+
+def available() -> bool:
+    """Whether `sparse_ffn` runs the C++ kernel (else it runs `sparse_ffn_reference`)."""
+    module = cpu_extension.load()
+    return module is not None and hasattr(module, "ffn")
 
 
 def _as_kernel_input(x: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -156,40 +171,59 @@ def _as_kernel_input(x: torch.Tensor, hidden: int) -> torch.Tensor:
     return x.reshape(-1, hidden).to(torch.float32).contiguous()
 
 
-def _run(x: torch.Tensor, w: SparseFFNWeights, idx: torch.Tensor | None, backend: str):
-    # Called per layer per token: checks are cheap attribute reads, copies only when needed.
-    x2 = _as_kernel_input(x, w.hidden)
-    if idx is not None and (idx.dtype != torch.int64 or idx.dim() != 1 or not idx.is_contiguous()):
-        if idx.dim() != 1 or idx.dtype not in (torch.int64, torch.int32, torch.int16):
-            raise ValueError(f"active_idx must be a 1-D integer tensor, got {idx.dtype} {tuple(idx.shape)}")
-        idx = idx.to(torch.int64).contiguous()
-    mod = _pick_backend(backend)
-    if mod is None:
-        out = reference_sparse_ffn(x2, w.gate, w.up, w.down_nm, idx, w.activation,
-                                   gate_scale=w.gate_scale, up_scale=w.up_scale,
-                                   down_scale=w.down_scale)
-    else:
-        out = mod.ffn(x2, w.packed, w.hidden, idx, ACTIVATION_CODES[w.activation])
-    return out if x.dim() == 2 else out.reshape(x.shape)
+def _as_index(idx: torch.Tensor | None) -> torch.Tensor | None:
+    """active_idx as a contiguous int64 vector (no copy when it already is)."""
+    if idx is None or (idx.dtype == torch.int64 and idx.dim() == 1 and idx.is_contiguous()):
+        return idx
+    if idx.dim() != 1 or idx.dtype not in (torch.int64, torch.int32, torch.int16):
+        raise ValueError(f"active_idx must be a 1-D integer tensor, got {idx.dtype} {tuple(idx.shape)}")
+    return idx.to(torch.int64).contiguous()
 
 
-def sparse_ffn(x: torch.Tensor, weights: SparseFFNWeights, active_idx: torch.Tensor,
-               backend: str = "auto") -> torch.Tensor:
+def sparse_ffn(x: torch.Tensor, weights: SparseFFNWeights,
+               active_idx: torch.Tensor | None = None) -> torch.Tensor:
     """sum over active neurons i of act(gate_i . x, up_i . x) * down_nm[i].
+
+    Called per layer per token: checks are cheap attribute reads, copies only when needed.
 
     Args:
         x: (T, hidden) or (hidden,) activations (fp32; other float dtypes are converted).
         weights: the FFN, fp32 or int8 rows.
-        active_idx: (n,) neuron indices, any order; empty gives zeros.
-        backend: "auto" (C++ if it builds, else reference), "cpp" (error if unavailable),
-            "reference". EMBER_KERNELS=reference turns "auto" into "reference".
+        active_idx: (n,) neuron indices, any order; empty gives zeros; None: every neuron
+            (the same kernel with no index list).
     Returns:
         (T, hidden) fp32 (same leading shape as x).
     """
-    return _run(x, weights, active_idx, backend)
+    x2, idx = _as_kernel_input(x, weights.hidden), _as_index(active_idx)
+    module = cpu_extension.load()
+    if module is None:
+        out = sparse_ffn_reference(x2, weights, idx)
+    else:
+        out = module.ffn(x2, weights.packed, weights.hidden, idx,
+                         activations.code(weights.activation))
+    return out if x.dim() == 2 else out.reshape(x.shape)
 
 
-def dense_ffn(x: torch.Tensor, weights: SparseFFNWeights, backend: str = "auto") -> torch.Tensor:
-    """Every neuron active (same kernel, no index list)."""
-    return _run(x, weights, None, backend)
+def sparse_ffn_reference(x: torch.Tensor, weights: SparseFFNWeights,
+                         active_idx: torch.Tensor | None = None) -> torch.Tensor:
+    """`sparse_ffn` in plain PyTorch, from the bundles' rows: (T, hidden) fp32."""
+    x2, idx = _as_kernel_input(x, weights.hidden), _as_index(active_idx)
+    gate, up, down_nm = weights.float_rows(idx)
+    out = neuron_rows_ffn(x2, gate, up, down_nm, weights.activation)
+    return out if x.dim() == 2 else out.reshape(x.shape)
 
+
+def neuron_rows_ffn(x: torch.Tensor, gate: torch.Tensor | None, up: torch.Tensor,
+                    down_nm: torch.Tensor, activation: str,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The FFN of float neuron rows (n, hidden) each (gate None for a plain activation), in
+    plain PyTorch: x (T, hidden) -> (T, hidden). The semantics both FFN kernels (this
+    module's and hot_ffn's) are tested against. mask (T, n) bool: the neurons each row keeps."""
+    if activations.is_gated(activation) != (gate is not None):
+        need = "needs" if activations.is_gated(activation) else "takes no"
+        raise ValueError(f"activation {activation!r} {need} gate rows")
+    x = x.float()
+    h = activations.activate(activation, None if gate is None else x @ gate.t(), x @ up.t())
+    if mask is not None:
+        h = h * mask.to(h.dtype)
+    return h @ down_nm  # (T, n) @ (n, hidden)

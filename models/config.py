@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# FFN activations. The first group is gated (down(act(gate x) * up x)).
-GATED_ACTIVATIONS = ("gelu_glu", "silu_glu", "relu_glu", "drelu")
-PLAIN_ACTIVATIONS = ("relu", "relu2")  # down(act(up x)), no gate (OPT-style MLP)
+from .activations import TABLE as _ACTIVATION_TABLE
+from .activations import is_gated
+
+# FFN activations (the table: activations.py). Gated: down(act(gate x, up x)); plain:
+# down(act(up x)), no gate (OPT-style MLP).
+GATED_ACTIVATIONS = tuple(a.name for a in _ACTIVATION_TABLE if a.gated)
+PLAIN_ACTIVATIONS = tuple(a.name for a in _ACTIVATION_TABLE if not a.gated)
 ACTIVATIONS = GATED_ACTIVATIONS + PLAIN_ACTIVATIONS
 
 
@@ -89,7 +93,7 @@ class ModelConfig:
 
     @property
     def gated(self) -> bool:
-        return self.activation in GATED_ACTIVATIONS
+        return is_gated(self.activation)
 
     def window(self, layer: int) -> int | None:
         return self.sliding_window[layer] if self.sliding_window else None

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from .activations import is_gated
 from .common_fields import gguf_fields, hf_fields
-from .config import ACTIVATIONS, GATED_ACTIVATIONS, ModelConfig
+from .config import ACTIVATIONS, ModelConfig
 from .errors import ModelFormatError
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
@@ -65,7 +66,7 @@ def config_from_hf(c: HFConfig) -> ModelConfig:
 def _check_activation(path, key: str, activation: str, gated: bool | None) -> None:
     if activation not in ACTIVATIONS:
         raise ModelFormatError(path, f"'{key}' {activation!r} is not one of {', '.join(ACTIVATIONS)}")
-    if gated is not None and gated != (activation in GATED_ACTIVATIONS):
+    if gated is not None and gated != is_gated(activation):
         kind = "has" if gated else "has no"
         raise ModelFormatError(path, f"'{key}' is {activation!r} but the model {kind} FFN gate weights")
 

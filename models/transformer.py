@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import activate
 from .config import ModelConfig
 from .kv import ContiguousKVCache, KVCache
 from .rotary import Rotary, layer_rotaries
@@ -59,23 +60,6 @@ def _projection(w: WeightStore, name: str, out_features: int, in_features: int,
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # In place on the (T, 1) statistic: two fewer allocations per call, same values.
     return x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_() * weight
-
-
-def activate(kind: str, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor:
-    """The FFN's intermediate activation h (T, ffn) for each supported activation."""
-    if kind == "gelu_glu":
-        return F.gelu(gate, approximate="tanh") * up
-    if kind == "silu_glu":
-        return F.silu(gate) * up
-    if kind == "relu_glu":
-        return F.relu(gate) * up
-    if kind == "drelu":
-        return F.relu(gate) * F.relu(up)
-    if kind == "relu":
-        return F.relu(up)
-    if kind == "relu2":
-        return F.relu(up).square()
-    raise ValueError(f"unknown activation {kind!r}")
 
 
 class Attention(nn.Module):

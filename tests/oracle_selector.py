@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from ember.kernels.ffn_bundles import dequantize_rows_int8
 from ember.kernels.sparse_ffn import SparseFFNWeights
-from ember.kernels.sparse_ffn_reference import dequantize_rows_int8
-from ember.models.transformer import activate
+from ember.models.activations import activate
 
 
 class OracleSelector:

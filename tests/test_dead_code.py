@@ -48,10 +48,8 @@ OWNED_BY_A_PARALLEL_CHANGE = {
 
 def is_kernel_reference(d) -> bool:
     """A kernel's plain reference is its test oracle (STYLE.md: every kernel has one), so a
-    reference that only tests call is kept. Both spellings until the kernel convention
-    settles on one."""
-    return (d.path.parent.name == "kernels"
-            and (d.name.endswith("_reference") or d.name.startswith("reference_")))
+    reference that only tests call is kept (named `op_reference`: kernels/__init__.py)."""
+    return d.path.parent.name == "kernels" and d.name.endswith("_reference")
 
 
 def keep(d) -> bool:

@@ -186,10 +186,10 @@ def test_ffn_step_equals_its_op_chain_bit_for_bit(fast, activation, t, post):
     gate_up = q8_matmul.q8_0_quantize(w((2 if gated else 1) * n, hidden) * 0.2)
     down = q8_matmul.q8_0_quantize(w(hidden, n) * 0.2)
     post_norm = w(hidden) if post else None
-    got = fast.ffn_step(x, h, gate_up, down, activation, post_norm, 1e-6)
+    got = fused_ops.ffn_step(x, h, gate_up, down, activation, post_norm, 1e-6)  # (the C++ one)
     want = fused_ops.ffn_step_reference(x, h, gate_up, down, activation, post_norm, 1e-6)
     assert torch.equal(got, want)
-    alone = torch.cat([fast.ffn_step(x[i:i + 1], h[i:i + 1], gate_up, down, activation,
+    alone = torch.cat([fused_ops.ffn_step(x[i:i + 1], h[i:i + 1], gate_up, down, activation,
                                      post_norm, 1e-6) for i in range(t)])
     assert torch.equal(got, alone)
 
@@ -198,8 +198,11 @@ def test_ffn_step_rejects_an_unknown_activation(fast):
     from ember.kernels import q8_matmul
 
     rows = q8_matmul.q8_0_quantize(torch.randn(64, 32))
-    with pytest.raises(RuntimeError, match="unknown activation"):
-        fast.ffn_step(torch.randn(1, 32), torch.randn(1, 32), rows, rows, "swish", None, 1e-6)
+    x = torch.randn(1, 32)
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        fused_ops.ffn_step(x, x, rows, rows, "swish", None, 1e-6)
+    with pytest.raises(RuntimeError, match="unknown activation code 6"):
+        fast.ffn_step(x, x, rows, rows, 6, None, 1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 100, 262144])

@@ -14,16 +14,12 @@ import pytest
 import torch
 
 from ember.kernels import cpu_extension
-from ember.kernels.ffn_bundles import empty_bundles
-from ember.kernels.sparse_ffn import (
-    ACTIVATION_CODES, SparseFFNWeights, dense_ffn, sparse_ffn,
-)
-from ember.models.transformer import activate
-from ember.kernels.sparse_ffn_reference import (
-    dequantize_rows_int8, is_gated, quantize_rows_int8, reference_dense_ffn, reference_sparse_ffn,
-)
+from ember.kernels import sparse_ffn as sparse_ffn_module
+from ember.kernels.ffn_bundles import dequantize_rows_int8, empty_bundles, quantize_rows_int8
+from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn, sparse_ffn_reference
+from ember.models.activations import NAMES, activate, is_gated
 
-ACTS = tuple(ACTIVATION_CODES)
+ACTS = NAMES
 SIZES = ((7, 1), (33, 13), (640, 2048))  # (hidden, ffn): odd tails, a single neuron, real shape
 
 
@@ -44,10 +40,7 @@ def make(act: str, hidden: int, ffn: int, dtype: str = "fp32", seed: int = 0):
     return SparseFFNWeights.from_rows(gate, up, down_nm, act, dtype), torch.Generator().manual_seed(seed + 1)
 
 
-def reference(x, w: SparseFFNWeights, idx):
-    return reference_sparse_ffn(x, w.gate, w.up, w.down_nm, idx, w.activation,
-                                gate_scale=w.gate_scale, up_scale=w.up_scale,
-                                down_scale=w.down_scale)
+reference = sparse_ffn_reference
 
 
 def close(a, b):
@@ -69,7 +62,7 @@ def test_fast_matches_reference(fast, act, dtype, hidden, ffn):
     for T in (1, 3):
         x = torch.randn(T, hidden, generator=g)
         for name, idx in index_sets(ffn, g).items():
-            out = sparse_ffn(x, w, idx, backend="cpp")
+            out = sparse_ffn(x, w, idx)
             assert out.shape == (T, hidden) and out.dtype == torch.float32
             if name == "empty":
                 assert torch.equal(out, torch.zeros(T, hidden)), "empty active set must give zeros"
@@ -82,12 +75,11 @@ def test_fast_matches_reference(fast, act, dtype, hidden, ffn):
 def test_all_active_equals_dense(fast, act, dtype):
     w, g = make(act, 640, 2048, dtype, seed=3)
     x = torch.randn(3, 640, generator=g)
-    dense = reference_dense_ffn(x, w.gate, w.up, w.down_nm, act, gate_scale=w.gate_scale,
-                                up_scale=w.up_scale, down_scale=w.down_scale)
-    close(dense_ffn(x, w, backend="cpp"), dense)
-    close(sparse_ffn(x, w, torch.arange(2048), backend="cpp"), dense)
+    dense = sparse_ffn_reference(x, w)
+    close(sparse_ffn(x, w), dense)
+    close(sparse_ffn(x, w, torch.arange(2048)), dense)
     # Shuffled order: same sum, different rounding only.
-    close(sparse_ffn(x, w, torch.randperm(2048, generator=g), backend="cpp"), dense)
+    close(sparse_ffn(x, w, torch.randperm(2048, generator=g)), dense)
 
 
 def test_many_tokens_and_vector_input(fast):
@@ -97,8 +89,8 @@ def test_many_tokens_and_vector_input(fast):
     idx = torch.tensor([12, 0, 7, 3], dtype=torch.int32)
     for T in (5, 20):
         x = torch.randn(T, 33, generator=g)
-        close(sparse_ffn(x, w, idx, backend="cpp"), reference(x, w, idx.long()))
-    close(sparse_ffn(x[0], w, idx, backend="cpp"), reference(x[:1], w, idx.long())[0])
+        close(sparse_ffn(x, w, idx), reference(x, w, idx.long()))
+    close(sparse_ffn(x[0], w, idx), reference(x[:1], w, idx.long())[0])
 
 
 def test_thread_counts_agree(fast):
@@ -108,9 +100,9 @@ def test_thread_counts_agree(fast):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = sparse_ffn(x, w, idx, backend="cpp")
+        one = sparse_ffn(x, w, idx)
         torch.set_num_threads(2)
-        two = sparse_ffn(x, w, idx, backend="cpp")
+        two = sparse_ffn(x, w, idx)
     finally:
         torch.set_num_threads(before)
     close(two, one)
@@ -125,8 +117,8 @@ def test_repeated_calls_give_the_same_bits(fast):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        first = sparse_ffn(x, w, idx, backend="cpp")
-        assert all(torch.equal(first, sparse_ffn(x, w, idx, backend="cpp")) for _ in range(30))
+        first = sparse_ffn(x, w, idx)
+        assert all(torch.equal(first, sparse_ffn(x, w, idx)) for _ in range(30))
     finally:
         torch.set_num_threads(before)
 
@@ -154,7 +146,7 @@ def test_concurrent_callers(fast):
 
     def work(i):
         for _ in range(20):
-            got[i] = sparse_ffn(xs[i], w, idx, backend="cpp")
+            got[i] = sparse_ffn(xs[i], w, idx)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for t in threads:
@@ -200,9 +192,9 @@ def test_int8_close_to_fp32_within_quantization_bound(act):
     idx = torch.randperm(2048, generator=g)[:1024]
     bound = _int8_error_bound(x, w32, w8, idx)
     exact = reference(x, w32, idx)
-    for backend in ("reference", "auto"):
-        err = (sparse_ffn(x, w8, idx, backend=backend) - exact).abs()
-        assert bool((err <= bound * 1.01 + 1e-4).all()), f"{backend}: max excess {(err - bound).max()}"
+    for op in (sparse_ffn_reference, sparse_ffn):
+        err = (op(x, w8, idx) - exact).abs()
+        assert bool((err <= bound * 1.01 + 1e-4).all()), f"{op.__name__}: max excess {(err - bound).max()}"
         assert err.max() > 0  # int8 really was used
 
 
@@ -226,8 +218,7 @@ def test_forced_reference_via_env(monkeypatch):
     idx = torch.tensor([4, 1, 9])
     assert torch.equal(sparse_ffn(x, w, idx), reference(x, w, idx))
     assert torch.equal(sparse_ffn(x, w, torch.empty(0, dtype=torch.long)), torch.zeros(3, 33))
-    with pytest.raises(RuntimeError, match="unavailable"):
-        sparse_ffn(x, w, idx, backend="cpp")
+    assert not sparse_ffn_module.available()
 
 
 def test_build_failure_falls_back_with_one_warning(monkeypatch, caplog):
@@ -248,18 +239,16 @@ def test_build_failure_falls_back_with_one_warning(monkeypatch, caplog):
     assert "no compiler here" in cpu_extension.unavailable_reason()
 
 
-@pytest.mark.parametrize("backend", ("reference", "auto"))
-def test_bad_inputs_raise_clear_errors(backend):
+@pytest.mark.parametrize("op", (sparse_ffn_reference, sparse_ffn))
+def test_bad_inputs_raise_clear_errors(op):
     w, g = make("relu_glu", 33, 13, seed=8)
     x = torch.randn(1, 33, generator=g)
     with pytest.raises(ValueError, match="x must be"):
-        sparse_ffn(torch.randn(1, 32), w, torch.tensor([0]), backend=backend)
+        op(torch.randn(1, 32), w, torch.tensor([0]))
     with pytest.raises(ValueError, match="active_idx"):
-        sparse_ffn(x, w, torch.tensor([0.5]), backend=backend)
+        op(x, w, torch.tensor([0.5]))
     with pytest.raises(IndexError):
-        sparse_ffn(x, w, torch.tensor([13]), backend=backend)
-    with pytest.raises(ValueError, match="backend"):
-        sparse_ffn(x, w, torch.tensor([0]), backend="gpu")
+        op(x, w, torch.tensor([13]))
 
 
 def test_weights_validate_themselves():
@@ -313,7 +302,7 @@ def test_subset_is_the_same_ffn_on_those_neurons():
     x = torch.randn(2, 33, generator=g)
     keep = torch.tensor([11, 2, 5])
     part = w.subset(keep)
-    close(dense_ffn(x, part, backend="reference"), reference(x, w, keep))
+    close(sparse_ffn_reference(x, part), reference(x, w, keep))
     assert torch.equal(part.packed, w.packed[keep])
 
 

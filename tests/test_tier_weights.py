@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, hot_ffn_bytes, reference_hot_ffn
+from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, hot_ffn_bytes, hot_ffn_reference
+from ember.kernels.sparse_ffn import neuron_rows_ffn
 from ember.kernels.tier_weights import (FORMATS, TierLinear, dequantize_int4, linear_bytes,
                                         quantize_int4, quantize_int8)
 
@@ -84,9 +85,7 @@ def test_hot_ffn_in_each_format_is_the_reference_ffn(formats, act, n):
     gate = torch.randn(n, hidden, generator=g) * 0.2 if act == "silu_glu" else None
     up, down = torch.randn(n, hidden, generator=g) * 0.2, torch.randn(n, hidden, generator=g) * 0.2
     w = HotFFNWeights.from_rows(gate, up, down, act, formats=formats)
-    gu, dn = w.gate_up.dequantize(), w.down.dequantize().t()  # (2n or n, hidden), (n, hidden)
-    stored = (None if gate is None else gu[:n], gu[w.n:w.n + n] if gate is not None else gu[:n],
-              dn[:n])
+    gu = w.gate_up.dequantize()  # (2n or n, hidden)
     # Padded neurons have zero gate/up rows, so h = 0 there and they add nothing (their
     # down columns share int4 groups with real ones and need not be zero).
     assert not gu[n:w.n].any() and not gu[w.n + n:].any()
@@ -94,9 +93,9 @@ def test_hot_ffn_in_each_format_is_the_reference_ffn(formats, act, n):
     mask = torch.rand(3, n, generator=g) > 0.5
     for m in (None, mask):
         got = hot_ffn(x, w, m)
-        kernel = _rel(got, reference_hot_ffn(x, *stored, act, m))
+        kernel = _rel(got, hot_ffn_reference(x, w, m))
         assert kernel < (1e-5 if formats[0] == "fp32" else 0.02), kernel
-        conversion = _rel(got, reference_hot_ffn(x, gate, up, down, act, m))
+        conversion = _rel(got, neuron_rows_ffn(x, gate, up, down, act, m))
         assert conversion < {"int4": 0.25, "int8": 0.03}.get(formats[0], 0.01), conversion
     assert w.nbytes() == hot_ffn_bytes(n, hidden, act == "silu_glu", formats)
 

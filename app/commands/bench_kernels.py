@@ -63,7 +63,7 @@ def _bench_dtype(layers, x, act, dtype, reps, gen):
     so load from other processes hits all of them alike; medians over repetitions."""
     import torch
 
-    from ember.kernels.sparse_ffn import SparseFFNWeights, dense_ffn, sparse_ffn
+    from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
 
     copies, ffn = len(layers), layers[0][0].ffn
     calls = max(copies, 8)
@@ -73,14 +73,15 @@ def _bench_dtype(layers, x, act, dtype, reps, gen):
         ws = [w for w, _ in layers]
     torch_dense = _torch_dense(layers, ws, x, act, dtype)
     empty = torch.empty(0, dtype=torch.long)
-    fns = {"dense_kernel": lambda i: dense_ffn(x, ws[i % copies], backend="cpp"),
-           "empty": lambda i: sparse_ffn(x, ws[i % copies], empty, backend="cpp")}
+    # (run() checked the C++ kernels built: these time the kernel, never the reference)
+    fns = {"dense_kernel": lambda i: sparse_ffn(x, ws[i % copies]),
+           "empty": lambda i: sparse_ffn(x, ws[i % copies], empty)}
     if dtype == "fp32":
         fns["dense_torch"] = torch_dense
     for s in SPARSITIES:
         n = max(1, round((1 - s) * ffn))
         sets = [torch.randperm(ffn, generator=gen)[:n].sort().values for _ in range(calls)]
-        fns[s] = lambda i, sets=sets: sparse_ffn(x, ws[i % copies], sets[i], backend="cpp")
+        fns[s] = lambda i, sets=sets: sparse_ffn(x, ws[i % copies], sets[i])
     for fn in fns.values():  # warm-up: first-touch page faults, lazy init
         fn(0)
     times = {k: [] for k in fns}
@@ -134,7 +135,7 @@ def _torch_dense(layers, ws, x, act, dtype):
         return run
     # int8: (ffn, hidden) rows times x for gate/up; down needs (hidden, ffn) rows, so quantize
     # the down matrix by output row for this path.
-    from ember.kernels.sparse_ffn_reference import quantize_rows_int8
+    from ember.kernels.ffn_bundles import quantize_rows_int8
 
     downs = [quantize_rows_int8(layers[j][0].down_nm.t().contiguous()) for j in range(n)]
     # The int8 mm wants contiguous matrices; ours are views into the neuron bundles.

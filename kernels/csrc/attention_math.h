@@ -25,8 +25,8 @@
 
 namespace ember_attention {
 
-// K/V pool elements: float32, or IEEE half (the file-blocks runtime's pools: half the bytes a
-// long context reads, as llama.cpp's f16 cache). A half row is converted to float once
+// K/V pool elements: float32, or IEEE half (QuantModel's pools: half the bytes a long context
+// reads, as llama.cpp's f16 cache). A half row is converted to float once
 // (to_float) and then goes through the same float code.
 using half_t = c10::Half;
 

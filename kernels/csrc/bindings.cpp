@@ -1,6 +1,9 @@
-// The Python module: every function of ops.h and the BodyStep class (body_step.h).
+// The Python module: every function of ops.h, the activation codes (activation.h) and the
+// BodyStep and DecoderStep classes (body_step.h, decoder_step.h).
 // Narrow includes (no <torch/extension.h>): the JIT build takes about half as long.
 #include <torch/csrc/utils/pybind.h>
+
+#include <string>
 
 #include "body_step.h"
 #include "decoder_step.h"
@@ -26,19 +29,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
         py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"),
         py::arg("softcap") = 0.0);
-  m.def("attention_step", &attention_step, "one row's attention sub-layer",
+  m.def("attention_step", &attention_step,
+        "an attention sub-layer for T rows (a decoded token or a tree's nodes), Q8_0 weights",
         py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
         py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
         py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
         py::arg("v_pool"), py::arg("read_slots"), py::arg("wo_rows"),
         py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
-  m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step",
+  m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step, T rows",
         py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
         py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
+  m.def("activation_name",
+        [](int64_t code) { return std::string(activation_name(activation_of(code))); },
+        "the activation an integer code stands for (activation.h; models/activations.py)",
+        py::arg("code"));
   m.def("argmax", &argmax, "index of the largest value (torch.argmax's rules)", py::arg("v"));
   m.def("top_k", &top_k, "the k largest values and their indices, largest first",
         py::arg("v"), py::arg("k"));
-  py::class_<BodyStep>(m, "BodyStep", "every block's forward for one row, in one call")
+  py::class_<BodyStep>(m, "BodyStep",
+                       "every transformer block's forward for T rows on Q8_0 weights, in one call")
       .def(py::init<>())
       .def("add_layer", &BodyStep::add_layer, py::arg("attn_norm"), py::arg("qkv_rows"),
            py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"),

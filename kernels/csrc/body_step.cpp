@@ -9,11 +9,12 @@ void BodyStep::add_layer(at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_he
                          int64_t n_kv, int64_t head_dim, c10::optional<at::Tensor> q_norm,
                          c10::optional<at::Tensor> k_norm, bool interleaved, at::Tensor wo_rows,
                          c10::optional<at::Tensor> post_attn_norm, at::Tensor ffn_norm,
-                         at::Tensor gate_up_rows, at::Tensor down_rows, std::string activation,
+                         at::Tensor gate_up_rows, at::Tensor down_rows, int64_t activation,
                          c10::optional<at::Tensor> post_ffn_norm, double eps, double scale) {
+    activation_of(activation);  // an unknown code fails here, not at the first token
     layers_.push_back(Layer{attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
                             interleaved, wo_rows, post_attn_norm, ffn_norm, gate_up_rows,
-                            down_rows, std::move(activation), post_ffn_norm, eps, scale});
+                            down_rows, activation, post_ffn_norm, eps, scale});
 }
 
 at::Tensor BodyStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,

@@ -37,16 +37,20 @@ void DecoderStep::add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
                             int64_t wo_type, c10::optional<at::Tensor> post_attn_norm,
                             at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
                             std::vector<int64_t> gate_up_types, at::Tensor down,
-                            int64_t down_type, std::string activation,
+                            int64_t down_type, int64_t activation,
                             c10::optional<at::Tensor> post_ffn_norm, double eps, double scale,
                             c10::optional<at::Tensor> qkv_bias, double attn_softcap) {
     TORCH_CHECK(qkv.size() == 3 && qkv_types.size() == 3, "q, k and v: three weights");
     TORCH_CHECK(!gate_up.empty() && gate_up.size() == gate_up_types.size(),
                 "gate/up weights and types must pair up");
+    const Activation act = activation_of(activation);
+    TORCH_CHECK(gate_up.size() == (is_gated(act) ? 2u : 1u), activation_name(act),
+                " takes ", is_gated(act) ? "gate and up" : "up alone", " weights, got ",
+                gate_up.size());
     layers_.push_back(Layer{attn_norm, std::move(qkv), std::move(qkv_types), n_heads, n_kv,
                             head_dim, q_norm, k_norm, interleaved, wo, wo_type, post_attn_norm,
                             ffn_norm, std::move(gate_up), std::move(gate_up_types), down,
-                            down_type, std::move(activation), post_ffn_norm, eps, scale,
+                            down_type, act, post_ffn_norm, eps, scale,
                             qkv_bias, attn_softcap});
 }
 
@@ -107,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
 // f = down(act(h @ Wgate, h @ Wup)); returns x + (post ? rms_norm(f, post) : f).
 at::Tensor DecoderStep::ffn(const Layer& l, const at::Tensor& x, const at::Tensor& h) const {
     auto gu = l.sparse[2].on() ? l.sparse[2](h) : block_matmul(h, l.gate_up, l.gate_up_types);
-    const bool gated = l.gate_up.size() == 2;
+    const bool gated = is_gated(l.activation);  // add_layer checked gate_up holds 2 then
     const int64_t n = l.gate_up.back().size(0);
     auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
     auto up = gated ? gu.narrow(1, n, n) : gu;

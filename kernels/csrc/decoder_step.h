@@ -9,10 +9,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
-#include <string>
 #include <tuple>
 #include <vector>
 
+#include "activation.h"
 #include "input_sparse.h"
 
 class DecoderStep {
@@ -28,7 +28,7 @@ class DecoderStep {
                    int64_t wo_type, c10::optional<at::Tensor> post_attn_norm,
                    at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
                    std::vector<int64_t> gate_up_types, at::Tensor down, int64_t down_type,
-                   std::string activation, c10::optional<at::Tensor> post_ffn_norm, double eps,
+                   int64_t activation, c10::optional<at::Tensor> post_ffn_norm, double eps,
                    double scale, c10::optional<at::Tensor> qkv_bias, double attn_softcap);
     // x (T, hidden) through every layer. Per layer: for each row the pool slots it reads (its
     // own, where its K/V are written before any row attends, last), and the rows' rotary
@@ -67,7 +67,7 @@ class DecoderStep {
         std::vector<int64_t> gate_up_types;
         at::Tensor down;
         int64_t down_type;
-        std::string activation;
+        Activation activation;
         c10::optional<at::Tensor> post_ffn_norm;
         double eps, scale;
         c10::optional<at::Tensor> qkv_bias;

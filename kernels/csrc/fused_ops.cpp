@@ -1,10 +1,10 @@
-// Small fused ops for the CPU decode step (offload/body/fused_block.py). Each replaces a chain of
+// Small fused ops for the CPU decode step (kernels/fused_ops.py; callers in offload/body/). Each replaces a chain of
 // PyTorch ops whose dispatch cost, not arithmetic, dominates at batch 1: the default model's
 // norms alone were ~40 dispatches per layer (7 per rms_norm, 6 norms), ~4 ms of a 30 ms token.
 //
 // Every op works row by row, with the same loop whatever the number of rows, so a row gives
 // bit-identical results alone or among T rows (speculative verification relies on that).
-// References: kernels/fused_ops.py, written with the reference model's own functions.
+// References: kernels/fused_ops.py, the same PyTorch ops as the reference model's functions.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -100,7 +100,7 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
     return out;
 }
 
-// The residual step of a block: x' = x + (post ? rms_norm(a, post) : a), and, when `next` is
+// The residual step of a transformer block's sub-layer: x' = x + (post ? rms_norm(a, post) : a), and, when `next` is
 // given, h = rms_norm(x', next) (the next sub-layer's input). Returns (x', h or x').
 std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
                                                  c10::optional<at::Tensor> post,
@@ -259,14 +259,15 @@ void attend(const float* qp, const T* kp, const T* vp, const int64_t* sp, int64_
 }  // namespace
 
 // One query row's attention over keys and values read in place from a paged KV pool:
-// q (n_heads, hd); k_pool, v_pool (P, n_kv, hd) (every block of every layer, flat);
+// q (n_heads, hd); k_pool, v_pool (P, n_kv, hd) (every KV block of every layer, flat);
 // slots (S,) the pool rows of the keys this row sees, in position order. Returns
 // (1, n_heads * hd): softmax(scale * q.k) @ v per head, heads grouped over the kv heads.
 // Replaces gathering the keys into a new tensor (two index_selects per layer) and a
 // scaled_dot_product_attention call with its transposes. Plain decoding and each row of a
 // speculative tree go through this same function, so their results agree bit for bit.
 // attend_slots, writing its (n_heads * hd) result at `op` (an attention step's output row).
-// Pools are float32 or float16 (the file-blocks runtime's), converted to float on load.
+// Pools are float32 or float16 (the runtime on the file's quant blocks, QuantModel), converted
+// to float on load.
 void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                        const at::Tensor& slots, double scale, float* op, double softcap) {
     TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
@@ -357,33 +358,36 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     return residual_norm(x, a, post_norm, next_norm, eps);
 }
 
-// The FFN's activation with the ATen ops models/transformer.py's `activate` uses, so the
-// values are the same bits as the Python chain's.
-at::Tensor ffn_activation(const std::string& kind, const at::Tensor& gate, const at::Tensor& up) {
-    if (kind == "gelu_glu") return at::mul(at::gelu(gate, "tanh"), up);
-    if (kind == "silu_glu") return at::mul(at::silu(gate), up);
-    if (kind == "relu_glu") return at::mul(at::relu(gate), up);
-    if (kind == "drelu") return at::mul(at::relu(gate), at::relu(up));
-    if (kind == "relu") return at::relu(up);
-    if (kind == "relu2") return at::square(at::relu(up));
-    TORCH_CHECK(false, "unknown activation ", kind);
+// The FFN's activation (activation.h) with the ATen ops models/activations.py's table uses,
+// so the values are the same bits as the Python chain's.
+at::Tensor ffn_activation(Activation act, const at::Tensor& gate, const at::Tensor& up) {
+    switch (act) {
+        case Activation::RELU: return at::relu(up);
+        case Activation::RELU2: return at::square(at::relu(up));
+        case Activation::RELU_GLU: return at::mul(at::relu(gate), up);
+        case Activation::DRELU: return at::mul(at::relu(gate), at::relu(up));
+        case Activation::SILU_GLU: return at::mul(at::silu(gate), up);
+        case Activation::GELU_GLU: return at::mul(at::gelu(gate, "tanh"), up);
+    }
+    TORCH_CHECK(false, "unknown activation code ", static_cast<int64_t>(act));
 }
 
 // A dense FFN sub-layer for T rows in one call, from Q8_0 rows, its residual step included:
 //   f = activate(h @ Wgate, h @ Wup) @ Wdown;  returns x + (post_norm ? rms_norm(f, post) : f)
 // gate_up_rows holds the gate rows then the up rows (gated activations) or the up rows alone.
-// The same ops as the Python chain (kernels/fused_ops.py's dense_ffn, then
+// The same ops as the Python chain (kernels/fused_ops.py's q8_0_ffn, then
 // residual_norm), so the same bits, without their Python-level dispatches.
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
-                    const std::string& kind, c10::optional<at::Tensor> post_norm, double eps) {
+                    int64_t activation, c10::optional<at::Tensor> post_norm, double eps) {
     check_rows(x, "x");
     check_rows(h, "h");
-    const bool gated = kind != "relu" && kind != "relu2";
+    const Activation act = activation_of(activation);
+    const bool gated = is_gated(act);
     const int64_t n = gate_up_rows.size(0) / (gated ? 2 : 1);
     TORCH_CHECK(!gated || gate_up_rows.size(0) == 2 * n, "gate_up_rows must hold 2 x ffn rows");
     auto gu = q8_0_matmul(h, gate_up_rows);  // (T, 2n) or (T, n)
     auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
     auto up = gated ? gu.narrow(1, n, n) : gu;
-    auto f = q8_0_matmul(ffn_activation(kind, gate, up).contiguous(), down_rows);
+    auto f = q8_0_matmul(ffn_activation(act, gate, up).contiguous(), down_rows);
     return std::get<0>(residual_norm(x, f, post_norm, c10::nullopt, eps));
 }

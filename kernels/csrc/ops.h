@@ -10,6 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "activation.h"
+
 // sparse_ffn.cpp
 at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
                int64_t act);
@@ -34,7 +36,7 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
                         double scale, double softcap = 0.0);
 void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                        const at::Tensor& slots, double scale, float* out, double softcap = 0.0);
-at::Tensor ffn_activation(const std::string& kind, const at::Tensor& gate, const at::Tensor& up);
+at::Tensor ffn_activation(Activation act, const at::Tensor& gate, const at::Tensor& up);
 std::tuple<at::Tensor, at::Tensor> attention_step(
     at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
     int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
@@ -42,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor> attention_step(
     const std::vector<at::Tensor>& read_slots, at::Tensor wo_rows,
     c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
 at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
-                    const std::string& kind, c10::optional<at::Tensor> post_norm, double eps);
+                    int64_t activation, c10::optional<at::Tensor> post_norm, double eps);
 
 // select.cpp
 int64_t argmax(at::Tensor v);

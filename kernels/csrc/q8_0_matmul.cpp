@@ -38,7 +38,7 @@
 
 namespace {
 
-constexpr int QK = 32, BLOCK_BYTES = 34;  // values and bytes per Q8_0 block
+constexpr int QK = 32, QUANT_BLOCK_BYTES = 34;  // values and bytes per Q8_0 block
 
 inline float half_to_float(uint16_t h) {
 #ifdef EMBER_Q8_AVX2
@@ -59,7 +59,7 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-inline float block_scale(const uint8_t* blk) {
+inline float quant_block_scale(const uint8_t* blk) {
     uint16_t dh;
     std::memcpy(&dh, blk, 2);
     return half_to_float(dh);
@@ -67,8 +67,8 @@ inline float block_scale(const uint8_t* blk) {
 
 // x (T, K) -> xq (T, K) int16 and xs (T, K/32) scales, x ~= xq * xs per block.
 // Same arithmetic as q8_matmul.quantize_activations_reference (division, round half to even).
-void quantize_x(const float* x, int64_t n_blocks, int16_t* xq, float* xs) {
-    for (int64_t b = 0; b < n_blocks; ++b) {
+void quantize_x(const float* x, int64_t n_quant_blocks, int16_t* xq, float* xs) {
+    for (int64_t b = 0; b < n_quant_blocks; ++b) {
         const float* v = x + b * QK;
         float amax = 0.f;
         for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(v[i]));
@@ -101,11 +101,11 @@ inline void row_tile(const int16_t* xq, const float* xs, int64_t K, const uint8_
     __m256 acc[TT];
     for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * BLOCK_BYTES;
+        const uint8_t* blk = row + b * QUANT_BLOCK_BYTES;
         if ((b & 1) == 0) _mm_prefetch((const char*)(blk + PREFETCH_AHEAD), _MM_HINT_T0);
         const __m256i qa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 2)));
         const __m256i qb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 18)));
-        const __m256 d = _mm256_set1_ps(block_scale(blk));
+        const __m256 d = _mm256_set1_ps(quant_block_scale(blk));
         for (int t = 0; t < TT; ++t) {
             const int16_t* xb = xq + t * K + b * QK;
             const __m256i p = _mm256_add_epi32(
@@ -127,12 +127,12 @@ inline void row_tile(const int16_t* xq, const float* xs, int64_t K, const uint8_
     for (int t = 0; t < TT; ++t) {
         float acc = 0.f;
         for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t* blk = row + b * BLOCK_BYTES;
+            const uint8_t* blk = row + b * QUANT_BLOCK_BYTES;
             const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
             const int16_t* xb = xq + t * K + b * QK;
             int32_t p = 0;
             for (int i = 0; i < QK; ++i) p += int32_t(q[i]) * int32_t(xb[i]);
-            acc = std::fma(float(p), block_scale(blk) * xs[t * nb + b], acc);
+            acc = std::fma(float(p), quant_block_scale(blk) * xs[t * nb + b], acc);
         }
         y[t * N] = acc;
     }
@@ -173,7 +173,7 @@ at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w) {
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
                 "w must be a contiguous uint8 (N, row_bytes) tensor");
     const int64_t T = x.size(0), K = x.size(1), N = w.size(0), row_bytes = w.size(1);
-    TORCH_CHECK(K % QK == 0 && row_bytes == K / QK * BLOCK_BYTES, "Q8_0 row size mismatch");
+    TORCH_CHECK(K % QK == 0 && row_bytes == K / QK * QUANT_BLOCK_BYTES, "Q8_0 row size mismatch");
     auto y = at::empty({T, N}, x.options());
     if (T == 0 || N == 0) return y;
     std::vector<int16_t> xq(T * K);
@@ -213,18 +213,18 @@ at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w) {
 // dequantization followed by the embedding scale (models/transformer.py's embed).
 at::Tensor q8_0_embed(at::Tensor rows, int64_t token, double scale) {
     TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.is_contiguous() &&
-                    rows.size(1) % BLOCK_BYTES == 0,
+                    rows.size(1) % QUANT_BLOCK_BYTES == 0,
                 "rows must be contiguous uint8 (N, K/32*34) Q8_0 rows");
     TORCH_CHECK_INDEX(token >= 0 && token < rows.size(0), "token ", token, " outside ", rows.size(0),
                       " rows");
-    const int64_t nb = rows.size(1) / BLOCK_BYTES;
+    const int64_t nb = rows.size(1) / QUANT_BLOCK_BYTES;
     auto out = at::empty({1, nb * QK}, rows.options().dtype(at::kFloat));
     const uint8_t* row = rows.data_ptr<uint8_t>() + token * rows.size(1);
     float* o = out.data_ptr<float>();
     const float sc = static_cast<float>(scale);
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * BLOCK_BYTES;
-        const float d = block_scale(blk);
+        const uint8_t* blk = row + b * QUANT_BLOCK_BYTES;
+        const float d = quant_block_scale(blk);
         const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
         for (int i = 0; i < QK; ++i) {
             const float v = static_cast<float>(q[i]) * d;
@@ -242,7 +242,7 @@ at::Tensor q8_0_quantize(at::Tensor w) {
                 "w must be a contiguous float32 (N, K) tensor");
     const int64_t N = w.size(0), K = w.size(1);
     TORCH_CHECK(K % QK == 0, "Q8_0 rows need a multiple of 32 columns");
-    const int64_t row_bytes = K / QK * BLOCK_BYTES;
+    const int64_t row_bytes = K / QK * QUANT_BLOCK_BYTES;
     auto out = at::empty({N, row_bytes}, w.options().dtype(at::kByte));
     const float* wp = w.data_ptr<float>();
     uint8_t* op = out.data_ptr<uint8_t>();
@@ -250,7 +250,7 @@ at::Tensor q8_0_quantize(at::Tensor w) {
         for (int64_t r = r0; r < r1; ++r)
             for (int64_t b = 0; b < K / QK; ++b) {
                 const float* v = wp + r * K + b * QK;
-                uint8_t* blk = op + r * row_bytes + b * BLOCK_BYTES;
+                uint8_t* blk = op + r * row_bytes + b * QUANT_BLOCK_BYTES;
                 float amax = 0.f;
                 for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(v[i]));
                 const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;

@@ -25,6 +25,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
+#include "activation.h"
 #include "ops.h"
 
 #include <algorithm>
@@ -41,25 +42,6 @@
 #endif
 
 namespace {
-
-// Must match ACTIVATION_CODES in kernels/sparse_ffn.py.
-enum Act : int { RELU = 0, RELU2 = 1, RELU_GLU = 2, DRELU = 3, SILU_GLU = 4, GELU_GLU = 5 };
-
-inline float relu(float v) { return v > 0.f ? v : 0.f; }
-
-inline float activate(int act, float g, float u) {
-  switch (act) {
-    case RELU: return relu(u);
-    case RELU2: { float r = relu(u); return r * r; }
-    case RELU_GLU: return relu(g) * u;
-    case DRELU: return relu(g) * relu(u);
-    case SILU_GLU: return g / (1.f + std::exp(-g)) * u;
-    default: {  // GELU_GLU, tanh approximation (as PyTorch's approximate="tanh")
-      const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-      return 0.5f * g * (1.f + std::tanh(k * (g + 0.044715f * g * g * g))) * u;
-    }
-  }
-}
 
 #ifdef EMBER_AVX2
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -106,7 +88,7 @@ constexpr int64_t kLine = 64 / sizeof(W);
 // latency-bound (one FMA per ~5 cycles), which made the int8 path compute-bound.
 // pf[r]: the same row of the next neuron (or null), prefetched line by line.
 template <int NR, int NT, typename W>
-void dot_block(const W* const* rows, const W* const* pf, const float* x, int64_t H, float* out) {
+void dot_token_tile(const W* const* rows, const W* const* pf, const float* x, int64_t H, float* out) {
   constexpr int C = NR * NT >= 4 ? 1 : 4 / (NR * NT);
   constexpr int64_t kStep = 8 * C > kLine<W> ? 8 * C : kLine<W>;  // elements per iteration
   int64_t j = 0;
@@ -154,7 +136,7 @@ void dot_block(const W* const* rows, const W* const* pf, const float* x, int64_t
 
 // acc[t, :] += c[t] * row for NT tokens; the row is loaded once for all NT tokens.
 template <int NT, typename W>
-void axpy_block(const W* row, const W* pf, const float* c, int64_t H, float* acc) {
+void axpy_token_tile(const W* row, const W* pf, const float* c, int64_t H, float* acc) {
   int64_t j = 0;
 #ifdef EMBER_AVX2
   __m256 cv[NT];
@@ -177,20 +159,20 @@ void axpy_block(const W* row, const W* pf, const float* c, int64_t H, float* acc
     for (int t = 0; t < NT; ++t) acc[t * H + j] += c[t] * float(row[j]);
 }
 
-// Tokens in blocks of up to 4 (register pressure: accumulators + rows must fit in 16 ymm).
-// out: NR blocks of T results (the gate dots, then the up dots).
+// Tokens in tiles of up to 4 (register pressure: accumulators + rows must fit in 16 ymm).
+// out: NR runs of T results (the gate dots, then the up dots).
 template <int NR, typename W>
 void dot_all(const W* const* rows, const W* const* pf, const float* x, int64_t T, int64_t H,
              float* out) {
-  for (int64_t t = 0; t < T; t += 4, pf = nullptr) {  // prefetch during the first block only
+  for (int64_t t = 0; t < T; t += 4, pf = nullptr) {  // prefetch during the first tile only
     float o[NR * 4];
     const float* xt = x + t * H;
     const int nt = T - t >= 4 ? 4 : (int)(T - t);
     switch (nt) {
-      case 4: dot_block<NR, 4>(rows, pf, xt, H, o); break;
-      case 3: dot_block<NR, 3>(rows, pf, xt, H, o); break;
-      case 2: dot_block<NR, 2>(rows, pf, xt, H, o); break;
-      default: dot_block<NR, 1>(rows, pf, xt, H, o); break;
+      case 4: dot_token_tile<NR, 4>(rows, pf, xt, H, o); break;
+      case 3: dot_token_tile<NR, 3>(rows, pf, xt, H, o); break;
+      case 2: dot_token_tile<NR, 2>(rows, pf, xt, H, o); break;
+      default: dot_token_tile<NR, 1>(rows, pf, xt, H, o); break;
     }
     for (int r = 0; r < NR; ++r)
       for (int k = 0; k < nt; ++k) out[r * T + t + k] = o[r * nt + k];
@@ -201,10 +183,10 @@ template <typename W>
 void axpy_all(const W* row, const W* pf, const float* c, int64_t T, int64_t H, float* acc) {
   for (int64_t t = 0; t < T; t += 4, pf = nullptr) {
     switch (T - t >= 4 ? 4 : T - t) {
-      case 4: axpy_block<4>(row, pf, c + t, H, acc + t * H); break;
-      case 3: axpy_block<3>(row, pf, c + t, H, acc + t * H); break;
-      case 2: axpy_block<2>(row, pf, c + t, H, acc + t * H); break;
-      default: axpy_block<1>(row, pf, c + t, H, acc + t * H); break;
+      case 4: axpy_token_tile<4>(row, pf, c + t, H, acc + t * H); break;
+      case 3: axpy_token_tile<3>(row, pf, c + t, H, acc + t * H); break;
+      case 2: axpy_token_tile<2>(row, pf, c + t, H, acc + t * H); break;
+      default: axpy_token_tile<1>(row, pf, c + t, H, acc + t * H); break;
     }
   }
 }
@@ -232,7 +214,7 @@ Layout layout_of(int64_t H, bool gated, bool quantized) {
 
 template <typename W>
 void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
-         const int64_t* idx, int64_t n, int act, float* out, float* scratch, int nslots,
+         const int64_t* idx, int64_t n, Activation act, float* out, float* scratch, int nslots,
          std::vector<char>& used) {
   const int64_t R = L.row_elems;
   const int64_t ahead_n = std::max<int64_t>(1, std::min<int64_t>(
@@ -316,13 +298,13 @@ at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at
                int64_t act) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be contiguous fp32 (T, hidden)");
-  TORCH_CHECK(act >= RELU && act <= GELU_GLU, "unknown activation code ", act);
+  const Activation activation = activation_of(act);
   const int64_t T = x.size(0), H = x.size(1);
   TORCH_CHECK(H == hidden, "x has ", H, " features, the weights ", hidden);
   const auto dt = packed.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kChar, "weights must be fp32 or int8");
   const bool q = dt == at::kChar;
-  const bool gated = act != RELU && act != RELU2;
+  const bool gated = is_gated(activation);
   const Layout L = layout_of(H, gated, q);
   TORCH_CHECK(packed.dim() == 2 && packed.size(1) == L.row_elems && packed.is_contiguous() &&
                   packed.device().is_cpu(),
@@ -346,10 +328,10 @@ at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at
   if (n > 0 && T > 0 && H > 0) {
     if (q)
       run<int8_t>(x.data_ptr<float>(), T, H, packed.data_ptr<int8_t>(), L, gated, ip, n,
-                  (int)act, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
+                  activation, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
     else
       run<float>(x.data_ptr<float>(), T, H, packed.data_ptr<float>(), L, gated, ip, n,
-                 (int)act, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
+                 activation, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
   }
   return out;
 }

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ember.kernels import block_matmul as bm
-from ember.kernels.sparse_ffn_reference import is_gated
+from ember.models.activations import is_gated
 from ember.models.transformer import FeedForward, activate
 from ember.models.weights import QTensor
 

@@ -79,7 +79,7 @@ def readable(w: WeightStore, name: str, shape: tuple[int, int], derived: dict[st
     if bm.supports(t.qtype):
         return t
     values = w.load(name, shape)
-    if values.shape[-1] % q8_matmul.BLOCK == 0:
+    if values.shape[-1] % q8_matmul.QUANT_BLOCK == 0:
         rows = q8_matmul.q8_0_quantize(values)
         copy = QTensor(rows.reshape(-1), q8_matmul.Q8_0, t.shape)
     else:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
-from ember.kernels.sparse_ffn import SparseFFNWeights, dense_ffn, sparse_ffn
+from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
 from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
@@ -160,7 +160,7 @@ class HybridFFN(nn.Module):
             return self._compensate(masked_rows_ffn(x_host, self.cold, self.selector.mask(x_host)))
         if x_host.shape[0] == 1:
             self.counters.cold_computed += len(self.cold_idx)
-        return dense_ffn(x_host, self.cold)
+        return sparse_ffn(x_host, self.cold)  # no index list: every cold neuron
 
     def _compensate(self, out: torch.Tensor) -> torch.Tensor:
         return out if self.bias is None else out + self.bias
