@@ -2,9 +2,9 @@
 
 The per-block greedy (input_calibration.allocate) ranks slots by the share of their matmul's
 output energy the dropped inputs carry, and gives every block the same mean sparsity. On a
-small model the blocks are far from equally tolerant (measured on the default model: the
-output error a slot may carry differs by orders of magnitude between layers), so a uniform
-per-block target spends the budget where it is dearest.
+small model the blocks are far from equally tolerant (measured on the default model: one
+slot alone at 50% costs from 0.0013 to 0.057 nats of KL depending on layer and slot), so a
+uniform per-block target spends the budget where it is dearest.
 
 Here each slot's proxy error curve e(s) (input_calibration.SlotStats.error) is turned into an
 end-to-end cost by one measurement: the KL divergence from the dense model's next-token
