@@ -193,3 +193,55 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     code = main(["generate", "--model", str(path), "--profile", str(out), "--ffn-mode", "dense",
                  "--max-tokens", "2", "--json", "the cat"])
     assert code == 0 and json.loads(capsys.readouterr().out)["input_sparsity"] is None
+
+
+@pytest.fixture(scope="module")
+def uneven_model(tmp_path_factory):
+    """A tiny SwiGLU llama whose layers 1 and 2 barely write to the residual stream (their
+    output projections scaled by 1e-3): thresholding them costs almost nothing end to end,
+    though each one's inputs and relative output error look just like layer 0's."""
+    from ember.models import synthetic
+
+    cfg = synthetic.tiny_config("llama", "silu_glu")
+    weights = synthetic.tiny_weights(cfg, seed=7)
+    for i in (1, 2):
+        for name in ("attn_output", "ffn_down"):
+            weights[f"blk.{i}.{name}.weight"] *= 1e-3
+    path = synthetic.write_gguf(tmp_path_factory.mktemp("uneven") / "m.gguf", cfg, weights)
+    return QuantModel(load_model(path).source)
+
+
+@needs_native
+def test_global_allocation_beats_uniform_where_layers_differ(uneven_model):
+    from ember.offload.profile.input_allocation import dense_reference, kl_from_dense
+    from ember.offload.profile.input_calibration import allocator
+
+    model, n = uneven_model, len(uneven_model.layers)
+    text = [(7 * t + 3) % 200 + 3 for t in range(240)]
+    stats = collect_slot_stats(model, text, 2, 64)
+    runtime = apply_input_sparsity(model, [{} for _ in range(n)])
+    ref = dense_reference(model, text[:120], 2, 64)
+    kls = {}
+    for method in ("uniform", "block", "global"):
+        alloc = allocator(method, model, runtime, stats, text, 2, 64)(0.5)
+        assert alloc.mean_sparsity() >= 0.5 - 1e-9
+        runtime.set_thresholds(alloc.thresholds)
+        kls[method] = kl_from_dense(model, ref, 64)
+        if method == "global":  # the loud layer keeps its inputs; the quiet ones give theirs
+            assert sum(alloc.levels[0].values()) < min(sum(alloc.levels[i].values())
+                                                       for i in (1, 2))
+    assert kls["uniform"] > 0 and kls["block"] > 0
+    assert kls["global"] < 0.2 * min(kls["uniform"], kls["block"])
+
+
+def test_allocate_global_spends_where_the_measured_gain_is_low():
+    from ember.offload.profile.input_allocation import allocate_global
+    from ember.offload.profile.input_calibration import LEVELS, STEP
+
+    stats = {(i, s): _stats({s: 1.0})[(0, s)] for i in range(2) for s in SLOTS}
+    gains = {(i, s): (100.0 if i == 0 else 1.0) for i in range(2) for s in SLOTS}
+    levels = allocate_global(stats, gains, 2, 0.3, LEVELS, STEP)
+    mean = sum(MATMULS[s] * lv[s] for lv in levels for s in SLOTS) / (2 * sum(MATMULS.values()))
+    assert mean == pytest.approx(0.3, abs=STEP)
+    assert all(levels[0][s] <= levels[1][s] for s in SLOTS)
+    assert levels[0] != levels[1]

@@ -1,17 +1,19 @@
 """Calibrating input thresholds (`ember profile` on GLU models): activation statistics ->
-per-block allocation across the four matmul slots -> the highest sparsity within the quality
+allocation across every layer's four matmul slots -> the highest sparsity within the quality
 budget on held-out text.
 
 1. Statistics: a reference pass over the calibration text records a sample of every slot's
    input rows (offload/body/input_sparsity.py names the slots), and each slot's squared column
    norms ||W[:, i]||^2 (over its weights side by side).
 2. Allocation: per slot, the threshold for sparsity s is the s-quantile of |x| over the
-   sample; its error is the share of the matmul's output energy the dropped inputs carry,
-   sum_dropped x_i^2 ||W[:, i]||^2 / sum_all x_i^2 ||W[:, i]||^2 (columns taken as
-   uncorrelated; the column norm is WINA's weighting). Per block, slots are raised in steps of
-   5% greedily, cheapest error per matmul sparsity gained first, until the block's mean over
-   its seven matmuls (q, k, v, o, gate, up, down) reaches the target (TEAL allocates per block
-   likewise, measuring the block's output).
+   sample; its proxy error is the share of the matmul's output energy the dropped inputs
+   carry, sum_dropped x_i^2 ||W[:, i]||^2 / sum_all x_i^2 ||W[:, i]||^2 (columns taken as
+   uncorrelated; the column norm is WINA's weighting). Three allocations (ALLOCATIONS):
+   "global" (the default; input_allocation.py) scales each slot's proxy by its measured
+   end-to-end KL and raises, across the whole body, the cheapest slot next; "block" raises,
+   per block, the slot of cheapest proxy error per matmul sparsity gained in steps of 5% until
+   the block's mean over its seven matmuls (q, k, v, o, gate, up, down) reaches the target;
+   "uniform" puts every slot at the target.
 3. Search: the target is bisected on the held-out text's perplexity, measured with the
    thresholds applied by the runtime itself (the input-major kernels), against the same model
    dense: the highest target within `budget` wins.
@@ -30,6 +32,7 @@ from ember.kernels import block_matmul as bm
 from ember.kernels.decoder_step import decoder_step_reference
 from ember.predictors.passes import score, segments
 
+from .input_allocation import allocate_global, dense_reference, kl_from_dense, slot_gains
 from ..body.input_sparsity import MATMULS, SLOTS, InputSparsity, Thresholds, apply_input_sparsity, slot_weights
 
 STEP = 0.05
@@ -117,7 +120,7 @@ def allocate(stats: dict[tuple[int, str], SlotStats], n_layers: int, target: flo
     """Per block, greedy: raise the slot whose next 5% costs the least error per matmul
     sparsity gained, until the block's matmul mean reaches `target`."""
     total = sum(MATMULS.values())
-    levels, thresholds = [], []
+    levels = []
     for i in range(n_layers):
         at = {s: 0 for s in SLOTS}  # index into LEVELS
         errors = {s: [stats[(i, s)].error(lv) for lv in LEVELS] for s in SLOTS}
@@ -129,9 +132,19 @@ def allocate(stats: dict[tuple[int, str], SlotStats], n_layers: int, target: flo
                        / (MATMULS[s] * STEP))
             at[best] += 1
         levels.append({s: LEVELS[at[s]] for s in SLOTS})
-        thresholds.append({s: stats[(i, s)].threshold(LEVELS[at[s]]) for s in SLOTS
-                           if at[s] > 0})
-    return Allocation(levels, thresholds)
+    return from_levels(stats, levels)
+
+
+def from_levels(stats, levels: list[dict[str, float]]) -> Allocation:
+    """The thresholds realizing per-layer {slot: level} on the calibration sample."""
+    return Allocation(levels, [{s: stats[(i, s)].threshold(lv[s]) for s in SLOTS if lv[s] > 0}
+                               for i, lv in enumerate(levels)])
+
+
+def allocate_uniform(stats, n_layers: int, target: float) -> Allocation:
+    """Every slot of every layer at the level nearest `target` (the baseline)."""
+    level = min(LEVELS, key=lambda lv: abs(lv - target))
+    return from_levels(stats, [{s: level for s in SLOTS} for _ in range(n_layers)])
 
 
 @dataclass
@@ -145,9 +158,38 @@ class InputCalibration:
     stats: dict = field(default_factory=dict, repr=False)  # (layer, slot) -> SlotStats
 
 
+ALLOCATIONS = ("global", "block", "uniform")
+
+
+def allocator(method: str, model, runtime: InputSparsity, stats, train: list[int],
+              bos: int | None, length: int, log: Callable[[str], None] = lambda m: None
+              ) -> Callable[[float], Allocation]:
+    """target -> Allocation by `method` (ALLOCATIONS). "global" first measures each slot's
+    end-to-end cost on the calibration text (input_allocation.py; one pass per slot)."""
+    n = len(model.layers)
+    if method == "uniform":
+        return lambda target: allocate_uniform(stats, n, target)
+    if method == "block":
+        return lambda target: allocate(stats, n, target)
+    if method != "global":
+        raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {method!r}")
+    runtime.set_thresholds([{} for _ in range(n)])
+    ref = dense_reference(model, train, bos, length)
+
+    def kl_with(i: int, slot: str, threshold: float) -> float:
+        runtime.set_thresholds([{slot: threshold} if j == i else {} for j in range(n)])
+        return kl_from_dense(model, ref, length)
+
+    gains = slot_gains(stats, n, kl_with, log=log)
+    runtime.set_thresholds([{} for _ in range(n)])
+    return lambda target: from_levels(stats, allocate_global(stats, gains, n, target, LEVELS,
+                                                             STEP))
+
+
 def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | None,
                      budget: float, length: int, log: Callable[[str], None] = lambda m: None,
-                     steps: int = 6, layout: str = "q8_0") -> tuple[InputCalibration, InputSparsity]:
+                     steps: int = 6, layout: str = "q8_0", method: str = "global"
+                     ) -> tuple[InputCalibration, InputSparsity]:
     """Thresholds for `model` (a QuantModel) at the highest target sparsity whose held-out
     perplexity stays within 1 + budget of the dense model's; returns them with the runtime
     (left applied to the model at the chosen thresholds)."""
@@ -155,10 +197,11 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
     log(f"statistics of {len(stats)} matmul inputs collected")
     dense = score(model, held_out, length, bos)
     runtime = apply_input_sparsity(model, [{} for _ in model.layers], layout)
+    plan = allocator(method, model, runtime, stats, train, bos, length, log)
     tried: list[dict] = []
 
     def measure(target: float):
-        alloc = allocate(stats, len(model.layers), target)
+        alloc = plan(target)
         runtime.set_thresholds(alloc.thresholds)
         s = score(model, held_out, length, bos)
         ratio = s.ppl / dense.ppl
@@ -169,7 +212,7 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
         return alloc, ratio, dense.agreement(s)
 
     lo, hi = 0.0, 0.9
-    best = (0.0, allocate(stats, len(model.layers), 0.0), 1.0, 1.0)  # dense: no thresholds
+    best = (0.0, plan(0.0), 1.0, 1.0)  # dense: no thresholds
     for _ in range(steps):
         mid = (lo + hi) / 2
         alloc, ratio, agree = measure(mid)

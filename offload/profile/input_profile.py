@@ -41,7 +41,8 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
         model, text.train, text.held_out, loaded.tokenizer.bos_id, options.quality_budget,
         length, log=lambda msg: say("input thresholds", msg)))
     alloc = cal.allocation
-    report.glu = {"method": "input thresholds", "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
+    report.glu = {"method": "input thresholds", "allocation": "global greedy on measured KL",
+                  "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
                   "ppl_ratio": round(cal.ppl_ratio, 4), "agreement": round(cal.agreement, 4),
                   "levels_per_layer": alloc.levels, "tried": cal.tried,
                   "layout_bytes": runtime.layout_bytes()}
