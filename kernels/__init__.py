@@ -15,9 +15,9 @@ whose codes the C++ kernels receive (csrc/activation.h).
 - `input_sparse`: x @ W^T reading only the weight columns of inputs above a threshold, on an
   input-major re-layout of the blocks.
 - `fused_ops`: norms, rotary, attention over the paged KV pool, activations, argmax/top-k;
-  per-row ops that replace chains of small PyTorch calls at batch 1 (and the Q8_0 body's
-  attention_step / ffn_step / body_step).
+  per-row ops that replace chains of small PyTorch calls at batch 1.
 - `sparse_ffn` (over `ffn_bundles`, one contiguous bundle per neuron) and `hot_ffn` (over
   `tier_weights`' formats): the hybrid split's cold (CPU, active neurons only) and hot sides.
-- `q8_matmul`: x @ W^T on Q8_0 rows (the LM head, the `--weights q8` body).
+- `q8_matmul`: float32 -> Q8_0 rows at load, and the first Q8_0 matmul (benchmarked against
+  `block_matmul`).
 """

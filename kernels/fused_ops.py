@@ -1,5 +1,4 @@
-"""Fused row-wise ops for the CPU decode step (C++ in csrc/: fused_ops.cpp, body_step.cpp,
-select.cpp), each `op` beside its plain PyTorch `op_reference`.
+"""Fused row-wise ops for the CPU decode step (C++ in csrc/: fused_ops.cpp, select.cpp), each `op` beside its plain PyTorch `op_reference`.
 
 At batch 1 a decode step's small ops cost their dispatch, not their arithmetic: an rms_norm is
 seven PyTorch ops, and the default model runs six norms per layer. These do each chain in one
@@ -14,16 +13,11 @@ Every op is row by row: a row's result does not depend on the other rows (bit fo
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ember.models import activations
-
 from . import cpu_extension
-from .q8_matmul import q8_0_matmul
 
 
 def available() -> bool:
@@ -127,118 +121,6 @@ def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     if module is None:
         return attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap)
     return module.attend_slots(q.contiguous(), k_pool, v_pool, slots, scale, softcap)
-
-
-def attention_step_reference(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
-                             cos, sin, interleaved, k_pool, v_pool, read_slots, wo_rows,
-                             post_norm, next_norm, eps, scale):
-    """The C++ attention_step as the chain of this module's ops (what prefill runs)."""
-    qkv = q8_0_matmul(rms_norm(x, attn_norm, eps), qkv_rows)
-    qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin, interleaved, eps)
-    q, k, v = qkv.split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=1)
-    for t, slots in enumerate(read_slots):  # every row's K/V first: tree rows read ancestors'
-        k_pool[int(slots[-1])] = k[t].view(n_kv, head_dim)
-        v_pool[int(slots[-1])] = v[t].view(n_kv, head_dim)
-    o = torch.cat([attend_slots(q[t].reshape(n_heads, head_dim), k_pool, v_pool, slots, scale)
-                   for t, slots in enumerate(read_slots)])
-    return residual_norm(x, q8_0_matmul(o, wo_rows), post_norm, next_norm, eps)
-
-
-def attention_step(x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,
-                   interleaved, k_pool, v_pool, read_slots, wo_rows, post_norm, next_norm,
-                   eps: float, scale: float):
-    """An attention sub-layer for T rows in one call (q/k/v and output rows of Q8_0 blocks;
-    each row's K/V read in place from the pools at its `read_slots[t]`, its own written at
-    the last of them; cos/sin (T, head_dim / 2)): returns (x + post-normed attention output,
-    that sum normed by `next_norm`). Bit-identical to `attention_step_reference`."""
-    module = cpu_extension.load()
-    args = (x, attn_norm, qkv_rows, n_heads, n_kv, head_dim, q_norm, k_norm,
-            cos.contiguous(), sin.contiguous(), interleaved, k_pool, v_pool, list(read_slots),
-            wo_rows, post_norm, next_norm, eps, scale)
-    if module is None:
-        return attention_step_reference(*args)
-    return module.attention_step(*args)
-
-
-def q8_0_ffn(h, gate_up_rows, down_rows, activation: str) -> torch.Tensor:
-    """A dense FFN on Q8_0 rows (the gate rows then the up rows, or the up rows alone) as
-    PyTorch-level calls: h (T, hidden) -> (T, hidden)."""
-    gu = q8_0_matmul(h, gate_up_rows)
-    if activations.is_gated(activation):
-        n = gate_up_rows.shape[0] // 2
-        gate, up = gu[:, :n], gu[:, n:]
-    else:
-        gate, up = None, gu
-    return q8_0_matmul(activations.activate(activation, gate, up), down_rows)
-
-
-def ffn_step_reference(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
-    """The C++ ffn_step as `q8_0_ffn` followed by the residual step."""
-    f = q8_0_ffn(h, gate_up_rows, down_rows, activation)
-    return residual_norm(x, f.contiguous(), post_norm, None, eps)[0]
-
-
-def ffn_step(x, h, gate_up_rows, down_rows, activation: str, post_norm, eps: float):
-    """A dense FFN sub-layer on Q8_0 rows (gate rows then up rows, or up rows alone) and its
-    residual step, for T rows in one call: x + post-normed FFN(h). Bit-identical to
-    `ffn_step_reference`."""
-    module = cpu_extension.load()
-    if module is None:
-        return ffn_step_reference(x, h, gate_up_rows, down_rows, activation, post_norm, eps)
-    return module.ffn_step(x, h, gate_up_rows, down_rows, activations.code(activation),
-                           post_norm, eps)
-
-
-class BodyLayer(NamedTuple):
-    """One transformer block's fixed arguments for `body_step`: attention_step's, then
-    ffn_step's, as plain tensors and switches. A norm given as None is a step skipped: no
-    q/k head norms, no norm of the attention output (post_attn_norm) or of the FFN output
-    (post_ffn_norm) before its residual add."""
-
-    attn_norm: torch.Tensor
-    qkv_rows: torch.Tensor
-    n_heads: int
-    n_kv: int
-    head_dim: int
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    interleaved: bool
-    wo_rows: torch.Tensor
-    post_attn_norm: torch.Tensor | None
-    ffn_norm: torch.Tensor
-    gate_up_rows: torch.Tensor
-    down_rows: torch.Tensor
-    activation: str
-    post_ffn_norm: torch.Tensor | None
-    eps: float
-    scale: float
-
-
-def body_step_reference(layers: list[BodyLayer], x, k_pool, v_pool, slots, cos, sin):
-    """Every transformer block's forward for T rows: per layer, attention_step then
-    ffn_step."""
-    for l, read_slots, c, s in zip(layers, slots, cos, sin, strict=True):
-        mid, h = attention_step_reference(
-            x, l.attn_norm, l.qkv_rows, l.n_heads, l.n_kv, l.head_dim, l.q_norm, l.k_norm, c, s,
-            l.interleaved, k_pool, v_pool, read_slots, l.wo_rows, l.post_attn_norm, l.ffn_norm,
-            l.eps, l.scale)
-        x = ffn_step_reference(mid, h, l.gate_up_rows, l.down_rows, l.activation,
-                               l.post_ffn_norm, l.eps)
-    return x
-
-
-def body_step(layers: list[BodyLayer]):
-    """A function (x, k_pool, v_pool, slots, cos, sin) -> x running `layers` over T rows
-    (x (T, hidden); per layer, for each row the pool slots it reads, its own last, and the
-    rows' rotary cos/sin (T, head_dim / 2)) in one C++ call. Bit-identical to
-    `body_step_reference`."""
-    module = cpu_extension.load()
-    if module is None:
-        return functools.partial(body_step_reference, list(layers))
-    native = module.BodyStep()
-    for layer in layers:
-        native.add_layer(*layer._replace(activation=activations.code(layer.activation)))
-    return native.run
 
 
 def argmax_reference(v: torch.Tensor) -> int:

@@ -1,8 +1,9 @@
 """x @ W^T with W in GGML Q8_0 blocks, each weight row read once for all rows of x.
 
-Used by the LM head (the file's own Q8_0 blocks) and by the quantized dense body: the body's
-Q4_0/Q5_0 blocks widened to Q8_0 exactly (`widen_to_q8_0`), other weights requantized
-(`q8_0_quantize`), at load.
+The runtime multiplies every GGML block type with `block_matmul`; this module keeps
+`q8_0_quantize` (at load, QuantModel turns tensors of a type block_matmul does not read
+into Q8_0) and the first
+Q8_0 kernel, which `bench/block_matmul_speed.py` measures against `block_matmul`.
 
 The C++ kernel (csrc/q8_0_matmul.cpp) reads the 34-byte blocks directly: a quarter of the
 float32 bytes, which is what decides the speed of memory-bound decoding. It rounds x to int16
@@ -25,13 +26,6 @@ from ember.models.quantize import quantize
 from . import cpu_extension
 
 Q8_0 = int(GGMLQuantizationType.Q8_0)
-# Block types whose values are d * q for an fp16 d and an integer |q| <= 16 per 32 values:
-# Q8_0 holds them exactly, with the same d. The kernel then gives the very bits a kernel
-# reading them natively would (the same integer block sums and scales), for 34 bytes per block
-# instead of 18/22 but far less unpacking: measured on the 2-core machine, the default model's
-# Q5_0 gate/up matrices ran at ~12 GB/s read natively (compute-bound) and decode went from
-# ~45 to ~50 tok/s widened.
-WIDENS_EXACTLY = (int(GGMLQuantizationType.Q4_0), int(GGMLQuantizationType.Q5_0))
 QUANT_BLOCK = 32  # values per Q8_0 block (and per activation scale)
 X_LEVELS = 32767  # activations are rounded to int16: q = round(x / s), s = max|x| / 32767
 
@@ -62,22 +56,6 @@ def q8_0_quantize(w: torch.Tensor) -> torch.Tensor:
     return module.q8_0_quantize(_quantize_input(w))  # the same bytes, ~50x faster
 
 
-def widen_to_q8_0(rows: torch.Tensor, qtype: int) -> torch.Tensor:
-    """(N, row_bytes) uint8 rows of Q4_0 or Q5_0 blocks -> the same values as Q8_0 rows."""
-    if qtype not in WIDENS_EXACTLY:
-        raise ValueError(f"GGML type {quants.type_name(qtype)} does not widen exactly to Q8_0")
-    values, block_bytes = quants.block_info(qtype)
-    n = rows.shape[0]
-    blocks = rows.reshape(-1, block_bytes)
-    k = rows.shape[1] // block_bytes * values
-    w = quants.dequantize(rows.reshape(-1), qtype, (n, k)).view(-1, QUANT_BLOCK)
-    d_bytes = blocks[:, :2]  # both formats start with the fp16 scale
-    d = d_bytes.contiguous().view(torch.float16).float()
-    # d * q is exact in float32, so w / d gives q back exactly.
-    q = torch.where(d == 0, torch.zeros_like(w), w / d).round().to(torch.int8)
-    return torch.cat([d_bytes, q.view(torch.uint8)], 1).view(n, -1)
-
-
 def quantize_activations_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (T, K) float32 -> (q (T, K/32, 32) integer-valued float32, s (T, K/32, 1)), x ~= q*s.
 
@@ -105,21 +83,6 @@ def q8_0_matmul(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if module is None:
         return q8_0_matmul_reference(x, rows)
     return module.q8_0_matmul(x.contiguous(), rows)
-
-
-def q8_0_embed_reference(rows: torch.Tensor, token: int, scale: float) -> torch.Tensor:
-    """Row `token` of Q8_0 rows (N, row_bytes) dequantized, times `scale`: (1, K) float32."""
-    k = rows.shape[1] // quants.block_info(Q8_0)[1] * QUANT_BLOCK
-    return quants.dequantize(rows[token].contiguous(), Q8_0, (1, k)) * scale
-
-
-def q8_0_embed(rows: torch.Tensor, token: int, scale: float) -> torch.Tensor:
-    """A decoded token's embedding from Q8_0 rows, in one call: bit-identical to
-    `q8_0_embed_reference` (the model's own dequantize-then-scale)."""
-    module = cpu_extension.load()
-    if module is None:
-        return q8_0_embed_reference(rows, token, scale)
-    return module.q8_0_embed(rows, token, scale)
 
 
 def available() -> bool:

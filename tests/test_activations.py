@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ember.kernels import cpu_extension, decoder_step, fused_ops, hot_ffn, q8_matmul, sparse_ffn
+from ember.kernels import cpu_extension, decoder_step, hot_ffn, sparse_ffn
 from ember.models import activations
 from ember.models.config import ACTIVATIONS, GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
 from ember.models.quantize import quantize
@@ -68,17 +68,6 @@ def test_hot_ffn_kernel(act):
     x = torch.randn(3, 32, generator=g)
     torch.testing.assert_close(hot_ffn.hot_ffn(x, w), hot_ffn.hot_ffn_reference(x, w),
                                rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("act", ALL)
-def test_q8_0_ffn_step_kernel(native, act):
-    g = torch.Generator().manual_seed(3)
-    n = 64 * (2 if activations.is_gated(act) else 1)
-    gate_up = q8_matmul.q8_0_quantize(_rows(g, n, 32))
-    down = q8_matmul.q8_0_quantize(_rows(g, 32, 64))
-    x, h = torch.randn(2, 32, generator=g), torch.randn(2, 32, generator=g)
-    got = fused_ops.ffn_step(x, h, gate_up, down, act, None, 1e-6)
-    assert torch.equal(got, fused_ops.ffn_step_reference(x, h, gate_up, down, act, None, 1e-6))
 
 
 def _q8(t: torch.Tensor) -> QTensor:

@@ -28,13 +28,6 @@ ALLOWED = {
 # test doubles moving to tests/, the body rebuild, the kernel convention). Re-check each
 # after that change merges: delete the function, or move the entry to ALLOWED with a reason.
 OWNED_BY_A_PARALLEL_CHANGE = {
-    # Kernels the removed Q8_0 body (quant_body / fused_block / fused_body) was their only
-    # caller of: the kernel convention change renames kernels/, so they go after it merges.
-    "kernels/fused_ops.py::attention_step": "caller removed (issue 21, blocks; kernels)",
-    "kernels/fused_ops.py::ffn_step": "caller removed (issue 21, blocks; kernels)",
-    "kernels/fused_ops.py::body_step": "caller removed (issue 21, blocks; kernels)",
-    "kernels/q8_matmul.py::widen_to_q8_0": "caller removed (issue 21, blocks; kernels)",
-    "kernels/q8_matmul.py::q8_0_embed": "caller removed (issue 21, blocks; kernels)",
     "kernels/block_matmul.py::cpu_paths": "only tests list the paths (issue 21, kernels)",
     "kernels/input_sparse.py::InputMajor.column_bytes": "no caller (issue 21, kernels)",
     "kernels/input_sparse.py::relayout_error":

@@ -1,11 +1,10 @@
 // The Python module: every function of ops.h, the activation codes (activation.h) and the
-// BodyStep and DecoderStep classes (body_step.h, decoder_step.h).
+// DecoderStep class (decoder_step.h).
 // Narrow includes (no <torch/extension.h>): the JIT build takes about half as long.
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
 
-#include "body_step.h"
 #include "decoder_step.h"
 #include "ops.h"
 
@@ -29,16 +28,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
         py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"),
         py::arg("softcap") = 0.0);
-  m.def("attention_step", &attention_step,
-        "an attention sub-layer for T rows (a decoded token or a tree's nodes), Q8_0 weights",
-        py::arg("x"), py::arg("attn_norm"), py::arg("qkv_rows"), py::arg("n_heads"),
-        py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"), py::arg("k_norm"),
-        py::arg("cos"), py::arg("sin"), py::arg("interleaved"), py::arg("k_pool"),
-        py::arg("v_pool"), py::arg("read_slots"), py::arg("wo_rows"),
-        py::arg("post_norm"), py::arg("next_norm"), py::arg("eps"), py::arg("scale"));
-  m.def("ffn_step", &ffn_step, "a dense Q8_0 FFN sub-layer and its residual step, T rows",
-        py::arg("x"), py::arg("h"), py::arg("gate_up_rows"), py::arg("down_rows"),
-        py::arg("activation"), py::arg("post_norm"), py::arg("eps"));
   m.def("activation_name",
         [](int64_t code) { return std::string(activation_name(activation_of(code))); },
         "the activation an integer code stands for (activation.h; models/activations.py)",
@@ -46,20 +35,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax", &argmax, "index of the largest value (torch.argmax's rules)", py::arg("v"));
   m.def("top_k", &top_k, "the k largest values and their indices, largest first",
         py::arg("v"), py::arg("k"));
-  py::class_<BodyStep>(m, "BodyStep",
-                       "every transformer block's forward for T rows on Q8_0 weights, in one call")
-      .def(py::init<>())
-      .def("add_layer", &BodyStep::add_layer, py::arg("attn_norm"), py::arg("qkv_rows"),
-           py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"), py::arg("q_norm"),
-           py::arg("k_norm"), py::arg("interleaved"), py::arg("wo_rows"),
-           py::arg("post_attn_norm"), py::arg("ffn_norm"), py::arg("gate_up_rows"),
-           py::arg("down_rows"), py::arg("activation"), py::arg("post_ffn_norm"),
-           py::arg("eps"), py::arg("scale"))
-      .def("run", &BodyStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
-           py::arg("slots"), py::arg("cos"), py::arg("sin"),
-           py::call_guard<py::gil_scoped_release>());  // ~5 ms: let a UI thread run meanwhile
-  m.def("q8_0_embed", &q8_0_embed, "one Q8_0 row as float32, times a scale",
-        py::arg("rows"), py::arg("token"), py::arg("scale"));
   m.def("q8_0_quantize", &q8_0_quantize, "float32 (N, K) -> Q8_0 rows (N, K/32*34)",
         py::arg("w"), py::call_guard<py::gil_scoped_release>());
   m.def("block_matmul", &block_matmul,

@@ -304,60 +304,6 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
     return out;
 }
 
-// A whole attention sub-layer for T rows in one call from Python: one decoded token, or the
-// rows of a speculative tree, each reading its own keys. The chain offload/body/fused_block.py runs
-// op by op (for prefill) takes ~15 Python-level dispatches per layer between these ops, a few
-// ms per token on the default model. The same functions in the same order, so the result is
-// bit-identical to that chain, and each row's to what it gets alone.
-// Projections are rows of GGML Q8_0 blocks. cos/sin: (T, head_dim / 2), each row's rotary.
-//   h = rms_norm(x, attn_norm); qkv = h @ Wqkv; q/k norm + rotary; every row's K/V stored at
-//   the last of its read_slots (its own slot) before any row attends (tree rows read their
-//   ancestors'); o[t] = attention over read_slots[t]; a = o @ Wo;
-//   returns residual_norm(x, a, post_norm, next_norm): (x + post-normed a, next-normed input)
-std::tuple<at::Tensor, at::Tensor> attention_step(
-    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
-    int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
-    at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    const std::vector<at::Tensor>& read_slots, at::Tensor wo_rows,
-    c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale) {
-    check_rows(x, "x");
-    const int64_t T = x.size(0);
-    TORCH_CHECK(static_cast<int64_t>(read_slots.size()) == T,
-                "attention_step needs read slots for each of its ", T, " rows");
-    TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(1) == n_kv && k_pool.size(2) == hd &&
-                    k_pool.is_contiguous() && v_pool.sizes() == k_pool.sizes() &&
-                    v_pool.is_contiguous(),
-                "k_pool/v_pool must be contiguous (rows, n_kv, head_dim)");
-    std::vector<int64_t> write_slots(T);
-    for (int64_t t = 0; t < T; ++t) {
-        const at::Tensor& slots = read_slots[t];
-        TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong &&
-                        slots.is_contiguous() && slots.numel() > 0,
-                    "read_slots must be non-empty contiguous int64 vectors");
-        write_slots[t] = slots.data_ptr<int64_t>()[slots.numel() - 1];
-        TORCH_CHECK(write_slots[t] >= 0 && write_slots[t] < k_pool.size(0),
-                    "write slot out of range");
-    }
-    auto h = rms_norm(x, attn_norm, eps);
-    auto qkv = q8_0_matmul(h, qkv_rows);
-    qk_norm_rope_(qkv, n_heads, n_kv, hd, q_norm, k_norm, cos, sin, interleaved, eps);
-    const int64_t width = qkv.size(1), kv = n_kv * hd;
-    const float* base = qkv.data_ptr<float>();
-    for (int64_t t = 0; t < T; ++t) {
-        const float* row = base + t * width + n_heads * hd;
-        std::memcpy(k_pool.data_ptr<float>() + write_slots[t] * kv, row, kv * sizeof(float));
-        std::memcpy(v_pool.data_ptr<float>() + write_slots[t] * kv, row + kv, kv * sizeof(float));
-    }
-    auto o = at::empty({T, n_heads * hd}, x.options());
-    for (int64_t t = 0; t < T; ++t) {
-        auto q = qkv.select(0, t).narrow(0, 0, n_heads * hd).view({n_heads, hd});
-        attend_slots_into(q, k_pool, v_pool, read_slots[t], scale,
-                          o.data_ptr<float>() + t * n_heads * hd);
-    }
-    auto a = q8_0_matmul(o, wo_rows);
-    return residual_norm(x, a, post_norm, next_norm, eps);
-}
-
 // The FFN's activation (activation.h) with the ATen ops models/activations.py's table uses,
 // so the values are the same bits as the Python chain's.
 at::Tensor ffn_activation(Activation act, const at::Tensor& gate, const at::Tensor& up) {
@@ -370,24 +316,4 @@ at::Tensor ffn_activation(Activation act, const at::Tensor& gate, const at::Tens
         case Activation::GELU_GLU: return at::mul(at::gelu(gate, "tanh"), up);
     }
     TORCH_CHECK(false, "unknown activation code ", static_cast<int64_t>(act));
-}
-
-// A dense FFN sub-layer for T rows in one call, from Q8_0 rows, its residual step included:
-//   f = activate(h @ Wgate, h @ Wup) @ Wdown;  returns x + (post_norm ? rms_norm(f, post) : f)
-// gate_up_rows holds the gate rows then the up rows (gated activations) or the up rows alone.
-// The same ops as the Python chain (kernels/fused_ops.py's q8_0_ffn, then
-// residual_norm), so the same bits, without their Python-level dispatches.
-at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
-                    int64_t activation, c10::optional<at::Tensor> post_norm, double eps) {
-    check_rows(x, "x");
-    check_rows(h, "h");
-    const Activation act = activation_of(activation);
-    const bool gated = is_gated(act);
-    const int64_t n = gate_up_rows.size(0) / (gated ? 2 : 1);
-    TORCH_CHECK(!gated || gate_up_rows.size(0) == 2 * n, "gate_up_rows must hold 2 x ffn rows");
-    auto gu = q8_0_matmul(h, gate_up_rows);  // (T, 2n) or (T, n)
-    auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
-    auto up = gated ? gu.narrow(1, n, n) : gu;
-    auto f = q8_0_matmul(ffn_activation(act, gate, up).contiguous(), down_rows);
-    return std::get<0>(residual_norm(x, f, post_norm, c10::nullopt, eps));
 }

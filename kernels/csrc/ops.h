@@ -21,7 +21,6 @@ bool has_avx2();
 // q8_0_matmul.cpp
 at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w);
 at::Tensor q8_0_quantize(at::Tensor w);
-at::Tensor q8_0_embed(at::Tensor rows, int64_t token, double scale);
 
 // fused_ops.cpp
 at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps);
@@ -37,14 +36,6 @@ at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::
 void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                        const at::Tensor& slots, double scale, float* out, double softcap = 0.0);
 at::Tensor ffn_activation(Activation act, const at::Tensor& gate, const at::Tensor& up);
-std::tuple<at::Tensor, at::Tensor> attention_step(
-    at::Tensor x, at::Tensor attn_norm, at::Tensor qkv_rows, int64_t n_heads,
-    int64_t n_kv, int64_t hd, c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
-    at::Tensor cos, at::Tensor sin, bool interleaved, at::Tensor k_pool, at::Tensor v_pool,
-    const std::vector<at::Tensor>& read_slots, at::Tensor wo_rows,
-    c10::optional<at::Tensor> post_norm, at::Tensor next_norm, double eps, double scale);
-at::Tensor ffn_step(at::Tensor x, at::Tensor h, at::Tensor gate_up_rows, at::Tensor down_rows,
-                    int64_t activation, c10::optional<at::Tensor> post_norm, double eps);
 
 // select.cpp
 int64_t argmax(at::Tensor v);

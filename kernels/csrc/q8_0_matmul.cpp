@@ -1,7 +1,6 @@
 // y = x @ W^T for W stored as GGML Q8_0 blocks, reading each weight row once for all T rows
-// of x: the LM head (262k x 640 on the default model) and the body's weights, which
-// offload/body/quant_body.py turns into Q8_0 at load (Q4_0/Q5_0 blocks widened exactly, others
-// requantized).
+// of x, with int16 activations: the first LM-head kernel (262k x 640 on the default model),
+// which bench/block_matmul_speed.py measures against block_matmul (int8 activations).
 //
 // Q8_0 block (34 bytes): fp16 scale d, then 32 int8 quants q; w_i = d * q_i.
 // Shapes: x (T, K) float32 contiguous; w (N, K/32*34) uint8; y (T, N) float32.
@@ -208,35 +207,9 @@ at::Tensor q8_0_matmul(at::Tensor x, at::Tensor w) {
     return y;
 }
 
-// Row `token` of Q8_0 rows (N, K/32*34) as a (1, K) float32 row times `scale`: a decoded
-// token's embedding. Per value (q * d) * scale, two float32 roundings, as the reference
-// dequantization followed by the embedding scale (models/transformer.py's embed).
-at::Tensor q8_0_embed(at::Tensor rows, int64_t token, double scale) {
-    TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.is_contiguous() &&
-                    rows.size(1) % QUANT_BLOCK_BYTES == 0,
-                "rows must be contiguous uint8 (N, K/32*34) Q8_0 rows");
-    TORCH_CHECK_INDEX(token >= 0 && token < rows.size(0), "token ", token, " outside ", rows.size(0),
-                      " rows");
-    const int64_t nb = rows.size(1) / QUANT_BLOCK_BYTES;
-    auto out = at::empty({1, nb * QK}, rows.options().dtype(at::kFloat));
-    const uint8_t* row = rows.data_ptr<uint8_t>() + token * rows.size(1);
-    float* o = out.data_ptr<float>();
-    const float sc = static_cast<float>(scale);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * QUANT_BLOCK_BYTES;
-        const float d = quant_block_scale(blk);
-        const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
-        for (int i = 0; i < QK; ++i) {
-            const float v = static_cast<float>(q[i]) * d;
-            o[b * QK + i] = v * sc;
-        }
-    }
-    return out;
-}
-
 // w (N, K) float32 -> (N, K/32*34) Q8_0 rows, rounding as GGML's reference quantizer (and
 // models/quantize.py): d = max|w|/127, q = roundf(w / d) via the reciprocal, fp16 d stored.
-// Used once at load to requantize the body's weights (Python would take a minute).
+// Used at load for tensors of a type block_matmul does not read (Python would take far longer).
 at::Tensor q8_0_quantize(at::Tensor w) {
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous(),
                 "w must be a contiguous float32 (N, K) tensor");
