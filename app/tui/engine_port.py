@@ -93,6 +93,6 @@ class EngineBackend:
         # so only the new turn is prefilled.
         prompt_ids = self._engine.encode_chat(messages, settings.chat_format or None)
         self._chat_format = prompt_ids.format.name
-        yield from self._engine.stream(prompt_ids, sampling=settings.sampling(),
-                                       max_tokens=settings.max_tokens, cancel=cancel,
-                                       session=session)
+        return self._engine.stream(prompt_ids, sampling=settings.sampling(),
+                                   max_tokens=settings.max_tokens, cancel=cancel,
+                                   session=session)

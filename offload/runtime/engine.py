@@ -158,6 +158,9 @@ class Engine:
         (a `ChatPrompt` adds its format's), `max_tokens`, a full context, or when `cancel` is
         set (checked before each prompt chunk and every token). Control and image-marker tokens
         show no text.
+
+        Returns the events' generator rather than being one, so while a token is computed the
+        stack holds only the generators doing the work (ARCHITECTURE.md counts them).
         """
         timings = Timings(prompt_tokens=len(prompt_ids))
         fmt = prompt_ids.format if isinstance(prompt_ids, ChatPrompt) else ChatFormat("none")
@@ -165,8 +168,8 @@ class Engine:
         stop_ids = set() if ignore_eos else self.stop_ids
         tokens = decode_loop(self.runner, session, self._step(session, Sampler(sampling)),
                              prompt_ids, max_tokens, stop_ids, timings, cancel)
-        yield from reply_events(tokens, StreamDecoder(self.tokenizer), stops, self.hidden_ids,
-                                prompt_ids, timings)
+        return reply_events(tokens, StreamDecoder(self.tokenizer), stops, self.hidden_ids,
+                            prompt_ids, timings)
 
     def _step(self, session: str, sampler: Sampler) -> Step:
         """This engine's decode step: speculative with a drafter (fresh stats per reply),
