@@ -104,9 +104,3 @@ def pack_rows(rows: list[torch.Tensor], scales: list[torch.Tensor] | None, dtype
 def scale_view(packed: torch.Tensor, scale_off: int, nrows: int) -> torch.Tensor:
     """The int8 bundles' scales as an fp32 (ffn, nrows) view (column j: row j's scales)."""
     return packed[:, scale_off:scale_off + 4 * nrows].view(torch.float32)
-
-
-def select_bundles(packed: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """A new buffer holding these bundles (rows of packed), in this order."""
-    out = empty_bundles(idx.numel(), packed.shape[1], packed.dtype)
-    return torch.index_select(packed, 0, idx, out=out)

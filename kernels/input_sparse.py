@@ -60,10 +60,6 @@ class InputMajor:
     def nbytes(self) -> int:
         return self.packed.numel()
 
-    def column_bytes(self) -> float:
-        """Bytes read per kept input (one column over every output)."""
-        return self.nbytes / self.shape[1]
-
 
 def layout_type(qtype: int) -> int:
     """The input-major block type for a weight stored as `qtype`."""

@@ -29,7 +29,7 @@ from ember.models import activations
 
 from . import cpu_extension
 from .ffn_bundles import (bundle_layout, dequantize_rows_int8, pack_rows, quantize_rows_int8,
-                          scale_view, select_bundles)
+                          scale_view)
 
 DTYPES = ("fp32", "int8")
 
@@ -129,12 +129,6 @@ class SparseFFNWeights:
         if down.dim() != 2:
             raise ValueError(f"down must be 2-D (hidden, ffn), got {tuple(down.shape)}")
         return cls.from_rows(gate, up, down.t(), activation, dtype)
-
-    def subset(self, neurons: torch.Tensor) -> "SparseFFNWeights":
-        """A new FFN holding only these neurons' bundles (copies; e.g. the hot/cold split)."""
-        idx = neurons.to(torch.long)
-        return SparseFFNWeights(self.activation, self.dtype, select_bundles(self.packed, idx),
-                                self.hidden)
 
     def nbytes(self) -> int:
         """Weight bytes: rows and scales (the bundle padding, under 64 B a neuron, not counted)."""

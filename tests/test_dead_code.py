@@ -24,18 +24,15 @@ ALLOWED = {
         "contiguous cache exercises it, nothing in the runtime shares a prefix yet",
 }
 
-# TEMPORARY: dead, but in files a parallel change of issue 21 owns (the engine split and the
-# test doubles moving to tests/, the body rebuild, the kernel convention). Re-check each
-# after that change merges: delete the function, or move the entry to ALLOWED with a reason.
+# TEMPORARY (issue 21 follow-up): dead in production, each waiting for a decision: put it to
+# use where a report should show it, move it under tests/, or delete it.
 OWNED_BY_A_PARALLEL_CHANGE = {
-    "kernels/block_matmul.py::cpu_paths": "only tests list the paths (issue 21, kernels)",
-    "kernels/input_sparse.py::InputMajor.column_bytes": "no caller (issue 21, kernels)",
+    "kernels/block_matmul.py::cpu_paths":
+        "only tests list the paths; `ember info` could show which ones this CPU has",
     "kernels/input_sparse.py::relayout_error":
-        "only tests measure it; the module docstring says bench sparsity reports it, it does "
-        "not (issue 21, kernels)",
-    "kernels/sparse_ffn.py::SparseFFNWeights.from_dense": "only tests build from dense (kernels)",
-    "kernels/sparse_ffn.py::SparseFFNWeights.subset":
-        "no caller; ffn_bundles.select_bundles lives only for it (issue 21, kernels)",
+        "only tests measure it; the module docstring says bench sparsity reports it, it does not",
+    "kernels/sparse_ffn.py::SparseFFNWeights.from_dense":
+        "only tests build bundles from dense matrices (production packs the file's rows)",
 }
 
 

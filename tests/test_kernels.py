@@ -297,15 +297,6 @@ def test_big_bundle_buffers_start_on_a_huge_page():
     assert empty_bundles(3, 16, torch.float32).shape == (3, 16)
 
 
-def test_subset_is_the_same_ffn_on_those_neurons():
-    w, g = make("gelu_glu", 33, 13, seed=9)
-    x = torch.randn(2, 33, generator=g)
-    keep = torch.tensor([11, 2, 5])
-    part = w.subset(keep)
-    close(sparse_ffn_reference(x, part), reference(x, w, keep))
-    assert torch.equal(part.packed, w.packed[keep])
-
-
 def test_bench_kernels_is_a_cli_command():
     from ember.app.cli import build_parser
 
