@@ -25,3 +25,8 @@ class UnsupportedModelError(ModelFormatError):
 
 class ConfigError(EmberError, ValueError):
     """A setting is out of range (sampling parameters, budgets, sizes); the message says how to fix it."""
+
+
+class PromptTooLong(ConfigError):
+    """The prompt leaves no room in the context for a reply (the server answers it with the
+    OpenAI code context_length_exceeded)."""

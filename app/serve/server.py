@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ember.models.errors import EmberError
+from ember.models.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
@@ -139,16 +139,14 @@ class Api:
                 ids = self.engine.encode(req.prompt)
             else:
                 ids = list(req.prompt)
-                vocab = self.engine.loaded.config.vocab_size
-                if not all(0 <= t < vocab for t in ids):
-                    raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param)
         except EmberError as exc:  # e.g. a chat template that refuses these messages
             raise ApiError(400, str(exc), param=param) from None
-        if len(ids) >= self.engine.n_ctx:
-            raise ApiError(400, f"This model's context is {self.engine.n_ctx} tokens and the "
-                                f"prompt has {len(ids)}; shorten it (or start the server with "
-                                "a larger --ctx-size)", param=param,
-                           code="context_length_exceeded")
+        try:  # the runner's own rules (length, vocabulary), checked before any streaming
+            self.engine.runner.check_prompt(ids)
+        except PromptTooLong as exc:
+            raise ApiError(400, str(exc), param=param, code="context_length_exceeded") from None
+        except EmberError as exc:
+            raise ApiError(400, str(exc), param=param) from None
         return ids
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.errors import ConfigError, PromptTooLong
 from ember.models.transformer import Transformer
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
@@ -77,15 +77,16 @@ class Runner:
         checked before each chunk (chunks of ~CANCEL_CHUNK_S): once it is set, returns None,
         the session holding the chunks already done (a later prompt extending them reuses them).
         """
-        self._check_prompt(ids)
+        self.check_prompt(ids)
         return self._fill(name, ids, cancel)
 
-    def _check_prompt(self, ids: list[int]) -> None:
+    def check_prompt(self, ids: list[int]) -> None:
+        """The rules every prompt meets before anything runs (ConfigError, PromptTooLong)."""
         if not ids:
             raise ConfigError("the prompt is empty")
         # The last position's logits give the first generated token, which needs a slot too.
         if len(ids) >= self.n_ctx:
-            raise ConfigError(f"the prompt has {len(ids)} tokens but the context holds "
+            raise PromptTooLong(f"the prompt has {len(ids)} tokens but the context holds "
                               f"{self.n_ctx} for the prompt and its reply together; shorten "
                               "the prompt or raise --ctx-size")
         vocab = self.model.cfg.vocab_size
