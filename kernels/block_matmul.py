@@ -77,7 +77,7 @@ def set_cpu_path(name: str) -> None:
 
 
 def cpu_paths() -> tuple[str, ...]:
-    """The paths this build and CPU can run (for tests and benchmarks)."""
+    """The paths this build and CPU can run (`bench decode --json` reports them; tests run each)."""
     module = _module()
     if module is None:
         return ()

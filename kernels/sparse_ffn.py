@@ -1,6 +1,6 @@
 """Sparse FFN for small-batch decoding: the public API the hybrid engine calls per layer/token.
 
-    w = SparseFFNWeights.from_dense(gate, up, down, "relu_glu", dtype="int8")
+    w = SparseFFNWeights.from_rows(gate, up, down_nm, "relu_glu", dtype="int8")
     out = sparse_ffn(x, w, active_idx)   # x (T, hidden) -> (T, hidden), active neurons only
     out = sparse_ffn(x, w)               # every neuron (the dense FFN, same bundles)
 
@@ -122,13 +122,6 @@ class SparseFFNWeights:
             quantized = [quantize_rows_int8(t) for t in rows]
             rows, scales = [q for q, _ in quantized], [s for _, s in quantized]
         return cls(activation, dtype, pack_rows(rows, scales, dtype), up.shape[1])
-
-    @classmethod
-    def from_dense(cls, gate, up, down, activation: str, dtype: str = "fp32") -> "SparseFFNWeights":
-        """From the usual (out, in) layouts: gate/up (ffn, hidden), down (hidden, ffn)."""
-        if down.dim() != 2:
-            raise ValueError(f"down must be 2-D (hidden, ffn), got {tuple(down.shape)}")
-        return cls.from_rows(gate, up, down.t(), activation, dtype)
 
     def nbytes(self) -> int:
         """Weight bytes: rows and scales (the bundle padding, under 64 B a neuron, not counted)."""

@@ -154,6 +154,12 @@ def test_bench_decode_reports_drafters_beside_plain(capsys, tiny_gemma_gguf, tex
         assert report[name]["mean_accepted_length"] >= 1.0
         assert report[name]["speedup_over_plain"] > 0
     assert "llama.cpp" not in report and "ratio_ember_over_llama_cpp" not in report
+    # The kernel path the figures belong to, among those this build and CPU can run.
+    from ember.kernels import block_matmul as bm
+
+    cpu = report["ember"]["cpu"]
+    assert cpu["path"] == bm.cpu_path() and cpu["paths"] == list(bm.cpu_paths())
+    assert cpu["path"] in cpu["paths"] or cpu["path"] == "reference"
 
 
 def test_bench_decode_refuses_a_prompt_longer_than_its_text(capsys, tiny_gemma_gguf):

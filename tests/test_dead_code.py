@@ -27,12 +27,8 @@ ALLOWED = {
 # TEMPORARY (issue 21 follow-up): dead in production, each waiting for a decision: put it to
 # use where a report should show it, move it under tests/, or delete it.
 OWNED_BY_A_PARALLEL_CHANGE = {
-    "kernels/block_matmul.py::cpu_paths":
-        "only tests list the paths; `ember info` could show which ones this CPU has",
     "kernels/input_sparse.py::relayout_error":
         "only tests measure it; the module docstring says bench sparsity reports it, it does not",
-    "kernels/sparse_ffn.py::SparseFFNWeights.from_dense":
-        "only tests build bundles from dense matrices (production packs the file's rows)",
 }
 
 

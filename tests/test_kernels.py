@@ -254,16 +254,16 @@ def test_bad_inputs_raise_clear_errors(op):
 def test_weights_validate_themselves():
     up, down = torch.randn(13, 33), torch.randn(33, 13)
     with pytest.raises(ValueError, match="unknown activation"):
-        SparseFFNWeights.from_dense(None, up, down, "swish")
+        SparseFFNWeights.from_rows(None, up, down.t(), "swish")
     with pytest.raises(ValueError, match="needs a gate"):
-        SparseFFNWeights.from_dense(None, up, down, "relu_glu")
+        SparseFFNWeights.from_rows(None, up, down.t(), "relu_glu")
     with pytest.raises(ValueError, match="takes no gate"):
-        SparseFFNWeights.from_dense(up, up, down, "relu")
+        SparseFFNWeights.from_rows(up, up, down.t(), "relu")
     with pytest.raises(ValueError, match="dtype"):
-        SparseFFNWeights.from_dense(None, up, down, "relu", dtype="int4")
+        SparseFFNWeights.from_rows(None, up, down.t(), "relu", dtype="int4")
     with pytest.raises(ValueError, match="down_nm"):
-        SparseFFNWeights.from_dense(None, up, down[:, :5], "relu")
-    w = SparseFFNWeights.from_dense(up, up, down, "silu_glu", dtype="int8")
+        SparseFFNWeights.from_rows(None, up, down[:, :5].t(), "relu")
+    w = SparseFFNWeights.from_rows(up, up, down.t(), "silu_glu", dtype="int8")
     assert (w.hidden, w.ffn) == (33, 13) and w.nbytes() == 3 * 13 * 33 + 3 * 13 * 4
     assert torch.equal(w.down_nm, quantize_rows_int8(down.t())[0])
 

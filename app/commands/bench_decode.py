@@ -112,6 +112,14 @@ def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
             "copy_gb_per_s": copy_bps / 1e9, "fraction_of_copy_bandwidth": achieved / copy_bps}
 
 
+def _cpu_report() -> dict:
+    """Which kernel path the figures were measured on (EMBER_CPU_PATH forces one) and which
+    this build and CPU could run: the machine kind a ratio belongs to."""
+    from ember.kernels import block_matmul as bm
+
+    return {"path": bm.cpu_path(), "paths": list(bm.cpu_paths())}
+
+
 def run(args) -> int:
     if args.runs < 1 or args.gen_tokens < 2 or args.prompt_tokens < 1:
         raise EmberError("--runs must be >= 1, --gen-tokens >= 2, --prompt-tokens >= 1")
@@ -177,6 +185,7 @@ def run(args) -> int:
         engine, report["ember"]["decode"]["median"], copy_bps)
     # A split engine's plan, tier formats and per-layer hot/cold/wait times (None unsplit).
     report["ember"]["hybrid"] = engine.hybrid_report()
+    report["ember"]["cpu"] = _cpu_report()
     if other:
         ratio = {k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]
                  for k in ("prefill", "decode")}
