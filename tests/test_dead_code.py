@@ -24,13 +24,6 @@ ALLOWED = {
         "contiguous cache exercises it, nothing in the runtime shares a prefix yet",
 }
 
-# TEMPORARY (issue 21 follow-up): dead in production, each waiting for a decision: put it to
-# use where a report should show it, move it under tests/, or delete it.
-OWNED_BY_A_PARALLEL_CHANGE = {
-    "kernels/input_sparse.py::relayout_error":
-        "only tests measure it; the module docstring says bench sparsity reports it, it does not",
-}
-
 
 def is_kernel_reference(d) -> bool:
     """A kernel's plain reference is its test oracle (STYLE.md: every kernel has one), so a
@@ -40,7 +33,7 @@ def is_kernel_reference(d) -> bool:
 
 def keep(d) -> bool:
     key = d.key(ROOT)
-    return key in ALLOWED or key in OWNED_BY_A_PARALLEL_CHANGE or is_kernel_reference(d)
+    return key in ALLOWED or is_kernel_reference(d)
 
 
 def test_every_public_function_has_a_caller_outside_tests():
@@ -52,7 +45,7 @@ def test_every_public_function_has_a_caller_outside_tests():
 
 def test_allow_lists_name_only_definitions_that_would_be_dead():
     # An entry whose function was deleted, renamed or gained a caller is stale.
-    listed = set(ALLOWED) | set(OWNED_BY_A_PARALLEL_CHANGE)
+    listed = set(ALLOWED)
     dead = {d.key(ROOT) for d in find_dead(ROOT, PACKAGES, lambda d: False)}
     stale = sorted(listed - dead)
     assert not stale, "stale allow-list entries (remove them):\n" + "\n".join(stale)

@@ -245,3 +245,29 @@ def test_allocate_global_spends_where_the_measured_gain_is_low():
     assert mean == pytest.approx(0.3, abs=STEP)
     assert all(levels[0][s] <= levels[1][s] for s in SLOTS)
     assert levels[0] != levels[1]
+
+
+@needs_native
+def test_bench_sparsity_reports_speed_sparsity_and_the_relayout_error(capsys, tiny_models):
+    """`ember bench sparsity --json`: dense and thresholded tokens/s, the realized sparsity,
+    and how far the input-major layouts round the file's values (the q8_0 layout near them,
+    the bits layout no nearer)."""
+    import json
+
+    from ember.app.cli import main
+
+    path = str(tiny_models["llama-silu_glu"][2])
+    errors = {}
+    for layout in ("q8_0", "bits"):
+        code = main(["bench", "sparsity", "--model", path, "--sparsity", "0.5", "--runs", "1",
+                     "--prompt-tokens", "8", "--gen-tokens", "2", "--layout", layout, "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        report = json.loads(captured.out)
+        assert 0.3 < report["thresholded"]["50%"]["mean_sparsity_body"] < 0.7
+        error = report["relayout_error"]
+        n_layers = load_model(path).config.n_layers
+        assert error["matmuls"] == n_layers * sum(MATMULS.values())
+        assert 0 < error["mean"] <= error["max"]
+        errors[layout] = error["max"]
+    assert errors["q8_0"] < 0.05 and errors["q8_0"] <= errors["bits"]

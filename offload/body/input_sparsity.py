@@ -110,6 +110,14 @@ class InputSparsity:
                 "mean_thresholded": round(sum(thresholded) / max(1, len(thresholded)), 4),
                 "mean_body": round(sum(all_slots) / max(1, len(all_slots)), 4)}
 
+    def relayout_errors(self) -> dict:
+        """How far the derived layouts' values are from the file's (RMS of the difference over
+        RMS of the values, per matmul): the worst and the mean over every thresholded one."""
+        errors = [isp.relayout_error(w, im) for (i, slot), ims in self.layouts.items()
+                  for w, im in zip(slot_weights(self.model.layers[i], slot), ims)]
+        return {"max": max(errors, default=0.0),
+                "mean": sum(errors) / len(errors) if errors else 0.0, "matmuls": len(errors)}
+
     def layout_bytes(self) -> int:
         """Bytes of the derived input-major weights (the file's copies of those matmuls are
         no longer read)."""
