@@ -13,7 +13,7 @@ prefill (dense over every input), so a matmul that uses it reads the file's copy
 Arithmetic: each output is acc = fma(x_i * d, q - offset, acc) over the kept inputs in order
 (d the block's scale): every CPU path gives the same bits, a row's outputs do not depend on the
 other rows, and a thresholded row gives exactly its masked dense product's bits.
-`input_sparse_reference` is the plain version (masked x against the dequantized layout, float64
+`input_sparse_matmul_reference` is the plain version (masked x against the dequantized layout, float64
 sums) that the kernel is tested against.
 """
 
@@ -33,7 +33,7 @@ from . import block_matmul as bm
 from . import cpu_extension
 
 __all__ = ["CHUNK", "InputMajor", "available", "dequantize_input_major", "input_sparse_matmul",
-           "input_sparse_reference", "layout_type", "relayout", "relayout_error",
+           "input_sparse_matmul_reference", "layout_type", "relayout", "relayout_error",
            "relayout_reference"]
 
 CHUNK = 256  # outputs per chunk (csrc/input_major.h)
@@ -158,13 +158,13 @@ def input_sparse_matmul(x: torch.Tensor, weights: Sequence[InputMajor],
             seen = x.numel()
             kept = seen if threshold is None else int((x.abs() > threshold).sum())
             stats += torch.tensor([kept, seen])
-        return input_sparse_reference(x, weights, threshold)
+        return input_sparse_matmul_reference(x, weights, threshold)
     return module.input_sparse_matmul(
         x.contiguous(), [w.packed for w in weights], [w.qtype for w in weights],
         [w.shape[0] for w in weights], -1.0 if threshold is None else float(threshold), stats)
 
 
-def input_sparse_reference(x: torch.Tensor, weights: Sequence[InputMajor],
+def input_sparse_matmul_reference(x: torch.Tensor, weights: Sequence[InputMajor],
                            threshold: float | None = None) -> torch.Tensor:
     """Masked x (inputs at or below the threshold set to 0) against the dequantized layout,
     summed in float64 -> float32."""

@@ -83,7 +83,7 @@ def test_kernel_matches_reference(path, qtype, shape, restore_path):
         x = inputs(t, shape[1])
         for threshold in (None, 0.0, 0.6, 10.0):
             got = isp.input_sparse_matmul(x, [im], threshold)
-            want = isp.input_sparse_reference(x, [im], threshold)
+            want = isp.input_sparse_matmul_reference(x, [im], threshold)
             scale = want.abs().max().clamp_min(1.0)
             assert (got - want).abs().max() <= 2e-5 * scale, (t, threshold)
 

@@ -16,8 +16,7 @@ from ember.models import rotary, transformer
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 # Modules that are not ops: the build, the memory layout of the bundles, the tier's formats.
-NOT_OP_MODULES = {"__init__", "cpu_extension", "ffn_bundles", "tier_weights",
-                  "input_sparse"}  # issue 18's module (its own reference: input_sparse_reference)
+NOT_OP_MODULES = {"__init__", "cpu_extension", "ffn_bundles", "tier_weights"}
 # Public functions that reach the C++ module without being ops: choosing the CPU path, and
 # decoder_step's per-layer entry point (its reference is attention_reference, per layer).
 NOT_OPS = {"available", "cpu_path", "set_cpu_path", "cpu_paths", "layer_attention"}
