@@ -13,9 +13,10 @@ Every op is row by row: a row's result does not depend on the other rows (bit fo
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
+
+from ember.models.rotary import rotate as rotate_reference  # plain math: the model's own
 
 from . import cpu_extension
 
@@ -51,18 +52,6 @@ def residual_norm(x: torch.Tensor, a: torch.Tensor, post: torch.Tensor | None,
     if module is None:
         return residual_norm_reference(x, a, post, nxt, eps)
     return module.residual_norm(x, a, post, nxt, eps)
-
-
-def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     interleaved: bool) -> torch.Tensor:
-    """Rotary embedding of x (..., head_dim), cos/sin broadcasting to (..., head_dim/2): pairs
-    (x0, x1), (x2, x3), ... when interleaved, else the halves (x[:hd/2], x[hd/2:])."""
-    if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def qk_norm_rope_reference(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos, sin,

@@ -20,8 +20,9 @@ NOT_OP_MODULES = {"__init__", "cpu_extension", "ffn_bundles", "tier_weights"}
 # Public functions that reach the C++ module without being ops: choosing the CPU path, and
 # decoder_step's per-layer entry point (its reference is attention_reference, per layer).
 NOT_OPS = {"available", "cpu_path", "set_cpu_path", "cpu_paths", "layer_attention"}
-# What kernels/ may import from models/: the activation table and the GGML formats.
-MODEL_MODULES_ALLOWED = {"activations", "quants", "quantize", "weights", "user_dirs"}
+# What kernels/ may import from models/: the activation table, the GGML formats and the
+# rotary math (a function of tensors, no model knowledge).
+MODEL_MODULES_ALLOWED = {"activations", "quants", "quantize", "weights", "user_dirs", "rotary"}
 
 
 def _modules():

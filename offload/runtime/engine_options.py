@@ -60,14 +60,9 @@ class EngineOptions:
     mmap: str = "auto"
 
     def __post_init__(self):
-        if self.mmap not in MMAP_CHOICES:
-            raise ConfigError(f"unknown --mmap {self.mmap!r}; choose one of {', '.join(MMAP_CHOICES)}")
-        if self.chat_format not in CHAT_FORMATS:
-            raise ConfigError(f"unknown --chat-format {self.chat_format!r}; choose one of "
-                              f"{', '.join(CHAT_FORMATS)}")
-        if self.speculate not in SPECULATE_CHOICES:
-            raise ConfigError(f"unknown --speculate {self.speculate!r}; choose one of "
-                              f"{', '.join(SPECULATE_CHOICES)}")
+        _check_choice("--mmap", self.mmap, MMAP_CHOICES)
+        _check_choice("--chat-format", self.chat_format, CHAT_FORMATS)
+        _check_choice("--speculate", self.speculate, SPECULATE_CHOICES)
         if (self.speculate == "model") != (self.draft_model is not None):
             raise ConfigError("--speculate model needs --draft-model PATH, and --draft-model "
                               "needs --speculate model")
@@ -77,19 +72,17 @@ class EngineOptions:
             raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
         if self.weights in REMOVED_WEIGHTS:
             raise ConfigError(f"--weights {self.weights}: {REMOVED_WEIGHTS[self.weights]}")
-        if self.weights not in WEIGHT_CHOICES:
-            raise ConfigError(f"unknown --weights {self.weights!r}; choose one of "
-                              f"{', '.join(WEIGHT_CHOICES)}")
-        if self.ffn_mode not in FFN_MODES:
-            raise ConfigError(f"unknown --ffn-mode {self.ffn_mode!r}; choose one of "
-                              f"{', '.join(FFN_MODES)}")
+        _check_choice("--weights", self.weights, WEIGHT_CHOICES)
+        _check_choice("--ffn-mode", self.ffn_mode, FFN_MODES)
         if self.ffn_mode == "sparse" and self.profile is None:
             raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
                               "`ember profile`)")
-        if self.tier_dtype not in TIER_CHOICES:
-            raise ConfigError(f"unknown --tier-dtype {self.tier_dtype!r}; choose one of "
-                              f"{', '.join(TIER_CHOICES)}")
-        if self.split not in SPLITS:
-            raise ConfigError(f"unknown --split {self.split!r}; choose one of {', '.join(SPLITS)}")
+        _check_choice("--tier-dtype", self.tier_dtype, TIER_CHOICES)
+        _check_choice("--split", self.split, SPLITS)
         if self.gpu_budget is not None and self.gpu_budget < 0:
             raise ConfigError("--gpu-budget must not be negative")
+
+
+def _check_choice(flag: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {flag} {value!r}; choose one of {', '.join(choices)}")
