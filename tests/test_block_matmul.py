@@ -137,18 +137,19 @@ def test_several_weights_in_one_call_are_the_calls_side_by_side(restore_path):
 @pytest.mark.parametrize("k", [352, 768])
 def test_each_row_of_x_is_independent_of_the_batch_and_threads(k, restore_path):
     """A row of x gives bit-identical outputs alone, among T rows, in any split, and for any
-    thread count (speculative verification relies on it). 37 rows: two tiles of 16 for the
-    K-quants' prefill kernel and 5 for the row kernel; alone, every row takes the row kernel.
+    thread count (speculative verification relies on it). 53 rows: three tiles of 16 for the
+    K-quants' prefill kernel (on AVX-512 a pair of tiles per pass, then one alone) and 5 for
+    the row kernel; alone, every row takes the row kernel.
     Weights big enough to be split into several thread ranges and row tiles."""
     types = [t for t in TYPES if t not in K_TYPES or k % 256 == 0]
     ws = [weight(t, 300, k, seed=1) for t in types]
-    x = inputs(37, k, seed=5)
+    x = inputs(53, k, seed=5)
     threads = torch.get_num_threads()
     try:
         for path in PATHS:
             bm.set_cpu_path(path)
             together = bm.block_matmul(x, ws)
-            alone = torch.cat([bm.block_matmul(x[i:i + 1], ws) for i in range(37)])
+            alone = torch.cat([bm.block_matmul(x[i:i + 1], ws) for i in range(len(x))])
             assert torch.equal(together, alone)
             split = torch.cat([bm.block_matmul(x[:5], ws), bm.block_matmul(x[5:], ws)])
             assert torch.equal(together, split)

@@ -48,8 +48,13 @@ template <int TYPE>
 struct KGemm {
     static constexpr int BYTES = TYPE == Q4_K ? 144 : TYPE == Q5_K ? 176 : 210;
 
-    // Rows [r0, r1) against the 16 tokens of tile g (tokens 16g..16g+15).
+    // Rows [r0, r1) against tiles g0..g1-1 of 16 tokens (tile g: tokens 16g..16g+15).
     static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                     int64_t g0, int64_t g1, float* y, int64_t ldy) {
+        for (int64_t g = g0; g < g1; ++g) tile(a, w, row_bytes, r0, r1, g, y, ldy);
+    }
+
+    static void tile(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t g, float* y, int64_t ldy) {
         const int64_t K = a.K, nb = K / 256;
         const __m256i m4 = _mm256_set1_epi8(0x0F);

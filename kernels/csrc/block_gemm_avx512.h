@@ -64,40 +64,56 @@ inline __m512i run_of(__m512i v, int i) {
 template <int TYPE>
 struct KGemm {
     static constexpr int BYTES = TYPE == Q4_K ? 144 : TYPE == Q5_K ? 176 : 210;
-    // Weight rows per pass over x: each 64-byte vector of x is loaded once for R rows. With
-    // one row, x (16 tokens x 256 bytes per block, against the row's 144-210) came from L2
-    // for every row and bounded the kernel.
-    static constexpr int R = 4;
+    // Weight rows per pass, and tiles of 16 tokens per pass: each 64-byte vector of x is
+    // loaded once for R rows, and each row's unpacked values (and their vpshufd runs) serve
+    // G tiles. One tile per pass spent about as many shuffle and unpack ops as vpdpbusds;
+    // two halve that (R = 2, G = 2 keeps 2 * 2 accumulators, sums and chains in registers).
+    // With one row per pass, x (16 tokens x 256 bytes per block, against the row's 144-210)
+    // came from L2 for every row and bounded the kernel.
+    static constexpr int R = 2, G = 2;
 
-    // Rows [r0, r1) against the 16 tokens of tile g (tokens 16g..16g+15).
+    // Rows [r0, r1) against tiles g0..g1-1 of 16 tokens (tile g: tokens 16g..16g+15).
     static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
-                     int64_t g, float* y, int64_t ldy) {
-        int64_t r = r0;
-        for (; r + R <= r1; r += R) some<R>(a, w, row_bytes, r, g, y, ldy);
-        for (; r < r1; ++r) some<1>(a, w, row_bytes, r, g, y, ldy);
+                     int64_t g0, int64_t g1, float* y, int64_t ldy) {
+        int64_t g = g0;
+        for (; g + G <= g1; g += G) tiles<G>(a, w, row_bytes, r0, r1, g, y, ldy);
+        for (; g < g1; ++g) tiles<1>(a, w, row_bytes, r0, r1, g, y, ldy);
     }
 
-    // Rows r..r+N-1.
-    template <int N>
+    template <int NG>
+    static void tiles(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                      int64_t g, float* y, int64_t ldy) {
+        int64_t r = r0;
+        for (; r + R <= r1; r += R) some<R, NG>(a, w, row_bytes, r, g, y, ldy);
+        for (; r < r1; ++r) some<1, NG>(a, w, row_bytes, r, g, y, ldy);
+    }
+
+    // Rows r..r+N-1 against tiles g..g+NG-1.
+    template <int N, int NG>
     static void some(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r, int64_t g,
                      float* y, int64_t ldy) {
         const int64_t K = a.K, nb = K / 256;
-        const int8_t* xg = a.qq + g * K * 16;             // (K/4, 16 tokens, 4)
-        const float* dg = a.dq + g * nb * 16;              // (K/256, 16)
-        const int16_t* mg = a.m32q + g * (K / 64) * 32;    // (K/64, 16, 2)
-        const int32_t* sg = a.s16q + g * (K / 16) * 16;    // (K/16, 16)
+        const int8_t* xg[NG];   // (K/4, 16 tokens, 4)
+        const float* dg[NG];    // (K/256, 16)
+        const int16_t* mg[NG];  // (K/64, 16, 2)
+        const int32_t* sg[NG];  // (K/16, 16)
+        for (int t = 0; t < NG; ++t) {
+            xg[t] = a.qq + (g + t) * K * 16, dg[t] = a.dq + (g + t) * nb * 16;
+            mg[t] = a.m32q + (g + t) * (K / 64) * 32, sg[t] = a.s16q + (g + t) * (K / 16) * 16;
+        }
         constexpr int SUBS = TYPE == Q6_K ? 16 : 8, HALVES = TYPE == Q6_K ? 1 : 2;
-        __m512 acc[N];
-        for (int n = 0; n < N; ++n) acc[n] = _mm512_setzero_ps();
+        __m512 acc[N][NG];
+        for (int n = 0; n < N; ++n)
+            for (int t = 0; t < NG; ++t) acc[n][t] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t* blk[N];
             float d[N], dmin[N] = {};
             alignas(16) uint8_t sm[N][16];
-            __m512i isum[N];
+            __m512i isum[N][NG];
             for (int n = 0; n < N; ++n) {
                 blk[n] = w + (r + n) * row_bytes + b * BYTES;
                 prefetch(blk[n], BYTES);
-                isum[n] = _mm512_setzero_si512();
+                for (int t = 0; t < NG; ++t) isum[n][t] = _mm512_setzero_si512();
                 if constexpr (TYPE == Q6_K) {
                     d[n] = half(blk[n] + 208);
                 } else {
@@ -105,52 +121,62 @@ struct KGemm {
                     k_scales(blk[n] + 4, sm[n]);
                 }
             }
-            const int8_t* xb = xg + b * 256 * 16;  // 64 runs of 4 values x 64 bytes
             for (int j = 0; j < SUBS; ++j) {
-                // two chains per row: vpdpbusd's latency, not its throughput, bounds one
-                __m512i s0[N], s1[N];
-                for (int n = 0; n < N; ++n) s0[n] = s1[n] = _mm512_setzero_si512();
+                // two chains per row and tile: vpdpbusd's latency, not its throughput, bounds one
+                __m512i s0[N][NG], s1[N][NG];
+                for (int n = 0; n < N; ++n)
+                    for (int t = 0; t < NG; ++t) s0[n][t] = s1[n][t] = _mm512_setzero_si512();
                 for (int u = 0; u < HALVES; ++u) {
                     __m512i v[N];
                     for (int n = 0; n < N; ++n) v[n] = sub_values<TYPE>(blk[n], j, u);
-                    const int8_t* xj = xb + (HALVES * 4 * j + 4 * u) * 64;
+                    // 64 runs of 4 values x 64 bytes per block
+                    const int64_t xoff = b * 256 * 16 + (HALVES * 4 * j + 4 * u) * 64;
                     for (int i = 0; i < 4; ++i) {
-                        const __m512i xv = _mm512_loadu_si512(xj + 64 * i);
+                        __m512i xv[NG];
+                        for (int t = 0; t < NG; ++t) xv[t] = _mm512_loadu_si512(xg[t] + xoff + 64 * i);
                         for (int n = 0; n < N; ++n) {
-                            __m512i& sn = i % 2 ? s1[n] : s0[n];
-                            sn = _mm512_dpbusd_epi32(sn, run_of(v[n], i), xv);
+                            const __m512i run = run_of(v[n], i);
+                            for (int t = 0; t < NG; ++t) {
+                                __m512i& sn = i % 2 ? s1[n][t] : s0[n][t];
+                                sn = _mm512_dpbusd_epi32(sn, run, xv[t]);
+                            }
                         }
                     }
                 }
-                __m512i off = _mm512_setzero_si512();
-                if constexpr (TYPE == Q6_K)  // quants 0..63: 32 times x's sums come off
-                    off = _mm512_slli_epi32(_mm512_loadu_si512(sg + (b * 16 + j) * 16), 5);
-                for (int n = 0; n < N; ++n) {
-                    const int scale = TYPE == Q6_K ? int(reinterpret_cast<const int8_t*>(blk[n] + 192)[j])
-                                                   : int(sm[n][j]);
-                    const __m512i sj = _mm512_sub_epi32(_mm512_add_epi32(s0[n], s1[n]), off);
-                    isum[n] = _mm512_add_epi32(isum[n], _mm512_mullo_epi32(sj, _mm512_set1_epi32(scale)));
-                }
-            }
-            const __m512 dx = _mm512_loadu_ps(dg + b * 16);
-            for (int n = 0; n < N; ++n) {
-                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[n]), _mm512_mul_ps(_mm512_set1_ps(d[n]), dx), acc[n]);
-                if constexpr (TYPE != Q6_K) {
-                    // min: per token m_2c * sum32_2c + m_2c+1 * sum32_2c+1, c = 0..3
-                    __m512i ms = _mm512_setzero_si512();
-                    for (int c = 0; c < 4; ++c) {
-                        const __m512i mp = _mm512_set1_epi32(sm[n][8 + 2 * c] | sm[n][9 + 2 * c] << 16);
-                        ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_loadu_si512(mg + (b * 4 + c) * 32), mp));
+                for (int t = 0; t < NG; ++t) {
+                    __m512i off = _mm512_setzero_si512();
+                    if constexpr (TYPE == Q6_K)  // quants 0..63: 32 times x's sums come off
+                        off = _mm512_slli_epi32(_mm512_loadu_si512(sg[t] + (b * 16 + j) * 16), 5);
+                    for (int n = 0; n < N; ++n) {
+                        const int scale = TYPE == Q6_K ? int(reinterpret_cast<const int8_t*>(blk[n] + 192)[j])
+                                                       : int(sm[n][j]);
+                        const __m512i sj = _mm512_sub_epi32(_mm512_add_epi32(s0[n][t], s1[n][t]), off);
+                        isum[n][t] = _mm512_add_epi32(isum[n][t], _mm512_mullo_epi32(sj, _mm512_set1_epi32(scale)));
                     }
-                    acc[n] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(_mm512_set1_ps(dmin[n]), dx), acc[n]);
+                }
+            }
+            for (int t = 0; t < NG; ++t) {
+                const __m512 dx = _mm512_loadu_ps(dg[t] + b * 16);
+                for (int n = 0; n < N; ++n) {
+                    acc[n][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[n][t]), _mm512_mul_ps(_mm512_set1_ps(d[n]), dx), acc[n][t]);
+                    if constexpr (TYPE != Q6_K) {
+                        // min: per token m_2c * sum32_2c + m_2c+1 * sum32_2c+1, c = 0..3
+                        __m512i ms = _mm512_setzero_si512();
+                        for (int c = 0; c < 4; ++c) {
+                            const __m512i mp = _mm512_set1_epi32(sm[n][8 + 2 * c] | sm[n][9 + 2 * c] << 16);
+                            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(_mm512_loadu_si512(mg[t] + (b * 4 + c) * 32), mp));
+                        }
+                        acc[n][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(_mm512_set1_ps(dmin[n]), dx), acc[n][t]);
+                    }
                 }
             }
         }
-        for (int n = 0; n < N; ++n) {
-            alignas(64) float out[16];
-            _mm512_store_ps(out, acc[n]);
-            for (int i = 0; i < 16; ++i) y[(16 * g + i) * ldy + r + n] = out[i];
-        }
+        for (int t = 0; t < NG; ++t)
+            for (int n = 0; n < N; ++n) {
+                alignas(64) float out[16];
+                _mm512_store_ps(out, acc[n][t]);
+                for (int i = 0; i < 16; ++i) y[(16 * (g + t) + i) * ldy + r + n] = out[i];
+            }
     }
 };
 

@@ -77,9 +77,9 @@ using namespace ember_blocks;
 
 using RowsFn = void (*)(const XQuant&, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                         int64_t t0, int64_t tt, float* y, int64_t ldy);
-// Rows [r0, r1) against the 16 rows of x of tile g (XQuant::tiles).
+// Rows [r0, r1) against tiles g0..g1-1 of 16 rows of x each (XQuant::tiles).
 using GemmFn = void (*)(const XQuant&, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
-                        int64_t g, float* y, int64_t ldy);
+                        int64_t g0, int64_t g1, float* y, int64_t ldy);
 
 // Tokens per tile: each weight block is unpacked once per tile. The driver hands out tiles of
 // up to TOKEN_TILE tokens; a kernel splits them into its own Kernel::TILE: 8 for the AVX2
@@ -349,6 +349,7 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
 // out the other's last long range cost ~3% of decode (measured on the 1.1B model). Within a range, rows go in tiles of ~16 KiB that stay in L1/L2
 // while every tile of tokens passes over them.
 constexpr int64_t RANGE_MIN_BYTES = 64 << 10, RANGE_MAX_BYTES = 4 << 20, TILE_BYTES = 16 << 10;
+constexpr int64_t TILE_MIN_ROWS = 4;
 
 struct Weight {
     const uint8_t* p;
@@ -442,12 +443,14 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
         for (int64_t c; (c = next.fetch_add(1)) < n_ranges;) {
             const Range& rg = ranges[c];
             const Weight& w = ws[rg.weight];
-            const int64_t tile = std::max<int64_t>(1, TILE_BYTES / w.row_bytes);
+            const int64_t tile = std::max<int64_t>(TILE_MIN_ROWS, TILE_BYTES / w.row_bytes);
             for (int64_t r0 = rg.r0; r0 < rg.r1; r0 += tile) {
                 const int64_t r1 = std::min(rg.r1, r0 + tile);
                 int64_t t0 = 0;  // whole tiles of 16 rows of x through the prefill kernel
-                for (; w.gemm && t0 / GEMM_TOKENS < a.tiles; t0 += GEMM_TOKENS)
-                    w.gemm(a, w.p, w.row_bytes, r0, r1, t0 / GEMM_TOKENS, yp + w.col0, n_total);
+                if (w.gemm && a.tiles) {
+                    w.gemm(a, w.p, w.row_bytes, r0, r1, 0, a.tiles, yp + w.col0, n_total);
+                    t0 = a.tiles * GEMM_TOKENS;
+                }
                 for (; t0 < T; t0 += TOKEN_TILE)
                     w.fn(a, w.p, w.row_bytes, r0, r1, t0, std::min<int64_t>(TOKEN_TILE, T - t0),
                          yp + w.col0, n_total);
