@@ -75,6 +75,12 @@ struct XQuant {
     const float* dq = nullptr;      // (tiles, K/256, 16)
     const int16_t* m32q = nullptr;  // (tiles, K/64, 16, 2): the two per-32 sums of each 64
     const int32_t* s16q = nullptr;  // (tiles, K/16, 16): per-16 sums
+    // The Q8_0-style x (q32 above, natural order) for the AVX-512 prefill kernel of the
+    // 32-value types (block_gemm_avx512.h SGemm), token i of a tile in lane i.
+    const int8_t* qq32 = nullptr;   // (tiles, K/4, 16, 4)
+    const float* d32q = nullptr;    // (tiles, K/32, 16)
+    const int32_t* s32q = nullptr;  // (tiles, K/32, 16)
+    const float* ds32q = nullptr;   // (tiles, K/32, 16)
 };
 
 constexpr int GEMM_TOKENS = 16;

@@ -1,4 +1,5 @@
-// Prefill on AVX-512 VNNI for Q4_K/Q5_K/Q6_K: 16 rows of x at a time, token i in int32 lane i.
+// Prefill on AVX-512 VNNI: 16 rows of x at a time, token i in int32 lane i. KGemm for
+// Q4_K/Q5_K/Q6_K, SGemm (at the end) for the 32-value types Q4_0/Q4_1/Q5_0/Q5_1/Q8_0.
 //
 // As block_gemm_avx2.h, x is laid out token by token (XQuant::qq: for each run of 4 values, the
 // 16 tokens' 4 bytes side by side, one 64-byte vector), and each run of 4 weight values is
@@ -175,6 +176,116 @@ struct KGemm {
             for (int n = 0; n < N; ++n) {
                 alignas(64) float out[16];
                 _mm512_store_ps(out, acc[n][t]);
+                for (int i = 0; i < 16; ++i) y[(16 * (g + t) + i) * ldy + r + n] = out[i];
+            }
+    }
+};
+
+// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 against tiles of 16 tokens, x quantized per 32 values
+// (XQuant::qq32, token i in lane i). Each block's 32 quants are unpacked once (unsigned, as the
+// row kernels use them: Q8_0's plus 128), and each run of 4 is broadcast to every lane (one
+// vpermd per run, shared by the tiles; a broadcast load from a stored copy stalled on store
+// forwarding), so one vpdpbusd does 4 values for 16 tokens.
+//
+// Bits: the row kernel (block_dots_avx512.h Small) keeps, per token, one float accumulator per
+// block position j = 0..7 of each group of 8 blocks (acc_j = fma(isum, d * d_x, acc_j), then
+// fma(m, d_x * sum_x, acc_j) for the types with a min), folds them as hsum does,
+// ((A0 + A1) + (A4 + A5)) + ((A2 + A3) + (A6 + A7)) in block positions, and adds the trailing
+// blocks' scalar sum. Here the same eight accumulators hold 16 tokens each and fold the same
+// way; a block's integer sum is exact in either order. So a token's bits do not depend on which
+// kernel ran it (batch invariance).
+template <int TYPE>
+struct SGemm {
+    using Base = avx2::Small<TYPE>;
+    static constexpr int BYTES = Base::BYTES, QS = Base::QS;
+    static constexpr int OFFSET_SHIFT = TYPE == Q8_0 ? 7 : Base::OFFSET_SHIFT;
+    static constexpr bool HAS_MIN = Base::HAS_MIN;
+    // Rows and tiles per pass: each load of x serves R rows (x's tiles come from L2), each
+    // block's unpack and runs serve G tiles; 8 accumulators per row and tile, so R * G <= 2
+    // (4 spilled: half the speed). Measured at 4096 x 4096, T = 128, 2 threads: R = 2 is
+    // best for Q4_0/Q8_0 (165 GMAC/s, against 145 with G = 2), G = 2 for the 5-bit types,
+    // whose unpack costs more (137 against 130).
+    static constexpr bool FIVE_BIT = TYPE == Q5_0 || TYPE == Q5_1;
+    static constexpr int R = FIVE_BIT ? 1 : 2, G = FIVE_BIT ? 2 : 1;
+
+    // Rows [r0, r1) against tiles g0..g1-1 of 16 tokens (tile g: tokens 16g..16g+15).
+    static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                     int64_t g0, int64_t g1, float* y, int64_t ldy) {
+        int64_t g = g0;
+        for (; g + G <= g1; g += G) tiles<G>(a, w, row_bytes, r0, r1, g, y, ldy);
+        for (; g < g1; ++g) tiles<1>(a, w, row_bytes, r0, r1, g, y, ldy);
+    }
+
+    template <int NG>
+    static void tiles(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                      int64_t g, float* y, int64_t ldy) {
+        int64_t r = r0;
+        for (; r + R <= r1; r += R) some<R, NG>(a, w, row_bytes, r, g, y, ldy);
+        for (; r < r1; ++r) some<1, NG>(a, w, row_bytes, r, g, y, ldy);
+    }
+
+    // acc = fma(isum, d * d_x, acc), then for a min fma(m, d_x * sum_x, acc), per token.
+    static __m512 step(const XQuant& a, const uint8_t* blk, int64_t gt, int64_t b, __m512i isum, __m512 acc) {
+        const int64_t at = (gt * (a.K / 32) + b) * 16;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                              _mm512_mul_ps(_mm512_set1_ps(half(blk)), _mm512_loadu_ps(a.d32q + at)), acc);
+        if constexpr (HAS_MIN)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(half(blk + 2)), _mm512_loadu_ps(a.ds32q + at), acc);
+        return acc;
+    }
+
+    // Rows r..r+N-1 against tiles g..g+NG-1.
+    template <int N, int NG>
+    static void some(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r, int64_t g,
+                     float* y, int64_t ldy) {
+        const int64_t K = a.K, nb = K / 32, ng = nb / 8;
+        __m512 acc[N][8][NG], tail[N][NG];
+        for (int n = 0; n < N; ++n)
+            for (int t = 0; t < NG; ++t) {
+                tail[n][t] = _mm512_setzero_ps();
+                for (int j = 0; j < 8; ++j) acc[n][j][t] = _mm512_setzero_ps();
+            }
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk[N];
+            __m512i qz[N], s0[N][NG], s1[N][NG];
+            for (int n = 0; n < N; ++n) {
+                blk[n] = w + (r + n) * row_bytes + b * BYTES;
+                if (b % 8 == 0) prefetch(blk[n], 8 * BYTES);
+                __m256i q = avx2::unpack_one<TYPE, QS>(blk[n]);
+                if constexpr (TYPE == Q8_0) q = _mm256_xor_si256(q, _mm256_set1_epi8(-128));
+                qz[n] = _mm512_castsi256_si512(q);
+                for (int t = 0; t < NG; ++t) s0[n][t] = s1[n][t] = _mm512_setzero_si512();
+            }
+            for (int i = 0; i < 8; ++i) {
+                __m512i xv[NG];
+                for (int t = 0; t < NG; ++t) xv[t] = _mm512_loadu_si512(a.qq32 + ((g + t) * (K / 4) + b * 8 + i) * 64);
+                for (int n = 0; n < N; ++n) {
+                    const __m512i run = _mm512_permutexvar_epi32(_mm512_set1_epi32(i), qz[n]);
+                    for (int t = 0; t < NG; ++t) {
+                        __m512i& sn = i % 2 ? s1[n][t] : s0[n][t];
+                        sn = _mm512_dpbusd_epi32(sn, run, xv[t]);
+                    }
+                }
+            }
+            for (int t = 0; t < NG; ++t) {
+                __m512i off = _mm512_setzero_si512();
+                if constexpr (OFFSET_SHIFT > 0)
+                    off = _mm512_slli_epi32(_mm512_loadu_si512(a.s32q + ((g + t) * nb + b) * 16), OFFSET_SHIFT);
+                for (int n = 0; n < N; ++n) {
+                    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0[n][t], s1[n][t]), off);
+                    __m512& into = b < ng * 8 ? acc[n][b % 8][t] : tail[n][t];
+                    into = step(a, blk[n], g + t, b, isum, into);
+                }
+            }
+        }
+        for (int n = 0; n < N; ++n)
+            for (int t = 0; t < NG; ++t) {
+                const __m512(&A)[8][NG] = acc[n];
+                const __m512 sum = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(A[0][t], A[1][t]), _mm512_add_ps(A[4][t], A[5][t])),
+                    _mm512_add_ps(_mm512_add_ps(A[2][t], A[3][t]), _mm512_add_ps(A[6][t], A[7][t])));
+                alignas(64) float out[16];
+                _mm512_store_ps(out, _mm512_add_ps(sum, tail[n][t]));
                 for (int i = 0; i < 16; ++i) y[(16 * (g + t) + i) * ldy + r + n] = out[i];
             }
     }

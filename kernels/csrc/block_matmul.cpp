@@ -17,8 +17,9 @@
 // CPU paths: a table of kernel sets ("portable", "avx2", and "avx512" in a build for AVX-512
 // VNNI CPUs), one picked at first use from the CPU or EMBER_CPU_PATH, switchable for tests.
 // Whole tiles of 16 rows of x go through a prefill kernel for the K-quants (block_gemm_avx2.h,
-// block_gemm_avx512.h), the rest through the row kernels (block_dots_*.h). All paths give the
-// same bits for the K-quants; each is batch-invariant.
+// block_gemm_avx512.h) and, on AVX-512, for the 32-value types too; the rest through the row
+// kernels (block_dots_*.h). All paths give the same bits for the K-quants, AVX2 and AVX-512 the
+// same for every type; each is batch-invariant.
 //
 // Measured (python -m bench.block_matmul_speed; AMD EPYC (Zen, AVX2, no AVX-512), 2 threads,
 // ranges over 3 runs on the shared machine):
@@ -162,7 +163,8 @@ const CpuPath PATHS[] = {
       token_tile<V::Small<Q4_0>>, token_tile<V::Small<Q4_1>>, token_tile<V::Small<Q5_0>>,
       token_tile<V::Small<Q5_1>>, token_tile<V::Small<Q8_0>>, token_tile<V::KQuant<Q4_K>>,
       token_tile<V::KQuant<Q5_K>>, token_tile<V::KQuant<Q6_K>>},
-     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+     {nullptr, nullptr, nullptr, V::SGemm<Q4_0>::rows, V::SGemm<Q4_1>::rows, V::SGemm<Q5_0>::rows,
+      V::SGemm<Q5_1>::rows, V::SGemm<Q8_0>::rows,
       V::KGemm<Q4_K>::rows, V::KGemm<Q5_K>::rows, V::KGemm<Q6_K>::rows}},
 #endif
 };
@@ -227,11 +229,15 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
     int64_t tiles = qk && path.gemm[type_index(Q4_K)] ? T / GEMM_TOKENS : 0;
     const int64_t ng = tiles * GEMM_TOKENS;  // rows of x in tiles
     const bool quads = path.gemm_layout == GemmLayout::Quads;
+    // and the 32-value types' prefill layout, where the path has their kernels
+    const int64_t tiles32 = q32 && path.gemm[type_index(Q4_0)] ? T / GEMM_TOKENS : 0;
+    const int64_t ng32 = tiles32 * GEMM_TOKENS;
     const int64_t sizes[] = {q32 ? T * K : 0, n32 * 4, n32 * 4, n32 * 4, n32 * 4,
                              qk ? T * K : 0,  nk * 4,  nk * 16 * 2, nk * 8 * 2,
                              tiles && !quads ? T * K / 8 * 2 : 0,  // all rows' per-8 sums, to lay out
                              ng * K, ng * K / 256 * 4, ng * K / 32 * 2,
-                             quads ? ng * K / 16 * 4 : ng * K / 8 * 2};
+                             quads ? ng * K / 16 * 4 : ng * K / 8 * 2,
+                             ng32 * K, ng32 * K / 32 * 4, ng32 * K / 32 * 4, ng32 * K / 32 * 4};
     constexpr int N_PARTS = sizeof(sizes) / sizeof(sizes[0]);
     int64_t total = 0;
     for (int64_t s : sizes) total += aligned(s);
@@ -253,6 +259,10 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
     float* dg = reinterpret_cast<float*>(part[11]);
     int16_t* m32g = reinterpret_cast<int16_t*>(part[12]);
     int16_t* s8g = reinterpret_cast<int16_t*>(part[13]);  // quads: int32 per-16 sums instead
+    int8_t* qq32 = reinterpret_cast<int8_t*>(part[14]);
+    float* d32q = reinterpret_cast<float*>(part[15]);
+    int32_t* s32q = reinterpret_cast<int32_t*>(part[16]);
+    float* ds32q = reinterpret_cast<float*>(part[17]);
     const int64_t nb = K / 32, full = path.pairs ? nb / 8 * 8 : 0;
     // Rows are independent (batch invariance); split them over threads once x is large.
     at::parallel_for(0, T, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t t0, int64_t t1) {
@@ -282,6 +292,12 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
                     }
                     const int32_t s = sb[0] + sb[1] + sb[2] + sb[3];
                     d32[slot] = drow[b], s32[slot] = s, ds32[slot] = drow[b] * float(s);
+                    if (t < ng32) {  // token i of tile g in lane i, runs of 4 values
+                        const int64_t g = t / GEMM_TOKENS, i = t % GEMM_TOKENS, at = (g * nb + b) * GEMM_TOKENS + i;
+                        for (int r = 0; r < 8; ++r)
+                            std::memcpy(qq32 + ((g * (K / 4) + b * 8 + r) * GEMM_TOKENS + i) * 4, qb + 4 * r, 4);
+                        d32q[at] = drow[b], s32q[at] = s, ds32q[at] = drow[b] * float(s);
+                    }
                 }
             }
             if (qk) {
@@ -335,6 +351,7 @@ XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk, const
     });
     if (tiles) a.tiles = tiles, a.qg = qg, a.dg = dg, a.m32g = m32g, a.s8g = s8g;
     if (q32) a.q32 = q32p, a.d32 = d32, a.s32 = s32, a.ds32 = ds32, a.h32 = h32;
+    if (tiles32) a.tiles = tiles32, a.qq32 = qq32, a.d32q = d32q, a.s32q = s32q, a.ds32q = ds32q;
     if (qk) a.qk = qkp, a.dk = dk, a.sk16 = sk16, a.sk32 = sk32;
     return a;
 }
