@@ -48,8 +48,9 @@ LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_context=64)
 _SMALL = dict(hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_size=128,
               context_length=256, activation="silu_glu")
-# The newer families' tiny shapes (tiny_config's `arch`; "llama3" is a `llama` file). Caps are
-# small so that tanh bends this random model's scores and logits, not just passes them.
+# The newer families' tiny shapes (tiny_config's `arch`; "llama3" is a `llama` file). Gemma 2's
+# attention cap is small so that tanh bends this random model's scores, not just passes them;
+# its final cap is the real one (30), which bends the logits of `confident_weights`.
 FAMILY_CONFIGS = {
     "llama3": dict(_SMALL, architecture="llama", name="tiny-llama3", n_layers=3, rms_eps=1e-5,
                    rope_base=500_000.0, rope_interleaved=True, tied_embeddings=False,
@@ -62,7 +63,7 @@ FAMILY_CONFIGS = {
     "gemma2": dict(_SMALL, architecture="gemma2", name="tiny-gemma2", n_layers=4,
                    activation="gelu_glu", rms_eps=1e-6, sliding_window=(8, None, 8, None),
                    sandwich_norms=True, embed_scale=8.0, attn_scale=16 ** -0.5,
-                   attn_softcap=2.0, final_logit_softcap=3.0, tied_embeddings=True),
+                   attn_softcap=2.0, final_logit_softcap=30.0, tied_embeddings=True),
     # (Not named "phi3": llama.cpp then looks up Phi-3's own special tokens in the vocabulary.)
     "phi3": dict(_SMALL, architecture="phi3", name="tiny-phi", n_layers=3, rms_eps=1e-5,
                  tied_embeddings=False),
@@ -133,6 +134,38 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
         if cfg.sandwich_norms:
             w[p + "post_attention_norm.weight"] = norm(h)
             w[p + "post_ffw_norm.weight"] = norm(h)
+    return w
+
+
+# `confident_weights`: what is left of each block's output (the rest of the residual stream is
+# the token's embedding), and how far a token's own next token leads the output layer.
+BLOCK_SHARE = 0.05
+NEXT_TOKEN_WEIGHT = 2.0
+
+
+def confident_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                      seed: int = 0) -> dict[str, torch.Tensor]:
+    """`weights` changed so that the logits look like a trained model's at its confident
+    positions: one token several logits ahead of the rest.
+
+    A random model's logits are a random projection of its last hidden state: at a few
+    positions in a hundred its top two are closer than float16 K/V arithmetic moves them
+    (~0.01), and two correct engines pick different tokens. Here the residual stream is
+    mostly the current token's embedding (each block's output scaled by BLOCK_SHARE: its
+    output projections, or with sandwich norms the norms after them), and an untied output
+    layer maps each token's embedding direction to one next token (a permutation), as a
+    trained model's bigram statistics do; a tied one favours the token itself. Attention and
+    the FFN still move the logits by units (the family tests' ablations measure it).
+    """
+    g = torch.Generator().manual_seed(seed)
+    scaled = ("post_attention_norm.weight", "post_ffw_norm.weight") if cfg.sandwich_norms \
+        else ("attn_output.weight", "ffn_down.weight")
+    w = {name: t * BLOCK_SHARE if name.endswith(scaled) else t for name, t in weights.items()}
+    if "output.weight" in w:
+        embd = w["token_embd.weight"]
+        unit = embd / embd.norm(dim=1, keepdim=True)
+        perm = torch.randperm(cfg.vocab_size, generator=g)
+        w["output.weight"] = w["output.weight"] + NEXT_TOKEN_WEIGHT * unit[perm]
     return w
 
 

@@ -106,10 +106,12 @@ def test_the_one_call_pass_matches_its_python_chain(family_models, name):
 
 # -- against llama.cpp ---------------------------------------------------------------------
 
-def _llama_cpp(path):
+def _llama_cpp(path, kv_type: int | None = None):
+    """llama.cpp on `path`; `kv_type` the GGML type of its K/V cache (default F16)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="the [baseline] extra is not installed")
+    kv = {} if kv_type is None else dict(type_k=kv_type, type_v=kv_type)
     return llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=1,
-                           logits_all=True, verbose=False)
+                           logits_all=True, verbose=False, **kv)
 
 
 def _their_logits(llm, ids: list[int]) -> torch.Tensor:
@@ -125,38 +127,61 @@ def _their_logits(llm, ids: list[int]) -> torch.Tensor:
 ABLATIONS = {"llama3": dict(rope_factors=()), "qwen2": dict(qkv_bias=False),
              "qwen3": dict(qk_norm=False), "gemma2": dict(attn_softcap=None),
              "phi3": dict(rope_interleaved=True)}
-MAX_DELTA = 0.05  # measured: at most 0.011 (F32 weights; both keep K/V in float16)
+# Where the two engines' logits part (measured through llama.cpp's eval callback, layer by
+# layer and op by op): llama.cpp's CPU attention with its default F16 K/V cache rounds q, K, V and the softmax
+# probabilities to float16; Ember's runtime keeps K/V in float16 but q and the probabilities
+# in float32, its reference all in float32. Given llama.cpp's own q/k/v, those four roundings
+# reproduce its attention to 1e-6; end to end they leave 0.0003-0.0021 on logits up to ~16.
+MAX_DELTA = 0.01
+# With F32 K/V in llama.cpp the same comparison leaves float32 summation order: at most 1e-5,
+# except Gemma 2's 1.5e-4 (ggml's GELU reads a table indexed by the float16-rounded input).
+MAX_DELTA_F32_KV = 1e-3
+GGML_F32 = 0
 
 
 @needs_native
 @pytest.mark.parametrize("name", FAMILIES)
 def test_logits_match_llama_cpp(family_models, name, record_property, capsys):
     """The same token ids scored by llama.cpp and by the engines' default runtime (the file's
-    blocks, float16 K/V), and by the float32 reference: logits within MAX_DELTA, and the same
-    argmax at every position but near-ties, where llama.cpp's top two are closer than twice
-    the largest difference measured (a random model has a few): there ours is one of them."""
+    blocks, float16 K/V), and by the float32 reference: logits within MAX_DELTA and the same
+    argmax at every position.
+
+    The tiny models' logits look like a trained model's confident ones (several logits
+    between the top two, synthetic.confident_weights): a plain random model's top two are
+    often closer than the float16 K/V arithmetic above moves them, and there two correct
+    engines pick different tokens. The gap is printed, not chosen: the construction, not a
+    seed or a prompt, keeps it wide."""
     cfg, _, path = family_models[name]
     llm = _llama_cpp(path)
     loaded = load_model(path)
     blocks = QuantModel(loaded.source)
-    runs = []  # (ours, theirs) per prompt and runtime
+    worst, gap, positions = 0.0, float("inf"), 0
     for ids in PROMPTS:
         theirs = _their_logits(llm, ids)
-        runs += [(_logits(blocks, ids, blocks.new_cache(64)), theirs),
-                 (_logits(loaded.model, ids), theirs)]
-    worst = max(float((ours - theirs).abs().max()) for ours, theirs in runs)
-    same = positions = 0
-    for ours, theirs in runs:
-        picked = ours.argmax(-1)
-        same, positions = same + int((picked == theirs.argmax(-1)).sum()), positions + len(picked)
-        lost = theirs.max(-1).values - theirs.gather(1, picked[:, None])[:, 0]
-        assert bool((lost <= 2 * worst).all())  # any other pick is a near-tie
+        top2 = theirs.topk(2, -1).values
+        gap = min(gap, float((top2[:, 0] - top2[:, 1]).min()))
+        for ours in (_logits(blocks, ids, blocks.new_cache(64)), _logits(loaded.model, ids)):
+            worst = max(worst, float((ours - theirs).abs().max()))
+            assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+            positions += len(ids)
     record_property("max_abs_logit_delta", worst)
     with capsys.disabled():
         print(f"\n  {name}: max |Δlogit| vs llama.cpp {worst:.4f} (logits up to "
-              f"{float(theirs.abs().max()):.2f}); argmax equal at {same} of {positions} "
-              f"positions, the rest near-ties")
+              f"{float(theirs.abs().max()):.2f}, top two at least {gap:.2f} apart); argmax "
+              f"equal at all {positions} positions")
     assert worst < MAX_DELTA
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_with_f32_kv_llama_cpp_computes_the_reference(family_models, name):
+    """llama.cpp with a float32 K/V cache (so no float16 rounding in its attention) against
+    the float32 reference: what is left is summation order, and Gemma 2's GELU table."""
+    _, _, path = family_models[name]
+    llm = _llama_cpp(path, kv_type=GGML_F32)
+    model = load_model(path).model
+    worst = max(float((_logits(model, ids) - _their_logits(llm, ids)).abs().max())
+                for ids in PROMPTS)
+    assert worst < (MAX_DELTA_F32_KV if name == "gemma2" else 1e-4), worst
 
 
 @needs_native
@@ -164,8 +189,8 @@ def test_logits_match_llama_cpp(family_models, name, record_property, capsys):
 def test_q8_0_files_round_as_llama_cpp_does(family_models, name, tmp_path):
     """A Q8_0 file: both engines round activations to int8 per block, at different points,
     so neither gives the exact (dequantized float) model's logits. Ember's runtime must be no
-    farther from llama.cpp than the exact model is (measured: 0.68-1.03 of it, |dlogit|
-    0.11-0.27 on logits up to ~9), and pick the same argmax almost everywhere."""
+    farther from llama.cpp than the exact model is (measured: 0.61-0.96 of it, |dlogit|
+    0.004-0.089 on logits up to ~16), and pick the same argmax at every position."""
     from gguf import GGMLQuantizationType
 
     cfg, weights, _ = family_models[name]
@@ -184,7 +209,7 @@ def test_q8_0_files_round_as_llama_cpp_does(family_models, name, tmp_path):
         same += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
         positions += len(ids)
     assert ours_vs <= 1.25 * exact_vs, (ours_vs, exact_vs)
-    assert same >= 0.9 * positions
+    assert same == positions
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -206,8 +231,7 @@ def test_without_its_feature_a_family_disagrees_with_llama_cpp(family_models, na
 @pytest.mark.parametrize("name", FAMILIES)
 def test_greedy_decoding_agrees_with_llama_cpp(family_models, name):
     """An engine (paged K/V, the file's blocks, token by token) decodes greedily; llama.cpp,
-    scoring the prompt and those tokens, ranks each of them first, or within twice
-    MAX_DELTA of its first (a near-tie)."""
+    scoring the prompt and those tokens, ranks each of them first."""
     from ember.offload.runtime.engine import Engine, EngineOptions
     from ember.offload.decode.sampler import GREEDY
 
@@ -220,10 +244,7 @@ def test_greedy_decoding_agrees_with_llama_cpp(family_models, name):
     finally:
         engine.close()
     theirs = _their_logits(llm, prompt + got[:-1])[len(prompt) - 1:]
-    chosen = theirs.gather(1, torch.tensor(got)[:, None])[:, 0]
-    lost = theirs.max(-1).values - chosen
-    assert bool((lost <= 2 * MAX_DELTA).all()), lost
-    assert int((lost == 0).sum()) >= n - 2  # near-ties are rare
+    assert theirs.argmax(-1).tolist() == got
 
 
 # -- the hybrid split, the sparse FFN, speculation (through the paged K/V cache) -------------
