@@ -71,19 +71,27 @@ GGUF_ROPE_SCALINGS = ("none", "linear")
 
 def _gguf_rope_factors(f: GGUFFile, head_dim: int) -> tuple[float, ...]:
     """A `rope_freqs.weight` tensor (Llama 3.1 and later): one divisor per rotary frequency."""
-    info = f.tensors.get("rope_freqs.weight")
+    return gguf_factor_tensor(f, "rope_freqs.weight", head_dim)
+
+
+def gguf_factor_tensor(f: GGUFFile, name: str, head_dim: int) -> tuple[float, ...]:
+    """A tensor of per-frequency RoPE divisors (`rope_freqs`, `rope_factors_long`...), or ()
+    when the file has none."""
+    info = f.tensors.get(name)
     if info is None:
         return ()
     if info.shape != (head_dim // 2,) or info.qtype != 0:  # F32, as llama.cpp writes it
-        raise ModelFormatError(f.path, f"tensor 'rope_freqs.weight' must be F32 of shape "
+        raise ModelFormatError(f.path, f"tensor '{name}' must be F32 of shape "
                                        f"({head_dim // 2},), got {info.qtype_name} {info.shape}")
-    factors = tuple(float(x) for x in f.raw("rope_freqs.weight").view("<f4"))
+    factors = tuple(float(x) for x in f.raw(name).view("<f4"))
     if not all(x > 0 for x in factors):  # (also NaN)
-        raise ModelFormatError(f.path, "tensor 'rope_freqs.weight' must hold positive values")
+        raise ModelFormatError(f.path, f"tensor '{name}' must hold positive values")
     return factors
 
 
-def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool) -> dict:
+def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool,
+              own_scalings: tuple[str, ...] = ()) -> dict:
+    """`own_scalings`: `rope_scaling` types the family reads itself (Phi-3's LongRoPE)."""
 
     def size(key: str, default: int | None = None, limit: int = MAX_SIZE) -> int:
         value = c.field(key, int) if default is None else c.field(key, int, default)
@@ -94,9 +102,9 @@ def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool) -> d
     head_dim = size("head_dim", hidden // n_heads)
     scaling = c.field("rope_scaling", dict, None) or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind not in HF_ROPE_SCALINGS:
+    if kind not in HF_ROPE_SCALINGS + own_scalings:
         raise ModelFormatError(c.path, f"'rope_scaling' type {kind!r} is not supported "
-                                       f"(supported: {', '.join(HF_ROPE_SCALINGS)})")
+                                       f"(supported: {', '.join(HF_ROPE_SCALINGS + own_scalings)})")
     factor = typed(c.path, "'rope_scaling.factor'", scaling.get("factor", 1.0), float)
     if not factor > 0:
         raise ModelFormatError(c.path, f"'rope_scaling.factor' must be positive, got {factor}")

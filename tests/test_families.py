@@ -28,8 +28,12 @@ needs_native = pytest.mark.skipif(not quant_model.applies(),
                                   reason="C++ kernels not built on this machine")
 
 
+N_CTX = 64  # the context every engine here is given, llama.cpp too (it rounds it up to 256)
+
+
 def _logits(model, ids: list[int], cache=None) -> torch.Tensor:
-    """Logits at every position of `ids`, one prefill."""
+    """Logits at every position of `ids`, one prefill, rotating as for a context of N_CTX."""
+    model.use_context(N_CTX)
     cache = cache if cache is not None else ContiguousKVCache(model.cfg, 64)
     return model.logits(model.hidden(torch.tensor(ids), cache))
 
@@ -41,11 +45,12 @@ def test_the_file_reads_back_as_written(family_models, name):
     for field in ("architecture", "vocab_size", "hidden_size", "n_layers", "n_heads",
                   "n_kv_heads", "head_dim", "ffn_size", "activation", "rope_interleaved",
                   "sliding_window", "qk_norm", "qkv_bias", "sandwich_norms", "tied_embeddings",
-                  "embed_scale", "local_rope_base"):
+                  "embed_scale", "local_rope_base", "rope_original_context"):
         assert getattr(got, field) == getattr(cfg, field), field
     for field in ("rope_base", "rms_eps", "scale", "attn_softcap", "final_logit_softcap"):
         assert getattr(got, field) == pytest.approx(getattr(cfg, field), rel=1e-6), field
-    assert got.rope_factors == pytest.approx(cfg.rope_factors, rel=1e-6)
+    for field in ("rope_factors", "rope_factors_long", "rope_attn_factor"):
+        assert getattr(got, field) == pytest.approx(getattr(cfg, field), rel=1e-6), field
 
 
 def test_llama3_factors_cover_all_three_bands(family_models):
@@ -106,11 +111,11 @@ def test_the_one_call_pass_matches_its_python_chain(family_models, name):
 
 # -- against llama.cpp ---------------------------------------------------------------------
 
-def _llama_cpp(path, kv_type: int | None = None):
+def _llama_cpp(path, kv_type: int | None = None, n_ctx: int = N_CTX):
     """llama.cpp on `path`; `kv_type` the GGML type of its K/V cache (default F16)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="the [baseline] extra is not installed")
     kv = {} if kv_type is None else dict(type_k=kv_type, type_v=kv_type)
-    return llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=1,
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=64, n_threads=1,
                            logits_all=True, verbose=False, **kv)
 
 
@@ -126,7 +131,8 @@ def _their_logits(llm, ids: list[int]) -> torch.Tensor:
 # so agreement above is the feature computed as llama.cpp computes it.
 ABLATIONS = {"llama3": dict(rope_factors=()), "qwen2": dict(qkv_bias=False),
              "qwen3": dict(qk_norm=False), "gemma2": dict(attn_softcap=None),
-             "phi3": dict(rope_interleaved=True)}
+             "phi3": dict(rope_interleaved=True),
+             "phi3_longrope": dict(rope_factors=(), rope_factors_long=(), rope_attn_factor=1.0)}
 # Where the two engines' logits part (measured through llama.cpp's eval callback, layer by
 # layer and op by op): llama.cpp's CPU attention with its default F16 K/V cache rounds q, K, V and the softmax
 # probabilities to float16; Ember's runtime keeps K/V in float16 but q and the probabilities
@@ -336,12 +342,57 @@ def _rewrite(tmp_path, name: str, family_models, **changes):
                                 {**kept, **tensors})
 
 
-def test_phi3_longrope_files_are_refused(family_models, tmp_path):
+def test_longrope_takes_the_long_factors_past_the_original_context(family_models):
+    cfg = open_model(family_models["phi3_longrope"][2]).config
+    original = synthetic.LONGROPE_ORIGINAL
+    assert cfg.rope_original_context == original
+    assert cfg.rope_factors_for(original) == cfg.rope_factors
+    assert cfg.rope_factors_for(None) == cfg.rope_factors  # not told: within it
+    assert cfg.rope_factors_for(original + 1) == cfg.rope_factors_long
+
+
+def test_longrope_past_the_original_context_is_llama_cpp_s(family_models):
+    """A context past the original one (llama.cpp: 512 > 256) rotates every position with the
+    long factors and the attention factor, as llama.cpp does (F32 K/V: only summation order
+    left); the short set there would be far off."""
+    _, _, path = family_models["phi3_longrope"]
+    n_ctx = 2 * synthetic.LONGROPE_ORIGINAL
+    llm = _llama_cpp(path, kv_type=GGML_F32, n_ctx=n_ctx)
+    model = load_model(path).model
+    for ids in PROMPTS:
+        theirs = _their_logits(llm, ids)
+        model.use_context(n_ctx)
+        long = model.logits(model.hidden(torch.tensor(ids), ContiguousKVCache(model.cfg, 64)))
+        model.use_context(N_CTX)
+        short = model.logits(model.hidden(torch.tensor(ids), ContiguousKVCache(model.cfg, 64)))
+        assert float((long - theirs).abs().max()) < 1e-4
+        assert float((short - theirs).abs().max()) > 4 * MAX_DELTA
+
+
+def test_an_engine_past_the_original_context_rotates_with_the_long_factors(family_models):
+    """The engine's context size picks the set (through its runner), as in llama.cpp."""
+    from ember.offload.runtime.engine import Engine, EngineOptions
+
+    path = family_models["phi3_longrope"][2]
+    engine = Engine.load(path, EngineOptions(device="cpu", n_ctx=2 * synthetic.LONGROPE_ORIGINAL))
+    try:
+        assert all(r.factors == engine.loaded.config.rope_factors_long
+                   for r in engine.model.rotary)
+    finally:
+        engine.close()
+
+
+def test_a_longrope_file_with_one_factor_set_is_refused(family_models, tmp_path):
     from ember.models.errors import ModelFormatError
 
-    path = _rewrite(tmp_path, "phi3", family_models,
-                    tensors={"rope_factors_long.weight": torch.ones(8)})
-    with pytest.raises(ModelFormatError, match="LongRoPE"):
+    cfg, weights, _ = family_models["phi3_longrope"]
+    path = synthetic.write_gguf(tmp_path / "one-set.gguf", cfg, weights)
+    source = (tmp_path / "one-set.gguf").read_bytes()
+    assert b"rope_factors_short" in source
+    # Renamed in place (same length): the file keeps rope_factors_long and a stray tensor.
+    (tmp_path / "one-set.gguf").write_bytes(source.replace(b"rope_factors_short",
+                                                           b"rope_factors_xhort"))
+    with pytest.raises(ModelFormatError, match="rope_factors_short.weight' is missing"):
         open_model(path)
 
 
