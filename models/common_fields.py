@@ -30,25 +30,26 @@ def gguf_fields(f: GGUFFile, vocab_size: int, *, rope_base: float, rms_eps: floa
     a = f.architecture + "."
 
     def size(key: str, default: int | None = None, limit: int = MAX_SIZE) -> int:
-        value = f.field(a + key, int) if default is None else f.field(a + key, int, default)
+        value = f.arch_field(key, int) if default is None else f.arch_field(key, int, default)
         return _size(f.path, f"metadata '{a}{key}'", value, limit)
 
     hidden = size("embedding_length")
     n_heads = size("attention.head_count")
     head_dim = size("attention.key_length", hidden // n_heads)
-    value_dim = f.field(a + "attention.value_length", int, head_dim)
+    value_dim = f.arch_field("attention.value_length", int, head_dim)
     if value_dim != head_dim:
         raise ModelFormatError(f.path, f"metadata '{a}attention.value_length' ({value_dim}) differs "
                                        f"from the key length ({head_dim}); Ember needs them equal")
-    rotated = f.field(a + "rope.dimension_count", int, head_dim)
+    rotated = f.arch_field("rope.dimension_count", int, head_dim)
     if rotated != head_dim:  # partial rotary (some Phi / GPT-NeoX files): not implemented
         raise ModelFormatError(f.path, f"metadata '{a}rope.dimension_count' is {rotated}: RoPE on "
                                        f"part of each {head_dim}-value head is not supported")
-    scaling = f.field(a + "rope.scaling.type", str, "none")
+    scaling = f.arch_field("rope.scaling.type", str, "none")
     if scaling not in GGUF_ROPE_SCALINGS:
         raise ModelFormatError(f.path, f"RoPE scaling '{scaling}' (metadata '{a}rope.scaling.type') "
                                        f"is not supported (supported: {', '.join(GGUF_ROPE_SCALINGS)})")
     return dict(
+        name=f.field("general.name", str, f.architecture),
         vocab_size=vocab_size,
         hidden_size=hidden,
         n_layers=size("block_count", limit=MAX_LAYERS),
@@ -57,9 +58,9 @@ def gguf_fields(f: GGUFFile, vocab_size: int, *, rope_base: float, rms_eps: floa
         head_dim=head_dim,
         ffn_size=size("feed_forward_length"),
         context_length=size("context_length"),
-        rms_eps=f.field(a + "attention.layer_norm_rms_epsilon", float, rms_eps),
-        rope_base=f.field(a + "rope.freq_base", float, rope_base),
-        rope_scale=f.field(a + "rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
+        rms_eps=f.arch_field("attention.layer_norm_rms_epsilon", float, rms_eps),
+        rope_base=f.arch_field("rope.freq_base", float, rope_base),
+        rope_scale=f.arch_field("rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
         rope_factors=_gguf_rope_factors(f, head_dim),
         tied_embeddings="output.weight" not in f.tensors,
     )
@@ -130,6 +131,13 @@ def hf_fields(c: HFConfig, *, rope_base: float, rms_eps: float, tied: bool,
 
 
 HF_ROPE_SCALINGS = ("default", "linear", "llama3")
+
+
+def require_silu(c: HFConfig) -> None:
+    """SwiGLU families: config.json's `hidden_act` must be silu (the default)."""
+    hidden_act = c.field("hidden_act", str, "silu")
+    if hidden_act != "silu":
+        raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu)")
 
 
 def _llama3_factors(c: HFConfig, scaling: dict, factor: float, head_dim: int,

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .common_fields import gguf_factor_tensor, gguf_fields, hf_fields
+from .common_fields import gguf_factor_tensor, gguf_fields, hf_fields, require_silu
 from .config import ModelConfig
 from .errors import ModelFormatError
 from .fields import typed
@@ -39,8 +39,7 @@ LONGROPE_TYPES = ("longrope", "su")
 
 def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
     common = gguf_fields(f, vocab_size, rope_base=10_000.0, rms_eps=1e-5)
-    return ModelConfig(architecture="phi3", name=f.field("general.name", str, "phi3"),
-                       activation="silu_glu", rope_interleaved=False,
+    return ModelConfig(architecture="phi3", activation="silu_glu", rope_interleaved=False,
                        **{**common, **_gguf_longrope(f, common)})
 
 
@@ -58,20 +57,18 @@ def _gguf_longrope(f: GGUFFile, common: dict) -> dict:
     if common["rope_factors"]:
         raise ModelFormatError(f.path, "both 'rope_freqs' and LongRoPE factor tensors: which "
                                        "one scales RoPE is ambiguous")
-    a = "phi3.rope.scaling."
-    original = f.field(a + "original_context_length", int, common["context_length"])
-    attn = f.field(a + "attn_factor", float, 1.0)
+    original = f.arch_field("rope.scaling.original_context_length", int, common["context_length"])
+    attn = f.arch_field("rope.scaling.attn_factor", float, 1.0)
     return dict(rope_factors=short, rope_factors_long=long,
-                rope_original_context=_positive(f.path, a + "original_context_length", original),
-                rope_attn_factor=_positive(f.path, a + "attn_factor", attn))
+                rope_original_context=_positive(f.path, "phi3.rope.scaling.original_context_length",
+                                                original),
+                rope_attn_factor=_positive(f.path, "phi3.rope.scaling.attn_factor", attn))
 
 
 def config_from_hf(c: HFConfig) -> ModelConfig:
     common = hf_fields(c, rope_base=10_000.0, rms_eps=1e-5, tied=False,
                        own_scalings=LONGROPE_TYPES)
-    hidden_act = c.field("hidden_act", str, "silu")
-    if hidden_act != "silu":
-        raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu)")
+    require_silu(c)
     return ModelConfig(architecture="phi3", activation="silu_glu", rope_interleaved=False,
                        **{**common, **_hf_longrope(c, common)})
 

@@ -303,7 +303,8 @@ def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     from safetensors.torch import save_file
 
     from . import registry
-    from .tokenizer import Tokenizer, VocabSpec
+    from .gguf_vocab import VocabSpec
+    from .tokenizer import Tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -133,11 +133,11 @@ ABLATIONS = {"llama3": dict(rope_factors=()), "qwen2": dict(qkv_bias=False),
              "qwen3": dict(qk_norm=False), "gemma2": dict(attn_softcap=None),
              "phi3": dict(rope_interleaved=True),
              "phi3_longrope": dict(rope_factors=(), rope_factors_long=(), rope_attn_factor=1.0)}
-# Where the two engines' logits part (measured through llama.cpp's eval callback, layer by
-# layer and op by op): llama.cpp's CPU attention with its default F16 K/V cache rounds q, K, V and the softmax
-# probabilities to float16; Ember's runtime keeps K/V in float16 but q and the probabilities
-# in float32, its reference all in float32. Given llama.cpp's own q/k/v, those four roundings
-# reproduce its attention to 1e-6; end to end they leave 0.0003-0.0021 on logits up to ~16.
+# Where the two engines' logits part (traced op by op through llama.cpp's eval callback):
+# with its default F16 K/V cache, llama.cpp's CPU attention rounds q, K, V and the softmax
+# probabilities to float16 (given its own q/k/v, those four roundings reproduce its attention
+# to 1e-6). Ember's runtime keeps K/V in float16 but q and the probabilities in float32; its
+# reference keeps all four in float32. Measured: 0.0002-0.0021 on logits up to ~16.
 MAX_DELTA = 0.01
 # With F32 K/V in llama.cpp the same comparison leaves float32 summation order: at most 1e-5,
 # except Gemma 2's 1.5e-4 (ggml's GELU reads a table indexed by the float16-rounded input).
