@@ -10,7 +10,7 @@ from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
-from .rotary import llama3_rope_factors
+from .rotary import llama3_rope_factors, yarn_attn_factor, yarn_rope_factors
 
 # Families and the model constructor compute with these before any tensor shape is checked
 # (head_dim ** -0.5, a tuple per layer, rotary tables of head_dim / 2), so they are bounded
@@ -48,6 +48,15 @@ def gguf_fields(f: GGUFFile, vocab_size: int, *, rope_base: float, rms_eps: floa
     if scaling not in GGUF_ROPE_SCALINGS:
         raise ModelFormatError(f.path, f"RoPE scaling '{scaling}' (metadata '{a}rope.scaling.type') "
                                        f"is not supported (supported: {', '.join(GGUF_ROPE_SCALINGS)})")
+    rope_base = f.arch_field("rope.freq_base", float, rope_base)
+    context = size("context_length")
+    # llama.cpp multiplies cos and sin by this in every family (LongRoPE files carry one).
+    attn_factor = _positive(f, "rope.scaling.attn_factor",
+                            f.arch_field("rope.scaling.attn_factor", float, 1.0))
+    factors = _gguf_rope_factors(f, head_dim)
+    if scaling == "yarn":
+        factors, yarn_attn = _gguf_yarn(f, head_dim, rope_base, context, bool(factors))
+        attn_factor *= yarn_attn
     return dict(
         name=f.field("general.name", str, f.architecture),
         vocab_size=vocab_size,
@@ -57,17 +66,45 @@ def gguf_fields(f: GGUFFile, vocab_size: int, *, rope_base: float, rms_eps: floa
         n_kv_heads=size("attention.head_count_kv", n_heads),
         head_dim=head_dim,
         ffn_size=size("feed_forward_length"),
-        context_length=size("context_length"),
+        context_length=context,
         rms_eps=f.arch_field("attention.layer_norm_rms_epsilon", float, rms_eps),
-        rope_base=f.arch_field("rope.freq_base", float, rope_base),
+        rope_base=rope_base,
         rope_scale=f.arch_field("rope.scaling.factor", float, 1.0) if scaling == "linear" else 1.0,
-        rope_factors=_gguf_rope_factors(f, head_dim),
+        rope_factors=factors,
+        rope_attn_factor=attn_factor,
         tied_embeddings="output.weight" not in f.tensors,
     )
 
 
 # Llama 3.1 files carry no scaling type: their scaling is the `rope_freqs` tensor.
-GGUF_ROPE_SCALINGS = ("none", "linear")
+GGUF_ROPE_SCALINGS = ("none", "linear", "yarn")
+
+
+def _positive(f: GGUFFile, key: str, value: float) -> float:
+    if not value > 0:  # (also NaN)
+        raise ModelFormatError(f.path, f"metadata '{f.architecture}.{key}' must be positive, "
+                                       f"got {value}")
+    return value
+
+
+def _gguf_yarn(f: GGUFFile, head_dim: int, base: float, context: int,
+               has_rope_freqs: bool) -> tuple[tuple[float, ...], float]:
+    """YaRN (rope.scaling.type "yarn"): its per-frequency divisors and cos/sin factor, with
+    llama.cpp's defaults (original context: the model's; beta_fast 32, beta_slow 1)."""
+    if has_rope_freqs:
+        raise ModelFormatError(f.path, "both a 'rope_freqs' tensor and YaRN scaling: which one "
+                                       "scales RoPE is ambiguous")
+    if f.arch_field("rope.scaling.yarn_log_multiplier", float, 0.0):
+        raise ModelFormatError(f.path, "YaRN with a log multiplier (DeepSeek's mscale) is not "
+                                       "supported")
+    factor = _positive(f, "rope.scaling.factor", f.arch_field("rope.scaling.factor", float))
+    original = _positive(f, "rope.scaling.original_context_length",
+                         f.arch_field("rope.scaling.original_context_length", int, context))
+    fast = _positive(f, "rope.scaling.yarn_beta_fast",
+                     f.arch_field("rope.scaling.yarn_beta_fast", float, 32.0))
+    slow = _positive(f, "rope.scaling.yarn_beta_slow",
+                     f.arch_field("rope.scaling.yarn_beta_slow", float, 1.0))
+    return yarn_rope_factors(head_dim, base, factor, original, fast, slow), yarn_attn_factor(factor)
 
 
 def _gguf_rope_factors(f: GGUFFile, head_dim: int) -> tuple[float, ...]:

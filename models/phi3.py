@@ -58,11 +58,10 @@ def _gguf_longrope(f: GGUFFile, common: dict) -> dict:
         raise ModelFormatError(f.path, "both 'rope_freqs' and LongRoPE factor tensors: which "
                                        "one scales RoPE is ambiguous")
     original = f.arch_field("rope.scaling.original_context_length", int, common["context_length"])
-    attn = f.arch_field("rope.scaling.attn_factor", float, 1.0)
+    # (rope.scaling.attn_factor, read for every family, is already in `common`.)
     return dict(rope_factors=short, rope_factors_long=long,
                 rope_original_context=_positive(f.path, "phi3.rope.scaling.original_context_length",
-                                                original),
-                rope_attn_factor=_positive(f.path, "phi3.rope.scaling.attn_factor", attn))
+                                                original))
 
 
 def config_from_hf(c: HFConfig) -> ModelConfig:

@@ -86,6 +86,31 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_fact
     return tuple(out)
 
 
+def yarn_rope_factors(head_dim: int, base: float, factor: float, original_context: float,
+                      beta_fast: float, beta_slow: float) -> tuple[float, ...]:
+    """YaRN's per-frequency divisors, as ggml's rope computes them: pairs below the
+    `beta_fast` correction dimension keep their frequency (extrapolated), those past the
+    `beta_slow` one are divided by `factor` (interpolated), with a linear ramp between.
+
+    A pair's correction dimension for b rotations over the original context is
+    head_dim * ln(original_context / (2 pi b)) / (2 ln base)."""
+    def corr_dim(rotations: float) -> float:
+        return head_dim * math.log(original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(corr_dim(beta_fast)))
+    high = min(head_dim - 1.0, math.ceil(corr_dim(beta_slow)))
+    out = []
+    for i in range(head_dim // 2):
+        keep = 1 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))  # 1: extrapolate
+        out.append(1.0 / ((1 - keep) / factor + keep))
+    return tuple(out)
+
+
+def yarn_attn_factor(factor: float) -> float:
+    """YaRN's magnitude correction of cos and sin: 1 + 0.1 ln(factor)."""
+    return 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+
+
 def layer_rotaries(cfg: ModelConfig, n_ctx: int | None = None) -> list[Rotary]:
     """Each layer's Rotary for a context of `n_ctx` tokens (see ModelConfig.rope_factors_for);
     layers with the same base and scale share one (and its tables)."""

@@ -5,6 +5,8 @@ installed."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -405,36 +407,73 @@ def test_a_qwen2_file_without_its_biases_is_refused(family_models, tmp_path):
         open_model(path)
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("rope.scaling.type", "yarn", "RoPE scaling 'yarn'"),
-    ("rope.dimension_count", 8, "RoPE on part of each 16-value head"),
-])
-def test_rope_variants_ember_does_not_compute_are_refused(family_models, tmp_path, key, value,
-                                                          message):
+def _patched(src, tmp_path, keys: dict):
+    """The qwen2 file `src` rewritten with `keys` (under "qwen2.") set or replaced."""
     import gguf
 
-    from ember.models.errors import ModelFormatError
-
-    src = family_models["qwen2"][2]
     reader = gguf.GGUFReader(src)
     path = tmp_path / "patched.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen2")
+    ours = {f"qwen2.{k}" for k in keys}
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture",
-                                                             f"qwen2.{key}"):
+        if field.name.startswith("GGUF.") or field.name in {"general.architecture"} | ours:
             continue
         writer.add_key_value(field.name, field.contents(), field.types[0],
                              field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY
                              else None)
-    (writer.add_string if isinstance(value, str) else writer.add_uint32)(f"qwen2.{key}", value)
+    for key, value in keys.items():
+        add = {str: writer.add_string, float: writer.add_float32, int: writer.add_uint32}
+        add[type(value)](f"qwen2.{key}", value)
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"rope.scaling.type": "longrope"}, "RoPE scaling 'longrope'"),
+    ({"rope.dimension_count": 8}, "RoPE on part of each 16-value head"),
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+      "rope.scaling.yarn_log_multiplier": 0.1}, "log multiplier"),
+])
+def test_rope_variants_ember_does_not_compute_are_refused(family_models, tmp_path, keys,
+                                                          message):
+    from ember.models.errors import ModelFormatError
+
+    path = _patched(family_models["qwen2"][2], tmp_path, keys)
     with pytest.raises(ModelFormatError, match=message):
         open_model(path)
+
+
+# YaRN over an original context of 64: the tiny heads' eight frequencies span its whole ramp.
+YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 64}
+
+
+def test_yarn_files_compute_as_llama_cpp_does(family_models, tmp_path):
+    """A Qwen 2 file with YaRN scaling: llama.cpp (F32 K/V) and the float32 reference agree
+    to summation order; the same file without YaRN (divisors and cos/sin factor) does not."""
+    from dataclasses import replace
+
+    from ember.models.transformer import Transformer
+
+    path = _patched(family_models["qwen2"][2], tmp_path, YARN)
+    source = open_model(path)
+    factors = source.config.rope_factors
+    assert factors[0] == 1.0 and factors[-1] == pytest.approx(4.0)
+    assert any(1.0 < x < 4.0 for x in factors)  # the ramp
+    assert source.config.rope_attn_factor == pytest.approx(1 + 0.1 * math.log(4.0))
+    llm = _llama_cpp(path, kv_type=GGML_F32)
+    model = load_model(path).model
+    plain = Transformer(replace(source.config, rope_factors=(), rope_attn_factor=1.0),
+                        source.weights)
+    for ids in PROMPTS:
+        theirs = _their_logits(llm, ids)
+        assert float((_logits(model, ids) - theirs).abs().max()) < 1e-4
+        assert float((_logits(plain, ids) - theirs).abs().max()) > 4 * MAX_DELTA
 
 
 # -- Hugging Face folders ------------------------------------------------------------------
