@@ -38,6 +38,12 @@ class ModelConfig:
     # Per rotary frequency divisors (head_dim / 2 of them; empty: none): Llama 3.1's scaling,
     # from a GGUF file's `rope_freqs` tensor or config.json's `rope_scaling` (rope_type llama3).
     rope_factors: tuple[float, ...] = ()
+    # Phi-3 LongRoPE (rope_factors is then its short set): a context longer than
+    # rope_original_context rotates with rope_factors_long instead, as llama.cpp chooses by
+    # its context size; rope_attn_factor multiplies cos and sin (so q.k by its square).
+    rope_factors_long: tuple[float, ...] = ()
+    rope_original_context: int = 0
+    rope_attn_factor: float = 1.0
     # Rotary layout: False rotates the two halves of each head (HF / "NEOX"), True rotates
     # adjacent pairs (what llama.cpp's LLaMA GGUFs expect, their q/k rows are permuted).
     rope_interleaved: bool = False
@@ -86,10 +92,30 @@ class ModelConfig:
                                   or not all(f > 0 for f in self.rope_factors)):
             raise ValueError(f"rope_factors must be {self.head_dim // 2} positive numbers "
                              f"(head_dim / 2), got {len(self.rope_factors)}")
+        self._check_longrope()
         for name in ("attn_softcap", "final_logit_softcap"):
             cap = getattr(self, name)
             if cap is not None and not cap >= 0:  # 0 (as None): no capping
                 raise ValueError(f"{name} must not be negative, got {cap}")
+
+    def _check_longrope(self) -> None:
+        if self.rope_factors_long:
+            if (len(self.rope_factors_long) != self.head_dim // 2
+                    or not all(f > 0 for f in self.rope_factors_long)):
+                raise ValueError(f"rope_factors_long must be {self.head_dim // 2} positive "
+                                 f"numbers (head_dim / 2), got {len(self.rope_factors_long)}")
+            if not self.rope_factors or self.rope_original_context <= 0:
+                raise ValueError("rope_factors_long needs the short set (rope_factors) and a "
+                                 "positive rope_original_context")
+        if not self.rope_attn_factor > 0:
+            raise ValueError(f"rope_attn_factor must be positive, got {self.rope_attn_factor}")
+
+    def rope_factors_for(self, n_ctx: int | None) -> tuple[float, ...]:
+        """The frequency divisors a context of `n_ctx` tokens rotates with: LongRoPE's long
+        set past the original context, else rope_factors (None: a context within it)."""
+        if self.rope_factors_long and n_ctx is not None and n_ctx > self.rope_original_context:
+            return self.rope_factors_long
+        return self.rope_factors
 
     @property
     def gated(self) -> bool:

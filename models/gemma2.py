@@ -26,17 +26,15 @@ LAYERS_27B = 46
 
 
 def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
-    a = "gemma2."
     common = gguf_fields(f, vocab_size, rope_base=10_000.0, rms_eps=1e-6)
     n_layers, hidden, n_heads = common["n_layers"], common["hidden_size"], common["n_heads"]
     scale = (hidden / n_heads if n_layers == LAYERS_27B else common["head_dim"]) ** -0.5
     return ModelConfig(
         architecture="gemma2",
-        name=f.field("general.name", str, "gemma2"),
         attn_scale=scale,
-        attn_softcap=f.field(a + "attn_logit_softcapping", float, ATTN_SOFTCAP),
-        final_logit_softcap=f.field(a + "final_logit_softcapping", float, FINAL_SOFTCAP),
-        **_gemma2_fields(common, f.field(a + "attention.sliding_window", int, WINDOW)),
+        attn_softcap=f.arch_field("attn_logit_softcapping", float, ATTN_SOFTCAP),
+        final_logit_softcap=f.arch_field("final_logit_softcapping", float, FINAL_SOFTCAP),
+        **_gemma2_fields(common, f.arch_field("attention.sliding_window", int, WINDOW)),
     )
 
 

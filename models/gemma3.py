@@ -32,15 +32,13 @@ def _attn_scale(n_layers: int, hidden: int, n_heads: int, head_dim: int) -> floa
 
 
 def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
-    a = "gemma3."
     common = gguf_fields(f, vocab_size, rope_base=1_000_000.0, rms_eps=1e-6)
-    pattern = f.field(a + "attention.sliding_window_pattern", int, GLOBAL_EVERY)
-    window = f.field(a + "attention.sliding_window", int, 512)
+    pattern = f.arch_field("attention.sliding_window_pattern", int, GLOBAL_EVERY)
+    window = f.arch_field("attention.sliding_window", int, 512)
     return ModelConfig(
         architecture="gemma3",
-        name=f.field("general.name", str, "gemma3"),
         local_rope_base=LOCAL_ROPE_BASE,
-        final_logit_softcap=f.field(a + "final_logit_softcapping", float, None),
+        final_logit_softcap=f.arch_field("final_logit_softcapping", float, None),
         **_gemma_fields(common, window, pattern),
     )
 

@@ -316,3 +316,7 @@ class GGUFFile:
         if isinstance(value, np.ndarray):
             value = value.tolist()
         return typed(self.path, f"metadata '{key}'", value, kind)
+
+    def arch_field(self, key: str, kind: type, default: Any = _MISSING) -> Any:
+        """`field` of the architecture's own key: "rope.freq_base" reads "<arch>.rope.freq_base"."""
+        return self.field(f"{self.architecture}.{key}", kind, default)

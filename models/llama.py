@@ -32,12 +32,11 @@ def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
     a = f.architecture + "."
     common = gguf_fields(f, vocab_size, rope_base=10_000.0, rms_eps=1e-5)
     gated = "blk.0.ffn_gate.weight" in f.tensors
-    activation = f.field(a + "ffn_activation", str, "silu_glu" if gated else "relu")
+    activation = f.arch_field("ffn_activation", str, "silu_glu" if gated else "relu")
     _check_activation(f.path, a + "ffn_activation", activation, gated)
-    window = f.field(a + "attention.sliding_window", int, None)
+    window = f.arch_field("attention.sliding_window", int, None)
     return ModelConfig(
         architecture="llama",
-        name=f.field("general.name", str, "llama"),
         activation=activation,
         rope_interleaved=True,
         sliding_window=(window,) * common["n_layers"] if window else (),

@@ -16,11 +16,12 @@ from .config import ModelConfig
 from .errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
+from .gguf_vocab import VocabSpec, tokenizer_cache_path
 from .hf_chat import hf_chat_template, hf_stop_ids
 from .hf_config import HFConfig
 from .pre_tokenizers import pre_tokenizer
 from .registry import family_for_gguf, family_for_hf, unfused
-from .tokenizer import Tokenizer, VocabSpec, tokenizer_cache_path
+from .tokenizer import Tokenizer
 from .transformer import Transformer
 from .weights import WeightStore
 

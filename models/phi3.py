@@ -1,4 +1,4 @@
-"""Phi-3 (mini, medium; Phi-3.5 mini with LongRoPE refused, see below): a LLaMA-shaped decoder
+"""Phi-3 (mini, medium) and Phi-3.5 mini: a LLaMA-shaped decoder
 (pre-norm, SwiGLU, RoPE on the two halves of each head) whose files fuse projections:
 `attn_qkv` holds the q, k and v rows one after the other and `ffn_up` the gate rows then the
 up rows (2 * ffn_size of them).
@@ -8,48 +8,101 @@ Ember reads the fused tensors as row views (`unfuse`): `attn_q`, `attn_k`, `attn
 usual names and nothing is copied.
 
 llama.cpp runs Phi-3 without its sliding window ("Phi SWA is currently disabled"), so Ember
-ignores `phi3.attention.sliding_window` too: the two engines compute the same function. The
-128k-context files (Phi-3-*-128k, Phi-3.5) scale RoPE with LongRoPE factors
-(`rope_factors_long` / `rope_factors_short`), which Ember does not implement: they are refused
-by name rather than run with the wrong positions.
+ignores `phi3.attention.sliding_window` too: the two engines compute the same function.
+
+The 128k-context files (Phi-3-*-128k, Phi-3.5) scale RoPE with LongRoPE: two sets of
+per-frequency divisors (`rope_factors_short` / `rope_factors_long`, F32) and an attention
+factor (`rope.scaling.attn_factor`, the converter's sqrt(1 + ln(s) / ln(original)) for
+s = context / original context) that multiplies cos and sin. As llama.cpp does, the set is
+chosen once by the context size, not per position: a context longer than the original one
+(`rope.scaling.original_context_length`) uses the long set, every position of it.
+Hugging Face's `rope_scaling` (type "longrope" or "su") gives the same numbers.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .common_fields import gguf_fields, hf_fields
+from .common_fields import gguf_factor_tensor, gguf_fields, hf_fields, require_silu
 from .config import ModelConfig
 from .errors import ModelFormatError
+from .fields import typed
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
 from .hf_names import COMMON_LAYER_NAMES, canonical_name
 from .weights import WeightStore
 
-LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+LONGROPE_TYPES = ("longrope", "su")
 
 
 def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
-    for name in LONGROPE_TENSORS:
-        if name in f.tensors or f"blk.0.{name}" in f.tensors:
-            raise ModelFormatError(f.path, f"tensor '{name}': Phi-3 LongRoPE scaling (the 128k "
-                                           f"context models) is not supported")
     common = gguf_fields(f, vocab_size, rope_base=10_000.0, rms_eps=1e-5)
-    return ModelConfig(architecture="phi3", name=f.field("general.name", str, "phi3"),
-                       activation="silu_glu", rope_interleaved=False, **common)
+    return ModelConfig(architecture="phi3", activation="silu_glu", rope_interleaved=False,
+                       **{**common, **_gguf_longrope(f, common)})
+
+
+def _gguf_longrope(f: GGUFFile, common: dict) -> dict:
+    """LongRoPE's fields from a GGUF file (none when it has no factor tensors)."""
+    hd = common["head_dim"]
+    short = gguf_factor_tensor(f, "rope_factors_short.weight", hd)
+    long = gguf_factor_tensor(f, "rope_factors_long.weight", hd)
+    if not short and not long:
+        return {}
+    if not short or not long:
+        missing = "rope_factors_long" if short else "rope_factors_short"
+        raise ModelFormatError(f.path, f"tensor '{missing}.weight' is missing (LongRoPE "
+                                       f"needs both factor sets)")
+    if common["rope_factors"]:
+        raise ModelFormatError(f.path, "both 'rope_freqs' and LongRoPE factor tensors: which "
+                                       "one scales RoPE is ambiguous")
+    original = f.arch_field("rope.scaling.original_context_length", int, common["context_length"])
+    # (rope.scaling.attn_factor, read for every family, is already in `common`.)
+    return dict(rope_factors=short, rope_factors_long=long,
+                rope_original_context=_positive(f.path, "phi3.rope.scaling.original_context_length",
+                                                original))
 
 
 def config_from_hf(c: HFConfig) -> ModelConfig:
-    scaling = c.field("rope_scaling", dict, None) or {}
-    if scaling.get("type", scaling.get("rope_type")) in ("longrope", "su"):
-        raise ModelFormatError(c.path, "Phi-3 LongRoPE scaling (the 128k context models) is "
-                                       "not supported")
-    common = hf_fields(c, rope_base=10_000.0, rms_eps=1e-5, tied=False)
-    hidden_act = c.field("hidden_act", str, "silu")
-    if hidden_act != "silu":
-        raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu)")
+    common = hf_fields(c, rope_base=10_000.0, rms_eps=1e-5, tied=False,
+                       own_scalings=LONGROPE_TYPES)
+    require_silu(c)
     return ModelConfig(architecture="phi3", activation="silu_glu", rope_interleaved=False,
-                       **common)
+                       **{**common, **_hf_longrope(c, common)})
+
+
+def _hf_longrope(c: HFConfig, common: dict) -> dict:
+    """config.json's `rope_scaling` of type longrope: the converter's numbers."""
+    scaling = c.field("rope_scaling", dict, None) or {}
+    if scaling.get("rope_type", scaling.get("type")) not in LONGROPE_TYPES:
+        return {}
+    hd, context = common["head_dim"], common["context_length"]
+
+    def factors(key: str) -> tuple[float, ...]:
+        values = typed(c.path, f"'rope_scaling.{key}'", scaling.get(key), list)
+        values = tuple(typed(c.path, f"'rope_scaling.{key}'", v, float) for v in values)
+        if len(values) != hd // 2 or not all(v > 0 for v in values):
+            raise ModelFormatError(c.path, f"'rope_scaling.{key}' must be {hd // 2} positive "
+                                           f"numbers (head_dim / 2)")
+        return values
+
+    original = _positive(c.path, "original_max_position_embeddings",
+                         c.field("original_max_position_embeddings", int, context))
+    attn = scaling.get("attention_factor")
+    if attn is None:  # what transformers and llama.cpp's converter derive
+        s = context / original
+        attn = math.sqrt(1 + math.log(s) / math.log(original)) if s > 1 else 1.0
+    attn = _positive(c.path, "rope_scaling.attention_factor",
+                     typed(c.path, "'rope_scaling.attention_factor'", attn, float))
+    return dict(rope_factors=factors("short_factor"), rope_factors_long=factors("long_factor"),
+                rope_original_context=original, rope_attn_factor=attn)
+
+
+def _positive(path, key: str, value):
+    if not value > 0:  # (also NaN)
+        raise ModelFormatError(path, f"'{key}' must be positive, got {value}")
+    return value
 
 
 def unfuse(w: WeightStore, cfg: ModelConfig) -> WeightStore:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .common_fields import gguf_fields, hf_fields
+from .common_fields import gguf_fields, hf_fields, require_silu
 from .config import ModelConfig
 from .errors import ModelFormatError
 from .gguf_file import GGUFFile
@@ -31,8 +31,7 @@ def config_from_gguf(f: GGUFFile, vocab_size: int) -> ModelConfig:
     if arch not in QWEN3 and not has_bias:
         raise ModelFormatError(f.path, "tensor 'blk.0.attn_q.bias' is missing (Qwen 2 has "
                                        "q/k/v biases)")
-    return ModelConfig(architecture=arch, name=f.field("general.name", str, arch),
-                       **_qwen_fields(arch, common))
+    return ModelConfig(architecture=arch, **_qwen_fields(arch, common))
 
 
 def config_from_hf(c: HFConfig) -> ModelConfig:
@@ -40,9 +39,7 @@ def config_from_hf(c: HFConfig) -> ModelConfig:
     if c.field("use_sliding_window", bool, False):
         raise ModelFormatError(c.path, "'use_sliding_window' is true: Qwen's sliding-window "
                                        "attention is not supported (llama.cpp does not run it)")
-    hidden_act = c.field("hidden_act", str, "silu")
-    if hidden_act != "silu":
-        raise ModelFormatError(c.path, f"'hidden_act' {hidden_act!r} is not supported (silu)")
+    require_silu(c)
     return ModelConfig(architecture=c.model_type, **_qwen_fields(c.model_type, common))
 
 

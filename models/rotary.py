@@ -16,14 +16,15 @@ from .config import ModelConfig
 class Rotary:
     """cos/sin tables for rotary position embeddings, grown on demand, one per RoPE base.
 
-    `factors` (head_dim / 2, or empty) divide each frequency: Llama 3.1's scaling, the way
-    llama.cpp applies a file's `rope_freqs` tensor.
+    `factors` (head_dim / 2, or empty) divide each frequency: Llama 3.1's scaling and
+    Phi-3's LongRoPE, the way llama.cpp applies a file's `rope_freqs` / `rope_factors_*`
+    tensor. `attn_factor` multiplies the tables (LongRoPE's attention scaling).
     """
 
     def __init__(self, head_dim: int, base: float, scale: float, interleaved: bool,
-                 factors: tuple[float, ...] = ()):
+                 factors: tuple[float, ...] = (), attn_factor: float = 1.0):
         self.head_dim, self.base, self.scale, self.interleaved = head_dim, base, scale, interleaved
-        self.factors = tuple(factors)
+        self.factors, self.attn_factor = tuple(factors), attn_factor
         self.cos = self.sin = torch.empty(0, head_dim // 2)
         self._last: tuple = (None, None, None)  # (start, n, device), cos, sin of the last range
 
@@ -34,7 +35,8 @@ class Rotary:
         if self.factors:
             inv_freq = inv_freq / torch.tensor(self.factors, dtype=torch.float64)
         angles = torch.arange(n, dtype=torch.float64)[:, None] / self.scale * inv_freq[None, :]
-        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+        self.cos = (angles.cos() * self.attn_factor).float()
+        self.sin = (angles.sin() * self.attn_factor).float()
 
     def tables(self, positions: torch.Tensor | int, n: int, device: torch.device):
         """cos, sin (n, hd/2) for `positions`: a (n,) tensor, or an int `start` for positions
@@ -84,15 +86,42 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_fact
     return tuple(out)
 
 
-def layer_rotaries(cfg: ModelConfig) -> list[Rotary]:
-    """Each layer's Rotary; layers with the same base and scale share one (and its tables)."""
+def yarn_rope_factors(head_dim: int, base: float, factor: float, original_context: float,
+                      beta_fast: float, beta_slow: float) -> tuple[float, ...]:
+    """YaRN's per-frequency divisors, as ggml's rope computes them: pairs below the
+    `beta_fast` correction dimension keep their frequency (extrapolated), those past the
+    `beta_slow` one are divided by `factor` (interpolated), with a linear ramp between.
+
+    A pair's correction dimension for b rotations over the original context is
+    head_dim * ln(original_context / (2 pi b)) / (2 ln base)."""
+    def corr_dim(rotations: float) -> float:
+        return head_dim * math.log(original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(corr_dim(beta_fast)))
+    high = min(head_dim - 1.0, math.ceil(corr_dim(beta_slow)))
+    out = []
+    for i in range(head_dim // 2):
+        keep = 1 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))  # 1: extrapolate
+        out.append(1.0 / ((1 - keep) / factor + keep))
+    return tuple(out)
+
+
+def yarn_attn_factor(factor: float) -> float:
+    """YaRN's magnitude correction of cos and sin: 1 + 0.1 ln(factor)."""
+    return 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+
+
+def layer_rotaries(cfg: ModelConfig, n_ctx: int | None = None) -> list[Rotary]:
+    """Each layer's Rotary for a context of `n_ctx` tokens (see ModelConfig.rope_factors_for);
+    layers with the same base and scale share one (and its tables)."""
     shared: dict[tuple[float, float], Rotary] = {}
+    factors = cfg.rope_factors_for(n_ctx)
     out = []
     for i in range(cfg.n_layers):
         key = (cfg.layer_rope_base(i), cfg.layer_rope_scale(i))
         if key not in shared:
             shared[key] = Rotary(cfg.head_dim, key[0], key[1], cfg.rope_interleaved,
-                                 cfg.rope_factors)
+                                 factors, cfg.rope_attn_factor)
         out.append(shared[key])
     return out
 

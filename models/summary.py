@@ -20,6 +20,11 @@ def part_of(name: str) -> str:
 
 
 def _rope_scaling(cfg) -> str | None:
+    if cfg.rope_factors_long:
+        return (f"LongRoPE past {cfg.rope_original_context} tokens (factors "
+                f"{min(cfg.rope_factors_long):g}..{max(cfg.rope_factors_long):g}, within: "
+                f"{min(cfg.rope_factors):g}..{max(cfg.rope_factors):g}), "
+                f"attention x{cfg.rope_attn_factor:.4g}")
     if cfg.rope_factors:
         return f"per-frequency factors {min(cfg.rope_factors):g}..{max(cfg.rope_factors):g}"
     return f"linear x{cfg.rope_scale:g}" if cfg.rope_scale != 1.0 else None

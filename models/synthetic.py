@@ -46,10 +46,20 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
 # heads' eight frequencies in all three of its bands (kept, interpolated, divided by 8).
 LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_context=64)
+# (llama.cpp rounds a context up to a multiple of 256: the original context is 256 so that
+# its n_ctx 64 stays within it, with the short set, and 512 goes past it, with the long.)
+LONGROPE_ORIGINAL, LONGROPE_CONTEXT = 256, 1024
+LONGROPE = dict(context_length=LONGROPE_CONTEXT,
+                rope_factors=(1.0, 1.01, 1.03, 1.08, 1.2, 1.45, 1.9, 2.6),
+                rope_factors_long=(1.0, 1.3, 2.1, 3.9, 7.5, 14.0, 24.0, 38.0),
+                rope_original_context=LONGROPE_ORIGINAL,
+                rope_attn_factor=math.sqrt(1 + math.log(LONGROPE_CONTEXT / LONGROPE_ORIGINAL)
+                                           / math.log(LONGROPE_ORIGINAL)))
 _SMALL = dict(hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_size=128,
               context_length=256, activation="silu_glu")
-# The newer families' tiny shapes (tiny_config's `arch`; "llama3" is a `llama` file). Caps are
-# small so that tanh bends this random model's scores and logits, not just passes them.
+# The newer families' tiny shapes (tiny_config's `arch`; "llama3" is a `llama` file). Gemma 2's
+# attention cap is small so that tanh bends this random model's scores, not just passes them;
+# its final cap is the real one (30), which bends the logits of `confident_weights`.
 FAMILY_CONFIGS = {
     "llama3": dict(_SMALL, architecture="llama", name="tiny-llama3", n_layers=3, rms_eps=1e-5,
                    rope_base=500_000.0, rope_interleaved=True, tied_embeddings=False,
@@ -62,10 +72,14 @@ FAMILY_CONFIGS = {
     "gemma2": dict(_SMALL, architecture="gemma2", name="tiny-gemma2", n_layers=4,
                    activation="gelu_glu", rms_eps=1e-6, sliding_window=(8, None, 8, None),
                    sandwich_norms=True, embed_scale=8.0, attn_scale=16 ** -0.5,
-                   attn_softcap=2.0, final_logit_softcap=3.0, tied_embeddings=True),
+                   attn_softcap=2.0, final_logit_softcap=30.0, tied_embeddings=True),
     # (Not named "phi3": llama.cpp then looks up Phi-3's own special tokens in the vocabulary.)
     "phi3": dict(_SMALL, architecture="phi3", name="tiny-phi", n_layers=3, rms_eps=1e-5,
                  tied_embeddings=False),
+    # Phi-3.5's LongRoPE: short and long divisor sets (shaped like the real ones: near 1 at
+    # high frequency, growing toward low), the converter's attention factor for 1024 / 256.
+    "phi3_longrope": dict({**_SMALL, **LONGROPE}, architecture="phi3", name="tiny-phi-longrope", n_layers=3,
+                          rms_eps=1e-5, tied_embeddings=False),
 }
 
 
@@ -136,6 +150,38 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     return w
 
 
+# `confident_weights`: what is left of each block's output (the rest of the residual stream is
+# the token's embedding), and how far a token's own next token leads the output layer.
+BLOCK_SHARE = 0.05
+NEXT_TOKEN_WEIGHT = 2.0
+
+
+def confident_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                      seed: int = 0) -> dict[str, torch.Tensor]:
+    """`weights` changed so that the logits look like a trained model's at its confident
+    positions: one token several logits ahead of the rest.
+
+    A random model's logits are a random projection of its last hidden state: at a few
+    positions in a hundred its top two are closer than float16 K/V arithmetic moves them
+    (~0.01), and two correct engines pick different tokens. Here the residual stream is
+    mostly the current token's embedding (each block's output scaled by BLOCK_SHARE: its
+    output projections, or with sandwich norms the norms after them), and an untied output
+    layer maps each token's embedding direction to one next token (a permutation), as a
+    trained model's bigram statistics do; a tied one favours the token itself. Attention and
+    the FFN still move the logits by units (the family tests' ablations measure it).
+    """
+    g = torch.Generator().manual_seed(seed)
+    scaled = ("post_attention_norm.weight", "post_ffw_norm.weight") if cfg.sandwich_norms \
+        else ("attn_output.weight", "ffn_down.weight")
+    w = {name: t * BLOCK_SHARE if name.endswith(scaled) else t for name, t in weights.items()}
+    if "output.weight" in w:
+        embd = w["token_embd.weight"]
+        unit = embd / embd.norm(dim=1, keepdim=True)
+        perm = torch.randperm(cfg.vocab_size, generator=g)
+        w["output.weight"] = w["output.weight"] + NEXT_TOKEN_WEIGHT * unit[perm]
+    return w
+
+
 def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor],
                qtype: int | Callable[[str], int] = 0, vocab=None,
                chat_template: str | None = None) -> Path:
@@ -184,8 +230,10 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     weights = dict(weights)
-    if cfg.rope_factors:  # Llama 3.1: one F32 divisor per frequency
-        weights["rope_freqs.weight"] = torch.tensor(cfg.rope_factors, dtype=torch.float32)
+    weights.update(_rope_tensors(cfg))
+    if cfg.rope_factors_long:
+        writer.add_rope_scaling_attn_factors(cfg.rope_attn_factor)
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_original_context)
     if arch == "phi3":
         weights = _fuse_phi3(cfg, weights)
     for name, tensor in weights.items():
@@ -202,6 +250,17 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _rope_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Llama 3.1's one F32 divisor per frequency, or Phi-3's LongRoPE pair of them."""
+    def f32(values):
+        return torch.tensor(values, dtype=torch.float32)
+
+    if cfg.rope_factors_long:
+        return {"rope_factors_long.weight": f32(cfg.rope_factors_long),
+                "rope_factors_short.weight": f32(cfg.rope_factors)}
+    return {"rope_freqs.weight": f32(cfg.rope_factors)} if cfg.rope_factors else {}
 
 
 def _fuse_phi3(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -244,7 +303,8 @@ def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     from safetensors.torch import save_file
 
     from . import registry
-    from .tokenizer import Tokenizer, VocabSpec
+    from .gguf_vocab import VocabSpec
+    from .tokenizer import Tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -314,7 +374,11 @@ def _hf_config(cfg: ModelConfig) -> dict:
     else:
         c.update(hidden_act={"silu_glu": "silu"}.get(cfg.activation, "relu"),
                  ffn_activation=cfg.activation)
-    if cfg.rope_factors:  # the tiny Llama 3's (FAMILY_CONFIGS): config.json's form of them
+    if cfg.rope_factors_long:
+        c["original_max_position_embeddings"] = cfg.rope_original_context
+        c["rope_scaling"] = {"type": "longrope", "long_factor": list(cfg.rope_factors_long),
+                             "short_factor": list(cfg.rope_factors)}
+    elif cfg.rope_factors:  # the tiny Llama 3's (FAMILY_CONFIGS): config.json's form of them
         s = LLAMA3_SCALING
         c["rope_scaling"] = {"rope_type": "llama3", "factor": s["factor"],
                              "low_freq_factor": s["low_freq_factor"],

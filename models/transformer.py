@@ -262,6 +262,12 @@ class Transformer(nn.Module):
             if on_layer is not None:
                 on_layer(i)
 
+    def use_context(self, n_ctx: int) -> None:
+        """Rotate for a context of `n_ctx` tokens from now on (LongRoPE's factor set follows
+        it; built, a model rotates as for a context within the original one)."""
+        for block, rotary in zip(self.blocks, layer_rotaries(self.cfg, n_ctx)):
+            block.attn.rotary = rotary
+
     @property
     def device(self) -> torch.device:
         return self.output_norm.device

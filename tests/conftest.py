@@ -52,12 +52,13 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def family_models(tmp_path_factory):
     """name -> (config, weights, gguf path) for each of synthetic.FAMILY_CONFIGS (Llama 3
-    RoPE scaling, Qwen 2, Qwen 3, Gemma 2, Phi-3), F32 tensors."""
+    RoPE scaling, Qwen 2, Qwen 3, Gemma 2, Phi-3), F32 tensors with confident logits (see
+    synthetic.confident_weights)."""
     root = tmp_path_factory.mktemp("families")
     out = {}
     for seed, name in enumerate(synthetic.FAMILY_CONFIGS, start=100):
         cfg = synthetic.tiny_config(name)
-        weights = synthetic.tiny_weights(cfg, seed=seed)
+        weights = synthetic.confident_weights(cfg, synthetic.tiny_weights(cfg, seed=seed), seed)
         out[name] = (cfg, weights, synthetic.write_gguf(root / f"{name}.gguf", cfg, weights))
     return out
 

@@ -291,7 +291,7 @@ def g_tokenizer_cache(path: Path, rng):
     "resign" also rewrites the sidecar's sha256 so only the parser stands between the damage
     and the model."""
     from ember.models.loader import file_fingerprint, open_model
-    from ember.models.tokenizer import tokenizer_cache_path
+    from ember.models.gguf_vocab import tokenizer_cache_path
 
     open_model(path)  # writes the cache
     cache = tokenizer_cache_path(file_fingerprint(path))

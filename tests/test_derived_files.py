@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ember.models.loader import file_fingerprint, open_model
-from ember.models.tokenizer import tokenizer_cache_path
+from ember.models.gguf_vocab import tokenizer_cache_path
 from ember.models.user_dirs import cache_dir
 
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):

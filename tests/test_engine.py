@@ -220,7 +220,8 @@ def test_every_family_end_of_turn_token_in_the_vocabulary_stops(engine):
     from types import SimpleNamespace
 
     from ember.models.loader import ModelSource
-    from ember.models.tokenizer import Tokenizer, VocabSpec
+    from ember.models.gguf_vocab import VocabSpec
+    from ember.models.tokenizer import Tokenizer
 
     ends = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>"]
     tokens = ["<unk>", "<s>", "</s>", *ends, "<|im_start|>", "a", "b"]

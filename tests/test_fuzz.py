@@ -179,7 +179,7 @@ def test_foreign_tokenizer_cache_is_rebuilt(tiny_models, tmp_path):
     path = tmp_path / "m.gguf"
     path.write_bytes(tiny_models["gemma3"][2].read_bytes())
     from ember.models.loader import file_fingerprint
-    from ember.models.tokenizer import tokenizer_cache_path
+    from ember.models.gguf_vocab import tokenizer_cache_path
 
     open_model(path)
     cache = tokenizer_cache_path(file_fingerprint(path))

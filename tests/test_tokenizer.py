@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ember.models.errors import UnsupportedModelError
-from ember.models.tokenizer import StreamDecoder, Tokenizer, VocabSpec, _byte_level_chars
+from ember.models.gguf_vocab import VocabSpec
+from ember.models.tokenizer import StreamDecoder, Tokenizer, _byte_level_chars
 
 FIXTURE = Path(__file__).parent / "data" / "gemma3_tokenize_fixture.json"
 CONTROL, UNKNOWN, USER, BYTE = 3, 2, 4, 6

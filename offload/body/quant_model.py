@@ -132,6 +132,10 @@ class QuantModel:
                         "to Q8_0 at load (%.1f MB)", "/".join(kinds), len(self.derived),
                         sum(self.derived.values()) / 1e6)
 
+    def use_context(self, n_ctx: int) -> None:
+        """Rotate for a context of `n_ctx` tokens (see Transformer.use_context)."""
+        self.rotary = layer_rotaries(self.cfg, n_ctx)
+
     def ffn_rows(self) -> list[FileFFNRows]:
         """Each layer's FFN in the file's blocks, as a hybrid split reads its rows."""
         return [FileFFNRows(layer.gate_up, layer.down, layer.activation) for layer in self.layers]

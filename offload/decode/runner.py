@@ -50,6 +50,7 @@ class Runner:
             raise ConfigError(f"context size {n_ctx} exceeds the model's maximum "
                               f"{model.cfg.context_length}")
         self.model, self.kv, self.n_ctx, self.prefill_chunk = model, kv, n_ctx, prefill_chunk
+        model.use_context(n_ctx)  # Phi-3 LongRoPE picks its factors by the context size
         self.sessions: dict[str, Session] = {}
         self.last_prefill_tokens = 0  # tokens the last prefill actually computed
         self._s_per_token: float | None = None  # a cancellable prefill's latest pace
