@@ -9,11 +9,14 @@ of the file's block inputs, every row's header bytes, then each input's column o
 of F32/F16/BF16 values). The bytes are the file's (Q4_K stays 4.5 bits per weight), so nothing
 is rounded again, and the same tiles run prefill (dense over every input).
 
-Arithmetic: per sub-block of inputs sharing a scale, acc = fma(x_i, q_i, acc) over the kept
-inputs in order, then y = fma(a, acc, y) and y = fma(b, sum of kept x, y) (w = a * q + b): every
-CPU path gives the same bits, and a row's outputs do not depend on the other rows.
-`input_sparse_matmul_reference` is the plain version (masked x against the dequantized
-weight, float64 sums) that the kernel is tested against.
+Arithmetic (w = a * q + b per row and sub-block of inputs): the 4-, 5- and 6-bit types round
+each row's kept x to int8 per file block (max|x| / 127, as the dense kernel, block_matmul,
+rounds x; a dropped input is a 0, so the kept ones round as they would densely) and sum
+xq_i * q_i exactly in integers, then y += dx * (a * sum + b * sum(xq)); Q8_0 and the float
+types sum x_i * q_i in float, in input order. Every CPU path gives the same bits, and a row's
+outputs do not depend on the other rows. `input_sparse_matmul_reference` is the plain version
+(masked x, rounded as the kernel rounds it, against the dequantized weight, float64 sums)
+that the kernel is tested against.
 """
 
 from __future__ import annotations
@@ -22,16 +25,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from gguf import GGMLQuantizationType as Q
 
 from ember.models import quants
 from ember.models.weights import QTensor
 
+from . import block_matmul as bm
 from . import cpu_extension
 from . import tile_layout as tl
 
 __all__ = ["InputMajor", "TILED_TYPES", "available", "dequantize_input_major",
-           "input_sparse_matmul", "input_sparse_matmul_reference", "relayout",
-           "relayout_reference", "tiled"]
+           "input_sparse_matmul", "input_sparse_matmul_reference", "integer_type",
+           "relayout", "relayout_reference", "tiled"]
 
 TILED_TYPES = tuple(tl.FORMATS)  # the GGML types the tiles hold
 
@@ -125,13 +130,29 @@ def input_sparse_matmul(x: torch.Tensor, weights: Sequence[InputMajor],
         [w.shape[0] for w in weights], -1.0 if threshold is None else float(threshold), stats)
 
 
+def integer_type(qtype: int) -> bool:
+    """Whether the kernel rounds x to int8 for this type (csrc/input_major.h, int_type)."""
+    return tiled(qtype) and int(qtype) not in tl.FLOATS and int(qtype) != int(Q.Q8_0)
+
+
+def _as_the_kernel_reads(xm: torch.Tensor, qtype: int) -> torch.Tensor:
+    """Masked x in float64, rounded to int8 per file block where the kernel rounds it."""
+    if not integer_type(qtype):
+        return xm.double()
+    block = tl.FORMATS[int(qtype)].qk
+    q, d = bm.quantize_activations_reference(xm, block)
+    return (q.double() * d.double()).reshape(xm.shape)
+
+
 def input_sparse_matmul_reference(x: torch.Tensor, weights: Sequence[InputMajor],
                                   threshold: float | None = None) -> torch.Tensor:
-    """Masked x (inputs at or below the threshold set to 0) against the dequantized weights,
-    summed in float64 -> float32."""
+    """Masked x (inputs at or below the threshold set to 0; rounded to int8 per block as the
+    kernel rounds it, for the 4-6 bit types) against the dequantized weights, summed in
+    float64 -> float32."""
     _check_x(x, weights)
     xm = x if threshold is None else torch.where(x.abs() > threshold, x, torch.zeros_like(x))
-    outs = [xm.double() @ dequantize_input_major(w).double().t() for w in weights]
+    outs = [_as_the_kernel_reads(xm, w.qtype) @ dequantize_input_major(w).double().t()
+            for w in weights]
     if not outs:
         return x.new_zeros(x.shape[0], 0)
     return torch.cat(outs, 1).float()

@@ -77,6 +77,9 @@ def test_tiles_hold_the_files_values_and_bytes(qtype, shape):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_kernel_matches_masked_dense_file_weight(path, qtype, shape, restore_path):
+    """Against the reference (x rounded as the kernel rounds it) to float32 rounding, and
+    against masked x @ the file's dequantized weight in float64 to the int8 rounding of x
+    (the 4-6 bit types; exact arithmetic aside, none for Q8_0 and the float types)."""
     bm.set_cpu_path(path)
     im = tiles(qtype, *shape)
     dense = weight(qtype, *shape).dequantize().double()
@@ -85,12 +88,16 @@ def test_kernel_matches_masked_dense_file_weight(path, qtype, shape, restore_pat
         for kept in (1.0, 0.5, 0.0):
             threshold = threshold_keeping(x, kept)
             got = isp.input_sparse_matmul(x, [im], threshold)
+            ref = isp.input_sparse_matmul_reference(x, [im], threshold)
+            scale = float(ref.abs().max()) + 1e-3
+            assert (got - ref).abs().max() <= 2e-6 * shape[1] ** 0.5 * scale, (t, kept)
             xm = x if threshold is None else torch.where(x.abs() > threshold, x, 0 * x)
             want = (xm.double() @ dense.t()).float()
-            assert torch.allclose(got, isp.input_sparse_matmul_reference(x, [im], threshold),
-                                  rtol=0, atol=3e-6 * shape[1] ** 0.5 * float(dense.abs().max()))
-            scale = float(want.abs().max()) + 1e-3
-            assert (got - want).abs().max() <= 2e-6 * shape[1] ** 0.5 * scale, (t, kept)
+            # |x - its int8 rounding| <= max|x| / 254 per value: at most that times sum |w|
+            bound = 1e-5 * (float(want.abs().max()) + 1e-3)
+            if isp.integer_type(qtype):
+                bound += float(dense.abs().sum(1).max() * xm.abs().max()) / 254
+            assert (got - want).abs().max() <= bound, (t, kept)
             if kept == 0.0:
                 assert not got.any()
 

@@ -72,6 +72,15 @@ constexpr int high_bytes(int t) {
     return t == Q5_0 || t == Q5_1 || t == Q5_K ? 8 : t == Q6_K ? 16 : 0;
 }
 constexpr int q_offset(int t) { return t == Q4_0 ? -8 : t == Q5_0 ? -16 : t == Q6_K ? -32 : 0; }
+// The 4-, 5- and 6-bit types run on integers: x rounded to int8 per block of the file's block
+// inputs, as the dense kernel rounds it (block_matmul), and sums of q * x in int16 lanes,
+// moved to int32 every `flush_every` inputs, before any could overflow (|q| * 127 * n < 2^15).
+// Q8_0 and the float types run in float (an int8 q times an int8 x overflows int16 at 3 inputs).
+constexpr bool int_type(int t) { return t != Q8_0 && !float_type(t); }
+constexpr int max_abs_q(int t) {
+    return t == Q4_0 ? 8 : t == Q5_0 ? 16 : t == Q6_K ? 32 : high_bytes(t) ? 31 : 15;
+}
+constexpr int flush_every(int t) { return 32767 / (127 * max_abs_q(t)); }
 
 // Where a weight's super-blocks, headers and input runs lie.
 struct Tiles {
@@ -102,30 +111,63 @@ inline float tile_q(const uint8_t* lo, const uint8_t* hi, int r) {
     return float(q + q_offset(TYPE));
 }
 
+// A K-quant's 6-bit scale (and min) of sub-block s for rows r: from the 12 packed bytes (Q4_K,
+// Q5_K: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scale) and 4-7 (min); 4-7 in the
+// nibbles of bytes 8-11 and the top two bits of bytes 0-3 / 4-7), or Q6_K's int8.
+inline void k_scale_min(const uint8_t* scales, int64_t Np, int s, int r, int& sc, int& m) {
+    if (s < 4) {
+        sc = scales[s * Np + r] & 63;
+        m = scales[(s + 4) * Np + r] & 63;
+    } else {
+        const int lo = scales[(s + 4) * Np + r];
+        sc = (lo & 15) | ((scales[(s - 4) * Np + r] >> 6) << 4);
+        m = (lo >> 4) | ((scales[s * Np + r] >> 6) << 4);
+    }
+}
+
+#ifdef EMBER_IM_AVX512
+// 16 rows' a = d * sc and b = -(dmin * m) from 16 bytes of scale/min: the products of the
+// scalar version (one float rounding each), 16 at a time.
+inline void scales16(__m128i sc, __m128i m, const float* d, const float* dmin, float* a, float* b) {
+    _mm512_storeu_ps(a, _mm512_mul_ps(_mm512_loadu_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
+    const __m512 mm = _mm512_mul_ps(_mm512_loadu_ps(dmin), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+    const __m512i sign = _mm512_set1_epi32(int(0x80000000u));  // -x, as the scalar version
+    _mm512_storeu_ps(b, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(mm), sign)));
+}
+#endif
+
 // Each row's (a, b) of sub-block s for the 64 rows of a group: d (and dmin) already as floats.
-// Plain loops (the compiler vectorizes them); every path calls this one, so a and b are the
-// same bits everywhere.
+// Every path calls this one, so a and b are the same bits everywhere.
 template <int TYPE>
 inline void group_scales(const uint8_t* scales, int64_t Np, int s, const float* d,
                          const float* dmin, float* a, float* b) {
     if constexpr (TYPE == Q4_K || TYPE == Q5_K) {
-        // k_scales: sub-blocks 0-3 from bytes 0-3 (scale) and 4-7 (min), low 6 bits; 4-7
-        // from the nibbles of bytes 8-11 and the top two bits of bytes 0-3 / 4-7.
-        const uint8_t* lo = scales + (s < 4 ? s : s + 4) * Np;
-        const uint8_t* top_s = scales + (s < 4 ? s : s - 4) * Np;
-        const uint8_t* top_m = scales + (s < 4 ? s + 4 : s) * Np;
+#ifdef EMBER_IM_AVX512
+        const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15);
+        for (int r = 0; r < GROUP; r += 16) {
+            auto at = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + j * Np + r)); };
+            __m128i sc, m;
+            if (s < 4) {
+                sc = _mm_and_si128(at(s), m63);
+                m = _mm_and_si128(at(s + 4), m63);
+            } else {  // byte shifts as 16-bit shifts, masked
+                const __m128i lo = at(s + 4), top_s = at(s - 4), top_m = at(s);
+                const __m128i three = _mm_set1_epi8(3);
+                sc = _mm_or_si128(_mm_and_si128(lo, m15),
+                                  _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(top_s, 6), three), 4));
+                m = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), m15),
+                                 _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(top_m, 6), three), 4));
+            }
+            scales16(sc, m, d + r, dmin + r, a + r, b + r);
+        }
+#else
         for (int r = 0; r < GROUP; ++r) {
             int sc, m;
-            if (s < 4) {
-                sc = top_s[r] & 63;
-                m = top_m[r] & 63;
-            } else {
-                sc = (lo[r] & 15) | ((top_s[r] >> 6) << 4);
-                m = (lo[r] >> 4) | ((top_m[r] >> 6) << 4);
-            }
+            k_scale_min(scales, Np, s, r, sc, m);
             a[r] = d[r] * float(sc);
             b[r] = -(dmin[r] * float(m));
         }
+#endif
     } else if constexpr (float_type(TYPE)) {
         for (int r = 0; r < GROUP; ++r) a[r] = 1.f;
     } else if constexpr (TYPE == Q6_K) {
@@ -166,6 +208,11 @@ struct Portable {
         return c;
     }
     static void store(float* y, F f) { std::memcpy(y, f.v, sizeof f.v); }
+    static F mul(F a, F b) {
+        for (int i = 0; i < L; ++i) a.v[i] *= b.v[i];
+        return a;
+    }
+    static F load_i32(const int32_t* p) { F f; for (int i = 0; i < L; ++i) f.v[i] = float(p[i]); return f; }
     template <int TYPE>
     static void decode(const uint8_t* lo, const uint8_t* hi, int pass, F* out) {
         for (int r = 0; r < 4 * L; ++r)
@@ -189,6 +236,10 @@ struct Avx2 {
     static F load(const float* p) { return _mm256_loadu_ps(p); }
     static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
     static void store(float* y, F f) { _mm256_storeu_ps(y, f); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F load_i32(const int32_t* p) {
+        return _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
     template <int TYPE>
     static void decode(const uint8_t* lo, const uint8_t* hi, int pass, F* out) {
         if constexpr (float_type(TYPE)) {
@@ -230,6 +281,8 @@ struct Avx512 {
     static F load(const float* p) { return _mm512_loadu_ps(p); }
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static void store(float* y, F f) { _mm512_storeu_ps(y, f); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F load_i32(const int32_t* p) { return _mm512_cvtepi32_ps(_mm512_loadu_si512(p)); }
     template <int TYPE>
     static void decode(const uint8_t* lo, const uint8_t* hi, int, F* out) {
         if constexpr (float_type(TYPE)) {
@@ -275,6 +328,118 @@ struct Avx512 {
             for (int m = 0; m < 4; ++m)
                 out[m] = _mm512_add_ps(out[m], _mm512_permutexvar_ps(_mm512_srli_epi32(h, 2 * m), hl));
         }
+    }
+};
+#endif
+
+// ---- integer policies: 64 rows of a group as int16 lanes (q with its offset) ---------------
+// decode16<TYPE>(lo, hi, out): rows 0..63 in order, NV vectors of W lanes; madd: acc += q * x;
+// flush: dst[0..64) += the lanes, widened to int32. Integer sums are exact, so every path (and
+// every flush schedule) gives the same sums.
+
+struct PortableInt {
+    static constexpr int NV = 1;
+    struct V { int32_t v[GROUP]; };
+    static V zero() { return V{}; }
+    template <int TYPE>
+    static void decode16(const uint8_t* lo, const uint8_t* hi, V* out) {
+        for (int r = 0; r < GROUP; ++r) out[0].v[r] = int(tile_q<TYPE>(lo, hi, r));
+    }
+    static V madd(V acc, const V& q, int x) {
+        for (int r = 0; r < GROUP; ++r) acc.v[r] += q.v[r] * x;
+        return acc;
+    }
+    static void flush(const V* acc, int32_t* dst) {
+        for (int r = 0; r < GROUP; ++r) dst[r] += acc[0].v[r];
+    }
+};
+
+#ifdef EMBER_IM_AVX2
+struct Avx2Int {
+    static constexpr int NV = 4;  // 16 rows each: 0-15, 16-31, 32-47, 48-63
+    using V = __m256i;
+    static V zero() { return _mm256_setzero_si256(); }
+    template <int TYPE>
+    static void decode16(const uint8_t* lo, const uint8_t* hi, V* out) {
+        const __m256i m15 = _mm256_set1_epi16(15);
+        for (int h = 0; h < 2; ++h) {  // bytes 16h.. hold rows 16h.. (low) and 32 + 16h.. (high)
+            const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 16 * h)));
+            out[h] = _mm256_and_si256(w, m15);
+            out[2 + h] = _mm256_srli_epi16(w, 4);
+        }
+        if constexpr (high_bytes(TYPE) == 8) {  // bit r of 8 bytes: row r's fifth bit
+            const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
+                                                  2048, 4096, 8192, 16384, -32768);
+            for (int v = 0; v < 4; ++v) {
+                uint16_t h16;
+                std::memcpy(&h16, hi + 2 * v, 2);
+                const __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(short(h16)), bit), bit);
+                out[v] = _mm256_or_si256(out[v], _mm256_and_si256(set, _mm256_set1_epi16(16)));
+            }
+        }
+        if constexpr (TYPE == Q6_K) {  // byte j: rows j, 16 + j, 32 + j, 48 + j at bits 0, 2, 4, 6
+            const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)));
+            const __m256i three = _mm256_set1_epi16(3);
+            for (int v = 0; v < 4; ++v)
+                out[v] = _mm256_or_si256(out[v], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * v), three), 4));
+        }
+        if constexpr (q_offset(TYPE) != 0)
+            for (int v = 0; v < 4; ++v) out[v] = _mm256_add_epi16(out[v], _mm256_set1_epi16(q_offset(TYPE)));
+    }
+    static V madd(V acc, V q, int x) {
+        return _mm256_add_epi16(acc, _mm256_mullo_epi16(q, _mm256_set1_epi16(short(x))));
+    }
+    static void flush(const V* acc, int32_t* dst) {
+        for (int v = 0; v < 4; ++v)
+            for (int h = 0; h < 2; ++h) {
+                __m256i* d = reinterpret_cast<__m256i*>(dst + 16 * v + 8 * h);
+                const __m128i part = h ? _mm256_extracti128_si256(acc[v], 1) : _mm256_castsi256_si128(acc[v]);
+                _mm256_storeu_si256(d, _mm256_add_epi32(_mm256_loadu_si256(d), _mm256_cvtepi16_epi32(part)));
+            }
+    }
+};
+#endif
+
+#ifdef EMBER_IM_AVX512
+struct Avx512Int {
+    static constexpr int NV = 2;  // rows 0-31 (low nibbles), 32-63 (high nibbles)
+    using V = __m512i;
+    static V zero() { return _mm512_setzero_si512(); }
+    template <int TYPE>
+    static void decode16(const uint8_t* lo, const uint8_t* hi, V* out) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo)));
+        out[0] = _mm512_and_si512(w, _mm512_set1_epi16(15));
+        out[1] = _mm512_srli_epi16(w, 4);
+        if constexpr (high_bytes(TYPE) == 8) {  // + 16 where bit r is set
+            uint64_t h;
+            std::memcpy(&h, hi, 8);
+            const __m512i sixteen = _mm512_set1_epi16(16);
+            out[0] = _mm512_mask_add_epi16(out[0], __mmask32(h), out[0], sixteen);
+            out[1] = _mm512_mask_add_epi16(out[1], __mmask32(h >> 32), out[1], sixteen);
+        }
+        if constexpr (TYPE == Q6_K) {  // lanes 0-15 and 16-31 of each take bits 4v, 4v + 2
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+            const __m512i h = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(b));
+            const __m512i three = _mm512_set1_epi16(3);
+            for (int v = 0; v < 2; ++v) {
+                const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16(short(4 * v)),
+                                                      _mm256_set1_epi16(short(4 * v + 2)), 1);
+                out[v] = _mm512_or_si512(out[v], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh), three), 4));
+            }
+        }
+        if constexpr (q_offset(TYPE) != 0)
+            for (int v = 0; v < 2; ++v) out[v] = _mm512_add_epi16(out[v], _mm512_set1_epi16(q_offset(TYPE)));
+    }
+    static V madd(V acc, V q, int x) {
+        return _mm512_add_epi16(acc, _mm512_mullo_epi16(q, _mm512_set1_epi16(short(x))));
+    }
+    static void flush(const V* acc, int32_t* dst) {
+        for (int v = 0; v < 2; ++v)
+            for (int h = 0; h < 2; ++h) {
+                int32_t* d = dst + 32 * v + 16 * h;
+                const __m256i part = h ? _mm512_extracti64x4_epi64(acc[v], 1) : _mm512_castsi512_si256(acc[v]);
+                _mm512_storeu_si512(d, _mm512_add_epi32(_mm512_loadu_si512(d), _mm512_cvtepi16_epi32(part)));
+            }
     }
 };
 #endif

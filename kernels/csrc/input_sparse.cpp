@@ -35,6 +35,13 @@ struct Weight {
     int64_t col0;  // first output column in the (padded) y
 };
 
+// x rounded to int8 per block of B inputs (the integer types' x; B = the file's block).
+struct XInt {
+    std::vector<int16_t> xq;  // per tile of TT rows: per listed input, TT values (0 past T)
+    std::vector<float> d;     // (T, K/B): each block's scale
+    std::vector<int32_t> s16; // (T, K/16): sums of the rounded values over each 16 inputs
+};
+
 // What every weight of a call reads: the listed inputs and their values.
 struct Listed {
     int64_t T, K;
@@ -42,6 +49,8 @@ struct Listed {
     const int32_t* start16;  // (K/16 + 1): how many listed inputs lie below input 16c
     const float* xs;         // per tile of TT rows: per listed input, TT values (0 past T)
     const float* sx16;       // (T, K/16): per row, the sum of its kept x over each 16 inputs
+    const XInt* x32;         // x as int8 per 32 and per 256 inputs, where a weight needs it
+    const XInt* x256;
 };
 
 inline void prefetch_l2(const uint8_t* p, int64_t n) {
@@ -75,7 +84,9 @@ void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float
     constexpr int PASSES = GROUP / (4 * L);
     using F = typename P::F;
     const Tiles& t = w.lay;
-    const int64_t Np = t.padded(), K16 = li.K / 16;
+    const int64_t Np = t.padded(), K16 = li.K / 16, run = t.run(), high = t.high_at();
+    const int64_t n_listed = li.start16[K16];
+    const int32_t* cols = li.cols;
     alignas(64) float d[GROUP], dmin[GROUP], a[SUBS][GROUP], b[SUBS][GROUP];
     if (t.supers() > 0) prefetch_super<TYPE>(w, 0, ga, gb, li);
     for (int64_t kb = 0; kb < t.supers(); ++kb) {
@@ -92,7 +103,7 @@ void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float
                 if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
                     group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
             for (int64_t t0 = 0; t0 < li.T; t0 += TT) {
-                const float* xs = li.xs + t0 / TT * li.start16[K16] * TT;
+                const float* xs = li.xs + t0 / TT * n_listed * TT;
                 const int tt = int(std::min<int64_t>(TT, li.T - t0));
                 for (int pass = 0; pass < PASSES; ++pass) {
                     const int64_t c = w.col0 + g * GROUP + pass * 4 * L;
@@ -108,10 +119,11 @@ void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float
 #pragma GCC unroll 16
                         for (int r = 0; r < TT; ++r)
                             for (int v = 0; v < 4; ++v) acc[r][v] = P::zero();
+                        const uint8_t* base = in0 - kb * QK * run;  // + cols[j] * run: input j's run
                         for (int64_t j = j0; j < j1; ++j) {
-                            const uint8_t* lo = in0 + (li.cols[j] - kb * QK) * t.run() + g * LB;
+                            const uint8_t* in = base + cols[j] * run;
                             F q[4];
-                            P::template decode<TYPE>(lo, lo - g * LB + t.high_at() + g * HB, pass, q);
+                            P::template decode<TYPE>(in + g * LB, in + high + g * HB, pass, q);
 #pragma GCC unroll 16
                             for (int r = 0; r < TT; ++r) {
                                 const F xv = P::set1(xs[j * TT + r]);
@@ -138,6 +150,88 @@ void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float
     }
 }
 
+// The same walk for the 4-, 5- and 6-bit types, on integers: per sub-block, each row of x's
+// int16 sums of xq_i * q_i (moved to int32 every flush_every inputs), then
+// y += dx * (a * sum + b * sum(xq)).
+template <class P, class PI, int TYPE, int TT>
+void run_groups_int(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float* y,
+                    int64_t ldy) {
+    constexpr int QK = super_inputs(TYPE), SUB = sub_inputs(TYPE), SUBS = QK / SUB;
+    constexpr int LB = low_bytes(TYPE), HB = high_bytes(TYPE), L = P::L, NV = PI::NV;
+    constexpr int FLUSH = flush_every(TYPE);
+    using F = typename P::F;
+    using V = typename PI::V;
+    const Tiles& t = w.lay;
+    const int64_t Np = t.padded(), K16 = li.K / 16, run = t.run(), high = t.high_at();
+    const int64_t n_listed = li.start16[K16], blocks = li.K / QK;
+    const int32_t* cols = li.cols;
+    const XInt& xi = QK == 256 ? *li.x256 : *li.x32;
+    alignas(64) float d[GROUP], dmin[GROUP], a[SUBS][GROUP], b[SUBS][GROUP];
+    alignas(64) int32_t acc32[TT][GROUP];
+    if (t.supers() > 0) prefetch_super<TYPE>(w, 0, ga, gb, li);
+    for (int64_t kb = 0; kb < t.supers(); ++kb) {
+        if (kb + 1 < t.supers()) prefetch_super<TYPE>(w, kb + 1, ga, gb, li);
+        const uint8_t* sb = w.p + kb * t.super_bytes();
+        const int32_t* st = li.start16 + kb * QK / 16;
+        if (st[0] == st[QK / 16]) continue;  // no input of this super-block listed
+        const uint8_t* base = sb + t.header() - kb * QK * run;  // + cols[j] * run: input j's run
+        for (int64_t g = ga; g < gb; ++g) {
+            halves(sb + g * GROUP * 2, GROUP, d);
+            if constexpr (has_min(TYPE)) halves(sb + 2 * Np + g * GROUP * 2, GROUP, dmin);
+            const uint8_t* scales = sb + (has_min(TYPE) ? 4 : 2) * Np + g * GROUP;
+            for (int s = 0; s < SUBS; ++s)
+                if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
+                    group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
+            for (int64_t t0 = 0; t0 < li.T; t0 += TT) {
+                const int16_t* xq = xi.xq.data() + t0 / TT * n_listed * TT;
+                const int tt = int(std::min<int64_t>(TT, li.T - t0));
+                for (int s = 0; s < SUBS; ++s) {
+                    const int64_t j0 = st[s * SUB / 16], j1 = st[(s + 1) * SUB / 16];
+                    if (j0 == j1) continue;
+                    std::memset(acc32, 0, sizeof acc32);
+                    V acc[TT][NV];
+#pragma GCC unroll 16
+                    for (int r = 0; r < TT; ++r)
+                        for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
+                    int count = 0;
+                    for (int64_t j = j0; j < j1; ++j) {
+                        const uint8_t* in = base + cols[j] * run;
+                        V q[NV];
+                        PI::template decode16<TYPE>(in + g * LB, in + high + g * HB, q);
+#pragma GCC unroll 16
+                        for (int r = 0; r < TT; ++r) {
+                            const int x = xq[j * TT + r];
+                            for (int v = 0; v < NV; ++v) acc[r][v] = PI::madd(acc[r][v], q[v], x);
+                        }
+                        if (++count == FLUSH) {
+                            for (int r = 0; r < TT; ++r) {
+                                PI::flush(acc[r], acc32[r]);
+                                for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
+                            }
+                            count = 0;
+                        }
+                    }
+                    if (count)
+                        for (int r = 0; r < TT; ++r) PI::flush(acc[r], acc32[r]);
+                    const int64_t c16 = (kb * QK + s * SUB) / 16;
+                    for (int r = 0; r < tt; ++r) {
+                        const int64_t row = t0 + r;
+                        const int32_t* s16 = xi.s16.data() + row * K16 + c16;
+                        const F sum = P::set1(float(SUB == 16 ? s16[0] : s16[0] + s16[1]));
+                        const F dx = P::set1(xi.d[row * blocks + kb]);
+                        float* yr = y + row * ldy + w.col0 + g * GROUP;
+                        for (int o = 0; o < GROUP; o += L) {
+                            F v = P::mul(P::load(a[s] + o), P::load_i32(acc32[r] + o));
+                            if constexpr (has_min(TYPE)) v = P::fma(P::load(b[s] + o), sum, v);
+                            P::store(yr + o, P::fma(dx, v, P::load(yr + o)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 using RunFn = void (*)(const Weight&, int64_t, int64_t, const Listed&, float*, int64_t);
 
 struct PathKernels {
@@ -145,25 +239,28 @@ struct PathKernels {
     int tokens;
 };
 
-template <class P, int TYPE, int TT>
+template <class P, class PI, int TYPE, int TT>
 PathKernels kernels_of() {
-    return {run_groups<P, TYPE, 1>, run_groups<P, TYPE, TT>, TT};
+    if constexpr (int_type(TYPE))
+        return {run_groups_int<P, PI, TYPE, 1>, run_groups_int<P, PI, TYPE, TT>, TT};
+    else
+        return {run_groups<P, TYPE, 1>, run_groups<P, TYPE, TT>, TT};
 }
 
-template <class P, int TT>
+template <class P, class PI, int TT>
 PathKernels path_kernels(int type) {
     switch (type) {
-        case Q4_0: return kernels_of<P, Q4_0, TT>();
-        case Q4_1: return kernels_of<P, Q4_1, TT>();
-        case Q5_0: return kernels_of<P, Q5_0, TT>();
-        case Q5_1: return kernels_of<P, Q5_1, TT>();
-        case Q8_0: return kernels_of<P, Q8_0, TT>();
-        case Q4_K: return kernels_of<P, Q4_K, TT>();
-        case Q5_K: return kernels_of<P, Q5_K, TT>();
-        case Q6_K: return kernels_of<P, Q6_K, TT>();
-        case F32: return kernels_of<P, F32, TT>();
-        case F16: return kernels_of<P, F16, TT>();
-        default: return kernels_of<P, BF16, TT>();
+        case Q4_0: return kernels_of<P, PI, Q4_0, TT>();
+        case Q4_1: return kernels_of<P, PI, Q4_1, TT>();
+        case Q5_0: return kernels_of<P, PI, Q5_0, TT>();
+        case Q5_1: return kernels_of<P, PI, Q5_1, TT>();
+        case Q8_0: return kernels_of<P, PI, Q8_0, TT>();
+        case Q4_K: return kernels_of<P, PI, Q4_K, TT>();
+        case Q5_K: return kernels_of<P, PI, Q5_K, TT>();
+        case Q6_K: return kernels_of<P, PI, Q6_K, TT>();
+        case F32: return kernels_of<P, PI, F32, TT>();
+        case F16: return kernels_of<P, PI, F16, TT>();
+        default: return kernels_of<P, PI, BF16, TT>();
     }
 }
 
@@ -171,12 +268,12 @@ PathKernels path_kernels(int type) {
 PathKernels kernels(int type) {
     const std::string path = cpu_path();  // block_matmul's choice (EMBER_CPU_PATH, set_cpu_path)
 #ifdef EMBER_IM_AVX512
-    if (path == "avx512") return path_kernels<Avx512, 4>(type);
+    if (path == "avx512") return path_kernels<Avx512, Avx512Int, 4>(type);
 #endif
 #ifdef EMBER_IM_AVX2
-    if (path == "avx2") return path_kernels<Avx2, 2>(type);
+    if (path == "avx2") return path_kernels<Avx2, Avx2Int, 2>(type);
 #endif
-    return path_kernels<Portable, 2>(type);
+    return path_kernels<Portable, PortableInt, 2>(type);
 }
 
 Tiles checked_tiles(int64_t type, int64_t N, int64_t K, const char* what) {
@@ -232,6 +329,26 @@ void tile_super(const Tiles& t, const uint8_t* src, int64_t row_bytes, int64_t k
             if (high_bytes(type) == 8) hi[j / 8] |= uint8_t(((v >> 4) & 1) << (j % 8));
             if (type == Q6_K) hi[j % 16] |= uint8_t(((v >> 4) & 3) << (2 * (j / 16)));
         }
+    }
+}
+
+// x as the integer kernels read it: per row, its kept values (the others 0) rounded to int8 per
+// block of B as the dense kernel rounds them (quantize_block), listed per tile of TT rows.
+template <class Kept>
+void round_x(const float* xp, int64_t T, int64_t K, int B, const Kept& kept,
+             const std::vector<int32_t>& cols, int TT, XInt& out) {
+    const int64_t n = int64_t(cols.size()), tiles = (T + TT - 1) / TT;
+    out.xq.assign(tiles * n * TT, 0);
+    out.d.assign(T * (K / B), 0.f);
+    out.s16.assign(T * (K / 16), 0);
+    std::vector<float> v(K);
+    std::vector<int8_t> q(K);
+    std::vector<int16_t> sum8(K / 8);
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t i = 0; i < K; ++i) v[i] = kept(t, i) ? xp[t * K + i] : 0.f;
+        quantize_row(v.data(), K, B, q.data(), out.d.data() + t * (K / B), sum8.data());
+        for (int64_t c = 0; c < K / 16; ++c) out.s16[t * (K / 16) + c] = sum8[2 * c] + sum8[2 * c + 1];
+        for (int64_t j = 0; j < n; ++j) out.xq[(t / TT * n + j) * TT + t % TT] = q[cols[j]];
     }
 }
 
@@ -316,7 +433,13 @@ at::Tensor input_sparse_matmul(at::Tensor x, const std::vector<at::Tensor>& pack
             sx16[t * (K / 16) + c] = s;
         }
     }
-    const Listed li{T, K, cols.data(), start16.data(), xs.data(), sx16.data()};
+    XInt x32, x256;
+    for (const Weight& w : ws)
+        if (int_type(w.lay.type)) {
+            XInt& xi = super_inputs(w.lay.type) == 256 ? x256 : x32;
+            if (xi.d.empty()) round_x(xp, T, K, super_inputs(w.lay.type), kept, cols, TT, xi);
+        }
+    const Listed li{T, K, cols.data(), start16.data(), xs.data(), sx16.data(), &x32, &x256};
     float* y = yp.data_ptr<float>();
     const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
     const int64_t grain = std::max<int64_t>(1, (groups + threads - 1) / threads);
