@@ -14,7 +14,8 @@ from ember.models.loader import load_model
 from ember.offload.body import quant_model
 from ember.offload.profile.input_calibration import (SlotStats, allocate, collect_slot_stats,
                                              reference_passes)
-from ember.offload.body.input_sparsity import MATMULS, SLOTS, apply_input_sparsity, check_thresholds
+from ember.offload.body.input_sparsity import (MATMULS, SLOTS, apply_input_sparsity,
+                                                check_thresholds, slot_weights)
 from ember.offload.body.quant_model import QuantModel
 from ember.models.errors import ConfigError
 
@@ -268,3 +269,20 @@ def test_bench_sparsity_reports_speed_sparsity_and_bytes(capsys, tiny_q4_k_m):
     assert report["tile_bytes"] == half["body_bytes_dense"]
     assert half["body_bytes_read"] < 0.75 * half["body_bytes_dense"]
     assert half["ideal_speedup_from_bytes"] > 1.2
+
+
+@needs_native
+def test_released_file_copies_leave_the_output_alone_and_stay_released(tiny_models):
+    """The tiles replace the file's copies of thresholded matmuls: releasing those pages
+    changes nothing a thresholded pass computes, and the slots cannot go back to dense."""
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
+    before = run(model, PROMPT)
+    released = runtime.release_file_copies()
+    file_bytes = sum(w.nbytes for i in range(len(model.layers)) for s in SLOTS
+                     for w in slot_weights(model.layers[i], s))
+    assert 0.5 * file_bytes < released <= file_bytes
+    for a, b in zip(before, run(model, PROMPT), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match="cannot run dense again"):
+        runtime.set_thresholds([{} for _ in model.layers])

@@ -12,6 +12,9 @@ decoding (not an offline estimate), and the bytes a token reads follow from them
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -66,11 +69,16 @@ class InputSparsity:
     layout: str = "tiles"
     layouts: dict[tuple[int, str], list[isp.InputMajor]] = field(default_factory=dict)
     stats: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    released: dict[tuple[int, str], int] = field(default_factory=dict)  # slot -> bytes let go
 
     def set_thresholds(self, thresholds: Thresholds) -> None:
         """Apply new thresholds (a calibration search tries several): layouts are derived once
         per slot, the first time it is thresholded; a slot left out goes back to the file."""
         _check_types(self.model, thresholds)
+        back = [key for key in self.released if thresholds[key[0]].get(key[1]) is None]
+        if back:
+            raise ConfigError(f"the file's copy of layer {back[0][0]}'s {back[0][1]} weights was "
+                              f"released (release_file_copies): that slot cannot run dense again")
         step = self.model.native_step()
         for i, layer in enumerate(self.model.layers):
             for s, slot in enumerate(SLOTS):
@@ -111,6 +119,18 @@ class InputSparsity:
                 "mean_thresholded": round(sum(thresholded) / max(1, len(thresholded)), 4),
                 "mean_body": round(sum(all_slots) / max(1, len(all_slots)), 4)}
 
+    def release_file_copies(self) -> int:
+        """Let the OS take back the pages of the file's copies of every thresholded weight (the
+        tiles replace them, so the model is not held twice): those matmuls read only their
+        tiles from now on, and set_thresholds refuses to put them back on the file. Mapped
+        file pages would be read again from the file; a copy in RAM would read as zeros, which
+        is why nothing may read them after. Returns the bytes released."""
+        for key in self.layouts:
+            if key not in self.released and self.thresholds[key[0]].get(key[1]) is not None:
+                weights = slot_weights(self.model.layers[key[0]], key[1])
+                self.released[key] = sum(release_pages(w.raw) for w in weights)
+        return sum(self.released.values())
+
     def layout_bytes(self) -> int:
         """Bytes of the derived input-major tiles (the file's copies of those matmuls are no
         longer read)."""
@@ -134,6 +154,24 @@ class InputSparsity:
                     header, run = tl.header_and_run_bytes(w.qtype, *w.shape)
                     sparse += header + run * w.shape[1] * int(st[0]) / int(st[1])
         return int(dense), int(sparse)
+
+
+def release_pages(t: torch.Tensor) -> int:
+    """madvise(MADV_DONTNEED) the whole pages inside tensor `t`'s bytes; returns how many
+    bytes that covered (0 where the platform has no madvise)."""
+    if not hasattr(mmap, "MADV_DONTNEED") or sys.platform != "linux":
+        return 0
+    page = mmap.PAGESIZE
+    start = t.data_ptr()
+    lo = -(-start // page) * page
+    hi = (start + t.numel() * t.element_size()) // page * page
+    if hi <= lo:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) != 0:
+        return 0
+    return hi - lo
 
 
 def _check_types(model, thresholds: Thresholds) -> None:
