@@ -53,13 +53,6 @@ def padded(n: int) -> int:
     return (n + GROUP - 1) // GROUP * GROUP
 
 
-def tile_bytes(qtype: int, n: int, k: int) -> int:
-    f = FORMATS[int(qtype)]
-    np_, groups = padded(n), padded(n) // GROUP
-    header = np_ * (2 * len(f.halves) + len(f.scale_bytes))
-    return k // f.qk * (header + f.qk * groups * (f.low + f.high))
-
-
 def header_and_run_bytes(qtype: int, n: int, k: int) -> tuple[int, int]:
     """(bytes of every super-block's header, bytes of one input's run over all rows): a call
     that keeps m inputs reads the headers of the super-blocks it touches and m runs."""
