@@ -177,9 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target input sparsities, thresholds from a pass over the prompt "
                         "(default: 0.4 0.5)")
     b.add_argument("--profile", metavar="PATH", help="also the thresholds of this profile")
-    b.add_argument("--layout", default="q8_0", choices=("q8_0", "bits"),
-                   help="input-major blocks: q8_0 (near the file's values) or bits (about the "
-                        "file's bits per weight: fewer bytes, a coarser second rounding)")
     b.add_argument("--prompt-tokens", type=int, default=64, metavar="N")
     b.add_argument("--gen-tokens", type=int, default=32, metavar="N")
     b.add_argument("--runs", type=int, default=3, metavar="N")

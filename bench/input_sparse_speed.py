@@ -4,7 +4,7 @@ Decode (T=1): the dense block_matmul on the file's blocks against input_sparse_m
 same weight's input-major layout, at several input sparsities, timed alternately (weights cycled
 through copies that together exceed the last-level cache, so every call reads from memory).
 Each line gives the time, the speedup over dense and the ideal speedup from the bytes read
-(file bytes / (layout bytes x kept fraction)). Prefill (T=64): GOPS of both. Medians of several
+(file bytes / (the tiles' headers + the kept inputs' runs)). Prefill (T=64): GOPS of both. Medians of several
 repeats: the machines here are shared, so compare the ratios of one run.
 """
 
@@ -18,12 +18,13 @@ from gguf import GGMLQuantizationType as Q
 
 from ember.kernels import block_matmul as bm
 from ember.kernels import input_sparse as isp
+from ember.kernels import tile_layout as tl
 from ember.models.weights import QTensor
 
 from .block_matmul_speed import STREAM_BYTES, timed, weight
 
 SHAPES = ((5632, 2048), (2048, 5632), (11008, 4096), (4096, 11008), (2048, 640), (640, 2048))
-TYPES = ("Q4_K", "Q5_0", "Q6_K")
+TYPES = ("Q4_K", "Q6_K", "Q8_0")
 SPARSITIES = (0.0, 0.4, 0.5, 0.7)
 
 
@@ -62,10 +63,11 @@ def decode(name: str, n: int, k: int, repeats: int) -> None:
             times[key].append(timed(fn, 1, 1) / count)
     d = statistics.median(times["dense"])
     print(f"  {name} {n}x{k} -> {isp.quants.type_name(im.qtype)}  dense {d * 1e3:6.3f} ms "
-          f"({w.nbytes / d / 1e9:4.1f} GB/s)  layout {im.nbytes / w.nbytes:4.2f}x bytes")
+          f"({w.nbytes / d / 1e9:4.1f} GB/s)  tiles {im.nbytes / w.nbytes:4.2f}x bytes")
     for s in SPARSITIES:
         t = statistics.median(times[s])
-        ideal = w.nbytes / (im.nbytes * (1 - s))
+        header, run = tl.header_and_run_bytes(qtype, n, k)
+        ideal = w.nbytes / (header + run * round(k * (1 - s)))
         print(f"    sparsity {s:3.0%}: {t * 1e3:6.3f} ms  speedup {d / t:4.2f}  ideal "
               f"{ideal:4.2f}  ({d / t / ideal:4.2f} of ideal)")
 

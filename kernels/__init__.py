@@ -12,8 +12,8 @@ whose codes the C++ kernels receive (csrc/activation.h).
 - `block_matmul`: x @ W^T on GGML quant blocks as the file stores them (Q4_0..Q8_0, K-quants,
   F16/BF16/F32), AVX-512 VNNI / AVX2 / portable paths chosen at run time (EMBER_CPU_PATH).
 - `decoder_step`: every decoder layer for T rows in one call, on those blocks.
-- `input_sparse`: x @ W^T reading only the weight columns of inputs above a threshold, on an
-  input-major re-layout of the blocks.
+- `input_sparse`: x @ W^T reading only the weight columns of inputs above a threshold, on
+  input-major tiles of the file's blocks (`tile_layout`: the same bytes, re-ordered).
 - `fused_ops`: norms, rotary, attention over the paged KV pool, activations, argmax/top-k;
   per-row ops that replace chains of small PyTorch calls at batch 1.
 - `sparse_ffn` (over `ffn_bundles`, one contiguous bundle per neuron) and `hot_ffn` (over

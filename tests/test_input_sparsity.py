@@ -14,7 +14,8 @@ from ember.models.loader import load_model
 from ember.offload.body import quant_model
 from ember.offload.profile.input_calibration import (SlotStats, allocate, collect_slot_stats,
                                              reference_passes)
-from ember.offload.body.input_sparsity import MATMULS, SLOTS, apply_input_sparsity, check_thresholds
+from ember.offload.body.input_sparsity import (MATMULS, SLOTS, apply_input_sparsity,
+                                                check_thresholds, slot_weights)
 from ember.offload.body.quant_model import QuantModel
 from ember.models.errors import ConfigError
 
@@ -70,7 +71,8 @@ def test_thresholds_change_the_output_and_zero_thresholds_nearly_do_not(tiny_mod
     model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
     dense = run(model, PROMPT, decode=0)[0]
     runtime = apply_input_sparsity(model, thresholds_for(model, 0.0))
-    # threshold 0 keeps every nonzero input: only the re-layout's Q8_0 rounding remains
+    # threshold 0 keeps every nonzero input: the tiles hold the file's values, and only the
+    # dense kernel's int8 rounding of x differs
     near = run(model, PROMPT, decode=0)[0]
     assert (near - dense).abs().max() < 0.05 * dense.abs().max()
     runtime.set_thresholds(thresholds_for(model, 1.0))
@@ -248,26 +250,39 @@ def test_allocate_global_spends_where_the_measured_gain_is_low():
 
 
 @needs_native
-def test_bench_sparsity_reports_speed_sparsity_and_the_relayout_error(capsys, tiny_models):
-    """`ember bench sparsity --json`: dense and thresholded tokens/s, the realized sparsity,
-    and how far the input-major layouts round the file's values (the q8_0 layout near them,
-    the bits layout no nearer)."""
+def test_bench_sparsity_reports_speed_sparsity_and_bytes(capsys, tiny_q4_k_m):
+    """`ember bench sparsity --json` on a Q4_K_M-style model: dense and thresholded tokens/s,
+    the realized sparsity, and the bytes behind the ideal speedup (the tiles are the file's
+    bytes: every matmul of the body thresholded, as many bytes as the file's body)."""
     import json
 
     from ember.app.cli import main
 
-    path = str(tiny_models["llama-silu_glu"][2])
-    errors = {}
-    for layout in ("q8_0", "bits"):
-        code = main(["bench", "sparsity", "--model", path, "--sparsity", "0.5", "--runs", "1",
-                     "--prompt-tokens", "8", "--gen-tokens", "2", "--layout", layout, "--json"])
-        captured = capsys.readouterr()
-        assert code == 0, captured.err
-        report = json.loads(captured.out)
-        assert 0.3 < report["thresholded"]["50%"]["mean_sparsity_body"] < 0.7
-        error = report["relayout_error"]
-        n_layers = load_model(path).config.n_layers
-        assert error["matmuls"] == n_layers * sum(MATMULS.values())
-        assert 0 < error["mean"] <= error["max"]
-        errors[layout] = error["max"]
-    assert errors["q8_0"] < 0.05 and errors["q8_0"] <= errors["bits"]
+    path = str(tiny_q4_k_m[2])
+    code = main(["bench", "sparsity", "--model", path, "--sparsity", "0.5", "--runs", "1",
+                 "--prompt-tokens", "8", "--gen-tokens", "2", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    half = report["thresholded"]["50%"]
+    assert 0.3 < half["mean_sparsity_body"] < 0.7
+    assert report["tile_bytes"] == half["body_bytes_dense"]
+    assert half["body_bytes_read"] < 0.75 * half["body_bytes_dense"]
+    assert half["ideal_speedup_from_bytes"] > 1.2
+
+
+@needs_native
+def test_released_file_copies_leave_the_output_alone_and_stay_released(tiny_models):
+    """The tiles replace the file's copies of thresholded matmuls: releasing those pages
+    changes nothing a thresholded pass computes, and the slots cannot go back to dense."""
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
+    before = run(model, PROMPT)
+    released = runtime.release_file_copies()
+    file_bytes = sum(w.nbytes for i in range(len(model.layers)) for s in SLOTS
+                     for w in slot_weights(model.layers[i], s))
+    assert 0.5 * file_bytes < released <= file_bytes
+    for a, b in zip(before, run(model, PROMPT), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match="cannot run dense again"):
+        runtime.set_thresholds([{} for _ in model.layers])

@@ -46,11 +46,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_cpu_path", &set_cpu_path, "the instruction-set path block_matmul uses",
         py::arg("name"));
   m.def("cpu_path", &cpu_path, "the instruction-set path block_matmul uses");
-  m.def("im_relayout", &im_relayout, "a weight's rows -> its input-major 32-output blocks",
-        py::arg("rows"), py::arg("qtype"), py::arg("n"), py::arg("k"), py::arg("im_type"),
+  m.def("tile_relayout", &tile_relayout, "a weight's rows -> its input-major tiles (same bytes)",
+        py::arg("rows"), py::arg("qtype"), py::arg("n"), py::arg("k"),
         py::call_guard<py::gil_scoped_release>());
   m.def("input_sparse_matmul", &input_sparse_matmul,
-        "x @ W^T over input-major weights, reading only inputs with |x| > threshold",
+        "x @ W^T over input-major tiles, reading only inputs with |x| > threshold",
         py::arg("x"), py::arg("packed"), py::arg("types"), py::arg("n_out"),
         py::arg("threshold"), py::arg("stats"), py::call_guard<py::gil_scoped_release>());
   py::class_<DecoderStep>(m, "DecoderStep",

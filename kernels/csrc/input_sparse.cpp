@@ -1,18 +1,18 @@
 // y = x @ W^T reading only the weight columns of the inputs that survive a threshold
-// (|x_i| > threshold), over W's input-major layout (input_major.h), derived once from the
-// file's blocks by im_relayout. Python side, reference and measurements:
-// kernels/input_sparse.py.
+// (|x_i| > threshold), over W's input-major tiles (input_major.h): the file's own blocks
+// re-ordered once by tile_relayout, so nothing is rounded a second time. Python side and
+// references: kernels/input_sparse.py.
 //
-// Decode (T = 1): the surviving inputs are listed once; each thread owns a run of 32-output
-// blocks and, per chunk, keeps up to 256 outputs in registers while it walks the survivors'
-// column rows (prefetched a few survivors ahead), so a dropped input costs no bytes. Prefill
-// (T > 1): every input (or, with a threshold, every input some row keeps, the others' values
-// zeroed), in tiles of tokens per 32-output block.
+// The inputs read are listed once per call: for one row (decode) those it keeps; for T rows
+// those some row keeps, the others' values zeroed. Each thread owns a range of 64-row groups
+// (across the call's weights, side by side) and walks the super-blocks in order: per group and
+// sub-block, 4 vectors of accumulators per row of x take one fma per listed input (its 64
+// values decoded once for all rows of the token tile), then y += a * acc + b * sum(x). While it
+// works on one super-block it prefetches the next one's kept runs into L2.
 //
-// Arithmetic: each output is acc = fma(x_i * d, q - offset, acc) over the listed inputs in
-// order (d the block's scale, q its quants), on every CPU path, so the paths agree bit for bit,
-// a row's outputs do not depend on the other rows (batch invariance), and a thresholded row
-// gives exactly the bits of its masked dense product (a zeroed input adds +-0).
+// Arithmetic: the same operations in the same order on every CPU path, so the paths agree bit
+// for bit; a row's outputs do not depend on the other rows (batch invariance: a zeroed input
+// adds +-0), and a thresholded row gives its masked dense product's value.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "input_major.h"
@@ -29,226 +30,406 @@ namespace {
 
 using namespace ember_im;
 
-constexpr int PREFETCH_SURVIVORS = 4;  // column rows ahead (~4 x 144 bytes in flight per thread)
-
-// The kernels keep up to 16 vectors of outputs in named variables a0..a15: GCC keeps an array
-// of vector accumulators in memory, storing it back every iteration (seen in the assembly).
-#define EMBER_IM_ACC                                                                        \
-    typename P::F a0 = P::zero(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, \
-                  a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0
-#define EMBER_IM_STORE(count, at)                                                            \
-    {                                                                                         \
-        const typename P::F all[16] = {a0, a1, a2, a3, a4, a5, a6, a7,                        \
-                                       a8, a9, a10, a11, a12, a13, a14, a15};                 \
-        for (int v = 0; v < (count); ++v) P::store(at(v), all[v]);                            \
-    }
-// Slot group g (g < G) of V vectors: x_g += s * q[0..V).
-#define EMBER_IM_FMA2(g, G, s, x0, x1)                                                        \
-    if constexpr ((g) < (G)) { x0 = P::fma(s, q[0], x0); x1 = P::fma(s, q[1], x1); }
-#define EMBER_IM_FMA4(g, G, s, x0, x1, x2, x3)                                                \
-    if constexpr ((g) < (G)) {                                                                \
-        x0 = P::fma(s, q[0], x0); x1 = P::fma(s, q[1], x1);                                   \
-        x2 = P::fma(s, q[2], x2); x3 = P::fma(s, q[3], x3);                                   \
-    }
-
-// Outputs [0, NB * 32) of one chunk: y = sum over j of xs[j] * column cols[j] (T = 1).
-template <class P, int TYPE, int NB>
-void decode_rows(const uint8_t* base, int64_t stride, const int32_t* cols, int64_t n,
-                 const float* xs, float* y) {
-    constexpr int V = BLOCK / P::L, BB = block_bytes(TYPE);
-    static_assert(NB * V <= 16 && (V == 2 || V == 4), "16 accumulators at most");
-    EMBER_IM_ACC;
-    for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* col = base + cols[j] * stride;
-        if (j + PREFETCH_SURVIVORS < n) {
-            const uint8_t* next = base + cols[j + PREFETCH_SURVIVORS] * stride;
-            for (int o = 0; o < NB * BB; o += 64) P::prefetch(next + o);
-        }
-        const float xj = xs[j];
-        // block b of the column -> its q and s = x_j * d, then its V accumulators
-#define EMBER_IM_BLOCK(b)                                           \
-        typename P::F q[V];                                         \
-        if constexpr ((b) < NB) P::template decode<TYPE>(col + (b) * BB, q); \
-        const auto s = (b) < NB ? P::set1(xj * P::half(col + (b) * BB)) : P::zero();
-        if constexpr (V == 2) {
-            { EMBER_IM_BLOCK(0) EMBER_IM_FMA2(0, NB, s, a0, a1) }
-            { EMBER_IM_BLOCK(1) EMBER_IM_FMA2(1, NB, s, a2, a3) }
-            { EMBER_IM_BLOCK(2) EMBER_IM_FMA2(2, NB, s, a4, a5) }
-            { EMBER_IM_BLOCK(3) EMBER_IM_FMA2(3, NB, s, a6, a7) }
-            { EMBER_IM_BLOCK(4) EMBER_IM_FMA2(4, NB, s, a8, a9) }
-            { EMBER_IM_BLOCK(5) EMBER_IM_FMA2(5, NB, s, a10, a11) }
-            { EMBER_IM_BLOCK(6) EMBER_IM_FMA2(6, NB, s, a12, a13) }
-            { EMBER_IM_BLOCK(7) EMBER_IM_FMA2(7, NB, s, a14, a15) }
-        } else {
-            { EMBER_IM_BLOCK(0) EMBER_IM_FMA4(0, NB, s, a0, a1, a2, a3) }
-            { EMBER_IM_BLOCK(1) EMBER_IM_FMA4(1, NB, s, a4, a5, a6, a7) }
-            { EMBER_IM_BLOCK(2) EMBER_IM_FMA4(2, NB, s, a8, a9, a10, a11) }
-            { EMBER_IM_BLOCK(3) EMBER_IM_FMA4(3, NB, s, a12, a13, a14, a15) }
-        }
-#undef EMBER_IM_BLOCK
-    }
-    auto at = [&](int v) { return y + v * P::L; };
-    EMBER_IM_STORE(NB * V, at)
-}
-
-// One 32-output block for TT tokens: xs holds, per listed input, the TT tokens' values.
-template <class P, int TYPE, int TT>
-void prefill_block(const uint8_t* base, int64_t stride, const int32_t* cols, int64_t n,
-                   const float* xs, int tt, float* y, int64_t ldy) {
-    constexpr int V = BLOCK / P::L;
-    static_assert(TT * V <= 16 && (V == 2 || V == 4), "16 accumulators at most");
-    EMBER_IM_ACC;
-    for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* blk = base + cols[j] * stride;
-        const float d = P::half(blk);
-        typename P::F q[V];
-        P::template decode<TYPE>(blk, q);
-        const float* xj = xs + j * TT;
-#define EMBER_IM_S(t) const auto s##t = (t) < TT ? P::set1(xj[(t) < TT ? (t) : 0] * d) : P::zero();
-        if constexpr (V == 2) {
-            { EMBER_IM_S(0) EMBER_IM_FMA2(0, TT, s0, a0, a1) }
-            { EMBER_IM_S(1) EMBER_IM_FMA2(1, TT, s1, a2, a3) }
-            { EMBER_IM_S(2) EMBER_IM_FMA2(2, TT, s2, a4, a5) }
-            { EMBER_IM_S(3) EMBER_IM_FMA2(3, TT, s3, a6, a7) }
-            { EMBER_IM_S(4) EMBER_IM_FMA2(4, TT, s4, a8, a9) }
-            { EMBER_IM_S(5) EMBER_IM_FMA2(5, TT, s5, a10, a11) }
-            { EMBER_IM_S(6) EMBER_IM_FMA2(6, TT, s6, a12, a13) }
-            { EMBER_IM_S(7) EMBER_IM_FMA2(7, TT, s7, a14, a15) }
-        } else {
-            { EMBER_IM_S(0) EMBER_IM_FMA4(0, TT, s0, a0, a1, a2, a3) }
-            { EMBER_IM_S(1) EMBER_IM_FMA4(1, TT, s1, a4, a5, a6, a7) }
-            { EMBER_IM_S(2) EMBER_IM_FMA4(2, TT, s2, a8, a9, a10, a11) }
-            { EMBER_IM_S(3) EMBER_IM_FMA4(3, TT, s3, a12, a13, a14, a15) }
-        }
-#undef EMBER_IM_S
-    }
-    auto at = [&](int v) { return y + (v / V) * ldy + (v % V) * P::L; };
-    EMBER_IM_STORE(tt * V, at)
-}
-
-// A path's kernels for one type: decode over 1..8 blocks, prefill over TT tokens.
-struct Kernels {
-    void (*decode[CHUNK_BLOCKS + 1])(const uint8_t*, int64_t, const int32_t*, int64_t,
-                                      const float*, float*);
-    void (*prefill)(const uint8_t*, int64_t, const int32_t*, int64_t, const float*, int, float*,
-                    int64_t);
-    int max_blocks;  // decode outputs kept in registers: max_blocks * 32
-    int tokens;      // TT
-};
-
-using DecodeFn = void (*)(const uint8_t*, int64_t, const int32_t*, int64_t, const float*, float*);
-
-template <class P, int TYPE, int NB, int MAXB>
-constexpr DecodeFn decode_fn() {
-    if constexpr (NB <= MAXB) return decode_rows<P, TYPE, NB>;
-    else return nullptr;
-}
-
-template <class P, int TYPE, int MAXB, int TT>
-constexpr Kernels kernels_for() {
-    return Kernels{{nullptr, decode_fn<P, TYPE, 1, MAXB>(), decode_fn<P, TYPE, 2, MAXB>(),
-                    decode_fn<P, TYPE, 3, MAXB>(), decode_fn<P, TYPE, 4, MAXB>(),
-                    decode_fn<P, TYPE, 5, MAXB>(), decode_fn<P, TYPE, 6, MAXB>(),
-                    decode_fn<P, TYPE, 7, MAXB>(), decode_fn<P, TYPE, 8, MAXB>()},
-                   prefill_block<P, TYPE, TT>, MAXB, TT};
-}
-
-// Registers: AVX-512 keeps 8 blocks (16 zmm) or 8 tokens x 1 block; AVX2 and portable half.
-template <class P, int MAXB, int TT>
-const Kernels* path_kernels(int type) {
-    static const Kernels k4 = kernels_for<P, Q4_0, MAXB, TT>(), k5 = kernels_for<P, Q5_0, MAXB, TT>(),
-                         k8 = kernels_for<P, Q8_0, MAXB, TT>();
-    return type == Q4_0 ? &k4 : type == Q5_0 ? &k5 : &k8;
-}
-
-const Kernels* kernels(int type) {
-    const std::string path = cpu_path();  // block_matmul's choice (EMBER_CPU_PATH, set_cpu_path)
-#ifdef EMBER_IM_AVX512
-    if (path == "avx512") return path_kernels<Avx512, 8, 8>(type);
-#endif
-#ifdef EMBER_IM_AVX2
-    if (path == "avx2") return path_kernels<Avx2, 4, 4>(type);
-#endif
-    return path_kernels<Portable, 4, 4>(type);
-}
-
 struct Weight {
     const uint8_t* p;
-    Layout lay;
-    int64_t col0;  // first output column in y
-    const Kernels* k;
+    Tiles lay;
+    int64_t col0;  // first output column in the (padded) y
 };
 
-// Output blocks [g0, g1) of the call (all weights' blocks in order) for T = 1.
-void decode_range(const std::vector<Weight>& ws, int64_t g0, int64_t g1, const int32_t* cols,
-                  int64_t n, const float* xs, float* y) {
-    int64_t first = 0;
-    for (const Weight& w : ws) {
-        const int64_t nb = w.lay.N / BLOCK, lo = std::max(g0 - first, int64_t(0)),
-                      hi = std::min(g1 - first, nb);
-        for (int64_t b = lo; b < hi;) {
-            const int64_t c = b / CHUNK_BLOCKS, in = b % CHUNK_BLOCKS;
-            const int64_t end = std::min({hi, c * CHUNK_BLOCKS + w.lay.blocks_in(c),
-                                          b + w.k->max_blocks});
-            const uint8_t* base = w.p + w.lay.chunk_offset(c) + in * block_bytes(w.lay.type);
-            w.k->decode[end - b](base, w.lay.row_bytes(c), cols, n, xs, y + w.col0 + b * BLOCK);
-            b = end;
-        }
-        first += nb;
+// x rounded to int8 per block of B inputs (the integer types' x; B = the file's block).
+struct XInt {
+    std::vector<int16_t> xq;  // per tile of TT rows: per listed input, TT values (0 past T)
+    std::vector<float> d;     // (T, K/B): each block's scale
+    std::vector<int32_t> s16; // (T, K/16): sums of the rounded values over each 16 inputs
+};
+
+// What every weight of a call reads: the listed inputs and their values.
+struct Listed {
+    int64_t T, K;
+    const int32_t* cols;     // listed inputs, ascending
+    const int32_t* start16;  // (K/16 + 1): how many listed inputs lie below input 16c
+    const float* xs;         // per tile of TT rows: per listed input, TT values (0 past T)
+    const float* sx16;       // (T, K/16): per row, the sum of its kept x over each 16 inputs
+    const XInt* x32;         // x as int8 per 32 and per 256 inputs, where a weight needs it
+    const XInt* x256;
+};
+
+inline void prefetch_l2(const uint8_t* p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 2);
+}
+
+// The kept runs (and header rows) of super-block kb over groups [ga, gb), into L2.
+template <int TYPE>
+void prefetch_super(const Weight& w, int64_t kb, int64_t ga, int64_t gb, const Listed& li) {
+    constexpr int QK = super_inputs(TYPE), LB = low_bytes(TYPE), HB = high_bytes(TYPE);
+    const Tiles& t = w.lay;
+    const int64_t Np = t.padded(), rows = (gb - ga) * GROUP;
+    const uint8_t* sb = w.p + kb * t.super_bytes();
+    const int halves_n = float_type(TYPE) ? 0 : has_min(TYPE) ? 2 : 1;  // d, dmin/m: fp16
+    for (int f = 0; f < halves_n; ++f) prefetch_l2(sb + 2 * f * Np + ga * GROUP * 2, rows * 2);
+    for (int f = 0; f < header_bytes(TYPE) - 2 * halves_n; ++f)  // scale bytes: 1 per row
+        prefetch_l2(sb + (2 * halves_n + f) * Np + ga * GROUP, rows);
+    for (int64_t j = li.start16[kb * QK / 16]; j < li.start16[(kb + 1) * QK / 16]; ++j) {
+        const uint8_t* in = w.p + t.input_at(kb, li.cols[j] - kb * QK);
+        prefetch_l2(in + ga * LB, (gb - ga) * LB);
+        if constexpr (HB > 0) prefetch_l2(in + t.high_at() + ga * HB, (gb - ga) * HB);
     }
 }
 
-// The same blocks for T rows, tokens in tiles (xs: per tile, per listed input, TT values).
-void prefill_range(const std::vector<Weight>& ws, int64_t g0, int64_t g1, const int32_t* cols,
-                   int64_t n, const float* xs, int64_t T, float* y, int64_t ldy) {
-    int64_t first = 0;
-    for (const Weight& w : ws) {
-        const int64_t nb = w.lay.N / BLOCK, lo = std::max(g0 - first, int64_t(0)),
-                      hi = std::min(g1 - first, nb);
-        const int TT = w.k->tokens;
-        for (int64_t b = lo; b < hi; ++b) {
-            const int64_t c = b / CHUNK_BLOCKS, in = b % CHUNK_BLOCKS;
-            const uint8_t* base = w.p + w.lay.chunk_offset(c) + in * block_bytes(w.lay.type);
-            for (int64_t t0 = 0; t0 < T; t0 += TT)
-                w.k->prefill(base, w.lay.row_bytes(c), cols, n, xs + t0 / TT * n * TT,
-                             int(std::min<int64_t>(TT, T - t0)), y + t0 * ldy + w.col0 + b * BLOCK,
-                             ldy);
+// Groups [ga, gb) of one weight for rows of x in tiles of TT.
+template <class P, int TYPE, int TT>
+void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float* y,
+                int64_t ldy) {
+    constexpr int QK = super_inputs(TYPE), SUB = sub_inputs(TYPE), SUBS = QK / SUB;
+    constexpr int LB = low_bytes(TYPE), HB = high_bytes(TYPE), L = P::L;
+    constexpr int PASSES = GROUP / (4 * L);
+    using F = typename P::F;
+    const Tiles& t = w.lay;
+    const int64_t Np = t.padded(), K16 = li.K / 16, run = t.run(), high = t.high_at();
+    const int64_t n_listed = li.start16[K16];
+    const int32_t* cols = li.cols;
+    alignas(64) float d[GROUP], dmin[GROUP], a[SUBS][GROUP], b[SUBS][GROUP];
+    if (t.supers() > 0) prefetch_super<TYPE>(w, 0, ga, gb, li);
+    for (int64_t kb = 0; kb < t.supers(); ++kb) {
+        if (kb + 1 < t.supers()) prefetch_super<TYPE>(w, kb + 1, ga, gb, li);
+        const uint8_t* sb = w.p + kb * t.super_bytes();
+        const uint8_t* in0 = sb + t.header();
+        const int32_t* st = li.start16 + kb * QK / 16;
+        if (st[0] == st[QK / 16]) continue;  // no input of this super-block listed
+        for (int64_t g = ga; g < gb; ++g) {
+            if constexpr (!float_type(TYPE)) halves(sb + g * GROUP * 2, GROUP, d);
+            if constexpr (has_min(TYPE)) halves(sb + 2 * Np + g * GROUP * 2, GROUP, dmin);
+            const uint8_t* scales = sb + (has_min(TYPE) ? 4 : 2) * Np + g * GROUP;
+            for (int s = 0; s < SUBS; ++s)
+                if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
+                    group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
+            for (int64_t t0 = 0; t0 < li.T; t0 += TT) {
+                const float* xs = li.xs + t0 / TT * n_listed * TT;
+                const int tt = int(std::min<int64_t>(TT, li.T - t0));
+                for (int pass = 0; pass < PASSES; ++pass) {
+                    const int64_t c = w.col0 + g * GROUP + pass * 4 * L;
+                    F Y[TT][4];
+#pragma GCC unroll 16
+                    for (int r = 0; r < TT; ++r)
+                        for (int v = 0; v < 4; ++v)
+                            Y[r][v] = r < tt ? P::load(y + (t0 + r) * ldy + c + v * L) : P::zero();
+                    for (int s = 0; s < SUBS; ++s) {
+                        const int64_t j0 = st[s * SUB / 16], j1 = st[(s + 1) * SUB / 16];
+                        if (j0 == j1) continue;
+                        F acc[TT][4];
+#pragma GCC unroll 16
+                        for (int r = 0; r < TT; ++r)
+                            for (int v = 0; v < 4; ++v) acc[r][v] = P::zero();
+                        const uint8_t* base = in0 - kb * QK * run;  // + cols[j] * run: input j's run
+                        for (int64_t j = j0; j < j1; ++j) {
+                            const uint8_t* in = base + cols[j] * run;
+                            F q[4];
+                            P::template decode<TYPE>(in + g * LB, in + high + g * HB, pass, q);
+#pragma GCC unroll 16
+                            for (int r = 0; r < TT; ++r) {
+                                const F xv = P::set1(xs[j * TT + r]);
+                                for (int v = 0; v < 4; ++v) acc[r][v] = P::fma(xv, q[v], acc[r][v]);
+                            }
+                        }
+                        const int64_t c16 = (kb * QK + s * SUB) / 16;
+#pragma GCC unroll 16
+                        for (int r = 0; r < TT; ++r) {
+                            const float* sx = li.sx16 + std::min<int64_t>(t0 + r, li.T - 1) * K16 + c16;
+                            const F sum = P::set1(SUB == 16 ? sx[0] : sx[0] + sx[1]);
+                            for (int v = 0; v < 4; ++v) {
+                                const int o = pass * 4 * L + v * L;
+                                Y[r][v] = P::fma(P::load(a[s] + o), acc[r][v], Y[r][v]);
+                                if constexpr (has_min(TYPE)) Y[r][v] = P::fma(P::load(b[s] + o), sum, Y[r][v]);
+                            }
+                        }
+                    }
+                    for (int r = 0; r < tt; ++r)
+                        for (int v = 0; v < 4; ++v) P::store(y + (t0 + r) * ldy + c + v * L, Y[r][v]);
+                }
+            }
         }
-        first += nb;
+    }
+}
+
+// Whether a path sums this type two inputs at a time (PairsInt: the 4-bit types).
+template <class PI, int TYPE>
+constexpr bool pairs_for() {
+#ifdef EMBER_IM_AVX2
+    return std::is_same_v<PI, PairsInt> && high_bytes(TYPE) == 0;
+#else
+    return false;
+#endif
+}
+
+#ifdef EMBER_IM_AVX2
+// acc32[r][o] += sum over listed inputs j0..j1 of xq * q (q as stored, unsigned), two at a time
+// (an odd one out pairs with itself times 0), in int16 lanes moved to int32 every 8 pairs
+// (2 * 15 * 127 * 8 < 2^15).
+template <class PI, int TYPE, int TT>
+void sum_pairs(const uint8_t* base, int64_t run, int64_t g, const int32_t* cols,
+               const int16_t* xq, int64_t j0, int64_t j1, int32_t (*acc32)[GROUP]) {
+    constexpr int LB = low_bytes(TYPE), FLUSH = 8;
+    __m256i acc[TT][4];
+    for (int r = 0; r < TT; ++r)
+        for (int v = 0; v < 4; ++v) acc[r][v] = PairsInt::zero();
+    int count = 0;
+    for (int64_t j = j0; j < j1; j += 2) {
+        const bool two = j + 1 < j1;
+        const uint8_t* p0 = base + cols[j] * run + g * LB;
+        const uint8_t* p1 = two ? base + cols[j + 1] * run + g * LB : p0;
+        __m256i u[4];
+        PairsInt::decode_pair(p0, p1, u);
+#pragma GCC unroll 16
+        for (int r = 0; r < TT; ++r) {
+            const int x0 = xq[j * TT + r], x1 = two ? xq[(j + 1) * TT + r] : 0;
+            for (int v = 0; v < 4; ++v) acc[r][v] = PairsInt::madd_pair(acc[r][v], u[v], x0, x1);
+        }
+        if (++count == FLUSH) {
+            for (int r = 0; r < TT; ++r) {
+                PairsInt::flush(acc[r], acc32[r]);
+                for (int v = 0; v < 4; ++v) acc[r][v] = PairsInt::zero();
+            }
+            count = 0;
+        }
+    }
+    if (count)
+        for (int r = 0; r < TT; ++r) PairsInt::flush(acc[r], acc32[r]);
+}
+#else
+template <class PI, int TYPE, int TT>
+void sum_pairs(const uint8_t*, int64_t, int64_t, const int32_t*, const int16_t*, int64_t,
+               int64_t, int32_t (*)[GROUP]) {}
+#endif
+
+// The same walk for the 4-, 5- and 6-bit types, on integers: per sub-block, each row of x's
+// int16 sums of xq_i * q_i (moved to int32 every flush_every inputs), then
+// y += dx * (a * sum + b * sum(xq)).
+template <class P, class PI, int TYPE, int TT>
+void run_groups_int(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float* y,
+                    int64_t ldy) {
+    constexpr int QK = super_inputs(TYPE), SUB = sub_inputs(TYPE), SUBS = QK / SUB;
+    constexpr int LB = low_bytes(TYPE), HB = high_bytes(TYPE), L = P::L, NV = PI::NV;
+    constexpr int FLUSH = flush_every(TYPE);
+    using F = typename P::F;
+    using V = typename PI::V;
+    const Tiles& t = w.lay;
+    const int64_t Np = t.padded(), K16 = li.K / 16, run = t.run(), high = t.high_at();
+    const int64_t n_listed = li.start16[K16], blocks = li.K / QK;
+    const int32_t* cols = li.cols;
+    const XInt& xi = QK == 256 ? *li.x256 : *li.x32;
+    alignas(64) float d[GROUP], dmin[GROUP], a[SUBS][GROUP], b[SUBS][GROUP];
+    alignas(64) int32_t acc32[TT][GROUP];
+    if (t.supers() > 0) prefetch_super<TYPE>(w, 0, ga, gb, li);
+    for (int64_t kb = 0; kb < t.supers(); ++kb) {
+        if (kb + 1 < t.supers()) prefetch_super<TYPE>(w, kb + 1, ga, gb, li);
+        const uint8_t* sb = w.p + kb * t.super_bytes();
+        const int32_t* st = li.start16 + kb * QK / 16;
+        if (st[0] == st[QK / 16]) continue;  // no input of this super-block listed
+        const uint8_t* base = sb + t.header() - kb * QK * run;  // + cols[j] * run: input j's run
+        for (int64_t g = ga; g < gb; ++g) {
+            halves(sb + g * GROUP * 2, GROUP, d);
+            if constexpr (has_min(TYPE)) halves(sb + 2 * Np + g * GROUP * 2, GROUP, dmin);
+            const uint8_t* scales = sb + (has_min(TYPE) ? 4 : 2) * Np + g * GROUP;
+            for (int s = 0; s < SUBS; ++s)
+                if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
+                    group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
+            for (int64_t t0 = 0; t0 < li.T; t0 += TT) {
+                const int16_t* xq = xi.xq.data() + t0 / TT * n_listed * TT;
+                const int tt = int(std::min<int64_t>(TT, li.T - t0));
+                for (int s = 0; s < SUBS; ++s) {
+                    const int64_t j0 = st[s * SUB / 16], j1 = st[(s + 1) * SUB / 16];
+                    if (j0 == j1) continue;
+                    std::memset(acc32, 0, sizeof acc32);
+                    V acc[TT][NV];
+#pragma GCC unroll 16
+                    for (int r = 0; r < TT; ++r)
+                        for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
+                    if constexpr (pairs_for<PI, TYPE>()) {
+                        sum_pairs<PI, TYPE, TT>(base, run, g, cols, xq, j0, j1, acc32);
+                    } else {
+                        V acc[TT][NV];
+#pragma GCC unroll 16
+                        for (int r = 0; r < TT; ++r)
+                            for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
+                        int count = 0;
+                        for (int64_t j = j0; j < j1; ++j) {
+                            const uint8_t* in = base + cols[j] * run;
+                            V q[NV];
+                            PI::template decode16<TYPE>(in + g * LB, in + high + g * HB, q);
+#pragma GCC unroll 16
+                            for (int r = 0; r < TT; ++r) {
+                                const int x = xq[j * TT + r];
+                                for (int v = 0; v < NV; ++v) acc[r][v] = PI::madd(acc[r][v], q[v], x);
+                            }
+                            if (++count == FLUSH) {
+                                for (int r = 0; r < TT; ++r) {
+                                    PI::flush(acc[r], acc32[r]);
+                                    for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
+                                }
+                                count = 0;
+                            }
+                        }
+                        if (count)
+                            for (int r = 0; r < TT; ++r) PI::flush(acc[r], acc32[r]);
+                    }
+                    const int64_t c16 = (kb * QK + s * SUB) / 16;
+                    for (int r = 0; r < tt; ++r) {
+                        const int64_t row = t0 + r;
+                        const int32_t* s16 = xi.s16.data() + row * K16 + c16;
+                        const F sum = P::set1(float(SUB == 16 ? s16[0] : s16[0] + s16[1]));
+                        const F dx = P::set1(xi.d[row * blocks + kb]);
+                        float* yr = y + row * ldy + w.col0 + g * GROUP;
+                        if constexpr (pairs_for<PI, TYPE>() && q_offset(TYPE) != 0) {
+                            const int32_t adj = q_offset(TYPE) * (SUB == 16 ? s16[0] : s16[0] + s16[1]);
+                            for (int o = 0; o < GROUP; ++o) acc32[r][o] += adj;  // q as stored -> q + offset
+                        }
+                        for (int o = 0; o < GROUP; o += L) {
+                            F v = P::mul(P::load(a[s] + o), P::load_i32(acc32[r] + o));
+                            if constexpr (has_min(TYPE)) v = P::fma(P::load(b[s] + o), sum, v);
+                            P::store(yr + o, P::fma(dx, v, P::load(yr + o)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+using RunFn = void (*)(const Weight&, int64_t, int64_t, const Listed&, float*, int64_t);
+
+struct PathKernels {
+    RunFn one, many;  // one row of x; tiles of `tokens` rows
+    int tokens;
+};
+
+template <class P, class PI, int TYPE, int TT>
+PathKernels kernels_of() {
+    if constexpr (int_type(TYPE))
+        return {run_groups_int<P, PI, TYPE, 1>, run_groups_int<P, PI, TYPE, TT>, TT};
+    else
+        return {run_groups<P, TYPE, 1>, run_groups<P, TYPE, TT>, TT};
+}
+
+// PI4: the 4-bit types' integer policy (two inputs at a time where the path has it).
+template <class P, class PI, class PI4, int TT>
+PathKernels path_kernels(int type) {
+    switch (type) {
+        case Q4_0: return kernels_of<P, PI4, Q4_0, TT>();
+        case Q4_1: return kernels_of<P, PI4, Q4_1, TT>();
+        case Q5_0: return kernels_of<P, PI, Q5_0, TT>();
+        case Q5_1: return kernels_of<P, PI, Q5_1, TT>();
+        case Q8_0: return kernels_of<P, PI, Q8_0, TT>();
+        case Q4_K: return kernels_of<P, PI4, Q4_K, TT>();
+        case Q5_K: return kernels_of<P, PI, Q5_K, TT>();
+        case Q6_K: return kernels_of<P, PI, Q6_K, TT>();
+        case F32: return kernels_of<P, PI, F32, TT>();
+        case F16: return kernels_of<P, PI, F16, TT>();
+        default: return kernels_of<P, PI, BF16, TT>();
+    }
+}
+
+// Registers: AVX-512 holds 4 rows of x x 4 vectors of accumulators; AVX2 and portable 2 x 4.
+PathKernels kernels(int type) {
+    const std::string path = cpu_path();  // block_matmul's choice (EMBER_CPU_PATH, set_cpu_path)
+#ifdef EMBER_IM_AVX512
+    if (path == "avx512") return path_kernels<Avx512, Avx512Int, PairsInt, 4>(type);
+#endif
+#ifdef EMBER_IM_AVX2
+    if (path == "avx2") return path_kernels<Avx2, Avx2Int, PairsInt, 2>(type);
+#endif
+    return path_kernels<Portable, PortableInt, PortableInt, 2>(type);
+}
+
+Tiles checked_tiles(int64_t type, int64_t N, int64_t K, const char* what) {
+    TORCH_CHECK_VALUE(tiled_type(type), what, ": input-major tiles hold F32, F16, BF16, Q4_0, "
+                      "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K weights, not GGML type ", type);
+    TORCH_CHECK_VALUE(N > 0 && K > 0 && K % super_inputs(int(type)) == 0, what, ": K=", K,
+                      " is not whole blocks of ", super_inputs(int(type)));
+    return Tiles{int(type), N, K};
+}
+
+// One super-block of every row -> its tile (out zeroed).
+void tile_super(const Tiles& t, const uint8_t* src, int64_t row_bytes, int64_t kb, uint8_t* out) {
+    const int type = t.type, QK = super_inputs(type);
+    const TypeInfo& info = TYPES[type_index(type)];
+    const int64_t Np = t.padded(), at = kb * QK / info.values * info.bytes;
+    int32_t q[256], sc[16], mn[8];
+    for (int64_t r = 0; r < t.N; ++r) {
+        const uint8_t* blk = src + r * row_bytes + at;
+        const int64_t g = r / GROUP, j = r % GROUP;
+        if (float_type(type)) {  // the values themselves, each input's at row r of its run
+            const int size = low_bytes(type) / GROUP;
+            for (int i = 0; i < QK; ++i)
+                std::memcpy(out + t.header() + i * t.run() + g * low_bytes(type) + j * size,
+                            blk + i * size, size);
+            continue;
+        }
+        if (k_quant(type)) {
+            decode_k(type, blk, q, sc, mn);
+            if (type == Q6_K) {
+                std::memcpy(out + 2 * r, blk + 208, 2);
+                for (int f = 0; f < 16; ++f) out[2 * Np + f * Np + r] = blk[192 + f];
+            } else {
+                std::memcpy(out + 2 * r, blk, 2);
+                std::memcpy(out + 2 * Np + 2 * r, blk + 2, 2);
+                for (int f = 0; f < 12; ++f) out[4 * Np + f * Np + r] = blk[4 + f];
+            }
+        } else {
+            float d, m;
+            decode32(type, blk, q, d, m);
+            std::memcpy(out + 2 * r, blk, 2);
+            if (has_min(type)) std::memcpy(out + 2 * Np + 2 * r, blk + 2, 2);
+        }
+        // the stored integers (Q8_0 signed), at row r of each input's run
+        for (int i = 0; i < QK; ++i) {
+            uint8_t* lo = out + t.header() + i * t.run() + g * low_bytes(type);
+            uint8_t* hi = out + t.header() + i * t.run() + t.high_at() + g * high_bytes(type);
+            const int v = q[i];
+            if (type == Q8_0) {
+                lo[j] = uint8_t(int8_t(v));
+                continue;
+            }
+            lo[j % 32] |= uint8_t((v & 15) << (4 * (j / 32)));
+            if (high_bytes(type) == 8) hi[j / 8] |= uint8_t(((v >> 4) & 1) << (j % 8));
+            if (type == Q6_K) hi[j % 16] |= uint8_t(((v >> 4) & 3) << (2 * (j / 16)));
+        }
+    }
+}
+
+// x as the integer kernels read it: per row, its kept values (the others 0) rounded to int8 per
+// block of B as the dense kernel rounds them (quantize_block), listed per tile of TT rows.
+template <class Kept>
+void round_x(const float* xp, int64_t T, int64_t K, int B, const Kept& kept,
+             const std::vector<int32_t>& cols, int TT, XInt& out) {
+    const int64_t n = int64_t(cols.size()), tiles = (T + TT - 1) / TT;
+    out.xq.assign(tiles * n * TT, 0);
+    out.d.assign(T * (K / B), 0.f);
+    out.s16.assign(T * (K / 16), 0);
+    std::vector<float> v(K);
+    std::vector<int8_t> q(K);
+    std::vector<int16_t> sum8(K / 8);
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t i = 0; i < K; ++i) v[i] = kept(t, i) ? xp[t * K + i] : 0.f;
+        quantize_row(v.data(), K, B, q.data(), out.d.data() + t * (K / B), sum8.data());
+        for (int64_t c = 0; c < K / 16; ++c) out.s16[t * (K / 16) + c] = sum8[2 * c] + sum8[2 * c + 1];
+        for (int64_t j = 0; j < n; ++j) out.xq[(t / TT * n + j) * TT + t % TT] = q[cols[j]];
     }
 }
 
 }  // namespace
 
-at::Tensor im_relayout(at::Tensor rows, int64_t qtype, int64_t N, int64_t K, int64_t im) {
-    TORCH_CHECK_VALUE(im_type(im), "input-major blocks are Q4_0, Q5_0 or Q8_0 (GGML ids 2, 6, 8)");
-    TORCH_CHECK_VALUE(N % BLOCK == 0, "an input-major weight needs whole 32-output blocks, N=", N);
-    const int ti = type_index(qtype);
-    TORCH_CHECK_VALUE(ti >= 0, "GGML type ", qtype, " is not read natively");
-    const TypeInfo& info = TYPES[ti];
-    TORCH_CHECK_VALUE(K % info.values == 0, "K=", K, " is not whole ", info.name, " blocks");
+at::Tensor tile_relayout(at::Tensor rows, int64_t qtype, int64_t N, int64_t K) {
+    const Tiles t = checked_tiles(qtype, N, K, "tile_relayout");
+    const TypeInfo& info = TYPES[type_index(qtype)];
     const int64_t rb = K / info.values * info.bytes;
     TORCH_CHECK_VALUE(rows.scalar_type() == at::kByte && rows.is_contiguous() &&
                           rows.numel() == N * rb,
                       "rows must be the weight's ", N * rb, " contiguous bytes");
-    const Layout lay{int(im), N, K};
-    auto out = at::empty({lay.bytes()}, rows.options());
+    auto out = at::zeros({t.bytes()}, rows.options());
     const uint8_t* src = rows.data_ptr<uint8_t>();
     uint8_t* dst = out.data_ptr<uint8_t>();
-    const int bb = block_bytes(int(im));
-    at::parallel_for(0, lay.chunks(), 1, [&](int64_t c0, int64_t c1) {
-        std::vector<float> w(CHUNK * K), col(CHUNK);
-        for (int64_t c = c0; c < c1; ++c) {
-            const int64_t n = lay.blocks_in(c) * BLOCK;
-            for (int64_t r = 0; r < n; ++r)
-                dequantize_one(int(qtype), src + (c * CHUNK + r) * rb, K, w.data() + r * K);
-            uint8_t* chunk = dst + lay.chunk_offset(c);
-            for (int64_t i = 0; i < K; ++i) {
-                for (int64_t r = 0; r < n; ++r) col[r] = w[r * K + i];
-                for (int64_t b = 0; b < n / BLOCK; ++b)
-                    quantize_block32(int(im), col.data() + b * BLOCK, chunk + i * lay.row_bytes(c) + b * bb);
-            }
-        }
+    at::parallel_for(0, t.supers(), 1, [&](int64_t k0, int64_t k1) {
+        for (int64_t kb = k0; kb < k1; ++kb) tile_super(t, src, rb, kb, dst + kb * t.super_bytes());
     });
     return out;
 }
@@ -259,62 +440,89 @@ at::Tensor input_sparse_matmul(at::Tensor x, const std::vector<at::Tensor>& pack
     TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
                       "x must be a contiguous float32 (T, K) tensor");
     TORCH_CHECK_VALUE(packed.size() == types.size() && packed.size() == n_out.size(),
-                      "one type and one N per input-major weight");
+                      "one type and one N per tiled weight");
     const int64_t T = x.size(0), K = x.size(1);
+    TORCH_CHECK_VALUE(K % 32 == 0, "x has ", K, " columns: tiled weights take whole blocks of 32");
     std::vector<Weight> ws;
-    int64_t width = 0, blocks = 0;
+    std::vector<PathKernels> ks;
+    int64_t width = 0, padded = 0, groups = 0;
     for (size_t i = 0; i < packed.size(); ++i) {
-        const Layout lay{int(types[i]), n_out[i], K};
-        TORCH_CHECK_VALUE(im_type(types[i]) && lay.N % BLOCK == 0 &&
-                              packed[i].scalar_type() == at::kByte && packed[i].is_contiguous() &&
+        const Tiles lay = checked_tiles(types[i], n_out[i], K, "input_sparse_matmul");
+        TORCH_CHECK_VALUE(packed[i].scalar_type() == at::kByte && packed[i].is_contiguous() &&
                               packed[i].numel() == lay.bytes(),
-                          "input-major weight ", i, " does not fit (type, N, K or bytes)");
-        ws.push_back(Weight{packed[i].data_ptr<uint8_t>(), lay, width, kernels(lay.type)});
+                          "tiled weight ", i, " does not fit (type, N, K or bytes)");
+        ws.push_back(Weight{packed[i].data_ptr<uint8_t>(), lay, padded});
+        ks.push_back(kernels(lay.type));
         width += lay.N;
-        blocks += lay.N / BLOCK;
+        padded += lay.padded();
+        groups += lay.groups();
     }
-    auto y = at::empty({T, width}, x.options());
     const float* xp = x.data_ptr<float>();
     const bool sparse = threshold >= 0;
     const float thr = float(threshold);
+    auto kept = [&](int64_t t, int64_t i) { return !sparse || std::fabs(xp[t * K + i]) > thr; };
     // The inputs read: those that some row keeps (all without a threshold).
     std::vector<int32_t> cols;
     cols.reserve(K);
-    int64_t kept_values = 0;
+    std::vector<int32_t> start16(K / 16 + 1, 0);
     for (int64_t i = 0; i < K; ++i) {
-        bool keep = !sparse;
-        for (int64_t t = 0; t < T && !keep; ++t) keep = std::fabs(xp[t * K + i]) > thr;
+        bool keep = false;
+        for (int64_t t = 0; t < T && !keep; ++t) keep = kept(t, i);
         if (keep) cols.push_back(int32_t(i));
+        if (i % 16 == 15) start16[i / 16 + 1] = int32_t(cols.size());
     }
     const int64_t n = int64_t(cols.size());
     if (stats.has_value()) {  // [kept, total] input values, across calls
-        for (int64_t t = 0; t < T && sparse; ++t)
-            for (int64_t i = 0; i < K; ++i) kept_values += std::fabs(xp[t * K + i]) > thr;
+        int64_t kept_values = 0;
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < K; ++i) kept_values += kept(t, i);
         int64_t* s = stats->data_ptr<int64_t>();
-        s[0] += sparse ? kept_values : T * K;
+        s[0] += kept_values;
         s[1] += T * K;
     }
-    if (width == 0) return y;
-    const int64_t grain = std::max<int64_t>(1, blocks / std::max<int64_t>(1, at::get_num_threads()));
-    if (T == 1) {
-        std::vector<float> xs(n);
-        for (int64_t j = 0; j < n; ++j) xs[j] = xp[cols[j]];
-        at::parallel_for(0, blocks, grain, [&](int64_t g0, int64_t g1) {
-            decode_range(ws, g0, g1, cols.data(), n, xs.data(), y.data_ptr<float>());
-        });
-        return y;
-    }
-    // x per token tile, per listed input, the tile's values (dropped ones as 0; rows past T 0).
-    const int TT = ws.empty() ? 1 : ws[0].k->tokens;
+    auto yp = at::zeros({T, padded}, x.options());
+    if (width == 0 || T == 0) return yp.narrow(1, 0, width);
+    // Per tile of TT rows, per listed input, the rows' values (dropped ones and rows past T 0);
+    // per row, sums of its kept values per 16 inputs, in order.
+    const int TT = T == 1 ? 1 : ks[0].tokens;
     const int64_t tiles = (T + TT - 1) / TT;
-    std::vector<float> xs(tiles * n * TT, 0.f);
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < n; ++j) {
-            const float v = xp[t * K + cols[j]];
-            xs[(t / TT * n + j) * TT + t % TT] = sparse && !(std::fabs(v) > thr) ? 0.f : v;
+    std::vector<float> xs(tiles * n * TT, 0.f), sx16(T * (K / 16), 0.f);
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < n; ++j)
+            if (kept(t, cols[j])) xs[(t / TT * n + j) * TT + t % TT] = xp[t * K + cols[j]];
+        for (int64_t c = 0; c < K / 16; ++c) {
+            float s = 0.f;
+            for (int64_t i = 16 * c; i < 16 * c + 16; ++i)
+                if (kept(t, i)) s += xp[t * K + i];
+            sx16[t * (K / 16) + c] = s;
         }
-    at::parallel_for(0, blocks, grain, [&](int64_t g0, int64_t g1) {
-        prefill_range(ws, g0, g1, cols.data(), n, xs.data(), T, y.data_ptr<float>(), width);
+    }
+    XInt x32, x256;
+    for (const Weight& w : ws)
+        if (int_type(w.lay.type)) {
+            XInt& xi = super_inputs(w.lay.type) == 256 ? x256 : x32;
+            if (xi.d.empty()) round_x(xp, T, K, super_inputs(w.lay.type), kept, cols, TT, xi);
+        }
+    const Listed li{T, K, cols.data(), start16.data(), xs.data(), sx16.data(), &x32, &x256};
+    float* y = yp.data_ptr<float>();
+    const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+    const int64_t grain = std::max<int64_t>(1, (groups + threads - 1) / threads);
+    at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+        int64_t first = 0;
+        for (size_t i = 0; i < ws.size(); ++i) {
+            const int64_t ng = ws[i].lay.groups();
+            const int64_t lo = std::max(g0 - first, int64_t(0)), hi = std::min(g1 - first, ng);
+            if (lo < hi) (T == 1 ? ks[i].one : ks[i].many)(ws[i], lo, hi, li, y, padded);
+            first += ng;
+        }
     });
-    return y;
+    if (padded == width) return yp;
+    // Drop the padding rows of each weight.
+    auto out = at::empty({T, width}, x.options());
+    int64_t at_col = 0;
+    for (const Weight& w : ws) {
+        out.narrow(1, at_col, w.lay.N).copy_(yp.narrow(1, w.col0, w.lay.N));
+        at_col += w.lay.N;
+    }
+    return out;
 }

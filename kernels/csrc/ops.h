@@ -49,7 +49,7 @@ void set_cpu_path(const std::string& name);
 std::string cpu_path();
 
 // input_sparse.cpp
-at::Tensor im_relayout(at::Tensor rows, int64_t qtype, int64_t N, int64_t K, int64_t im);
+at::Tensor tile_relayout(at::Tensor rows, int64_t qtype, int64_t N, int64_t K);
 at::Tensor input_sparse_matmul(at::Tensor x, const std::vector<at::Tensor>& packed,
                                const std::vector<int64_t>& types, const std::vector<int64_t>& n_out,
                                double threshold, c10::optional<at::Tensor> stats);

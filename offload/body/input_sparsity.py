@@ -3,20 +3,26 @@ weight columns of inputs with |x| > its threshold (kernels/input_sparse.py).
 
 A layer has four matmul slots, each with one input: "qkv" (the attention-normed hidden state,
 shared by q, k and v), "o" (the attention output), "gate_up" (the FFN-normed hidden state) and
-"down" (act(gate) * up). A slot with a threshold runs over its weights' input-major layout,
-derived once here from the file's blocks; the others stay on the file's blocks. Counters in
-the C++ step record, per slot, the inputs kept and seen, so the sparsity reported is the one
-realized while decoding (not an offline estimate).
+"down" (act(gate) * up). A slot with a threshold runs over its weights' input-major tiles
+(kernels/input_sparse.py), derived once here from the file's blocks: the same bytes re-ordered,
+so its values are the file's; the others stay on the file's blocks. Counters in the C++ step
+record, per slot, the inputs kept and seen, so the sparsity reported is the one realized while
+decoding (not an offline estimate), and the bytes a token reads follow from them.
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from ember.kernels import input_sparse as isp
+from ember.kernels import tile_layout as tl
 from ember.kernels.decoder_step import DecoderLayer
+from ember.models import quants
 from ember.models.errors import ConfigError
 from ember.models.weights import QTensor
 
@@ -26,11 +32,10 @@ SLOTS = ("qkv", "o", "gate_up", "down")
 MATMULS = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
 
 Thresholds = list[dict[str, float]]  # per layer: slot -> threshold (slots absent: dense)
-# Input-major block types: "q8_0" re-rounds the file's values finely (0.5% RMS on random rows;
-# the default model's held-out perplexity barely moves), "bits" keeps about the file's bits
-# (Q4_K -> Q4_0, Q5_0 -> Q5_0: as many bytes, but a second rounding that cost the default
-# model x1.057 held-out perplexity with almost no inputs dropped).
-LAYOUTS = ("q8_0", "bits")
+# The input-major layout: "tiles", the file's blocks re-ordered. Profiles written before the
+# tiles name the re-rounded layouts they were calibrated on ("q8_0", "bits"); their thresholds
+# apply unchanged (the tiles hold the file's values, which those layouts approximated).
+LAYOUTS = ("tiles", "q8_0", "bits")
 
 
 def slot_weights(layer: DecoderLayer, slot: str) -> list[QTensor]:
@@ -61,13 +66,19 @@ class InputSparsity:
 
     model: object  # QuantModel
     thresholds: Thresholds
-    layout: str = "q8_0"  # one of LAYOUTS
+    layout: str = "tiles"
     layouts: dict[tuple[int, str], list[isp.InputMajor]] = field(default_factory=dict)
     stats: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    released: dict[tuple[int, str], int] = field(default_factory=dict)  # slot -> bytes let go
 
     def set_thresholds(self, thresholds: Thresholds) -> None:
         """Apply new thresholds (a calibration search tries several): layouts are derived once
         per slot, the first time it is thresholded; a slot left out goes back to the file."""
+        _check_types(self.model, thresholds)
+        back = [key for key in self.released if thresholds[key[0]].get(key[1]) is None]
+        if back:
+            raise ConfigError(f"the file's copy of layer {back[0][0]}'s {back[0][1]} weights was "
+                              f"released (release_file_copies): that slot cannot run dense again")
         step = self.model.native_step()
         for i, layer in enumerate(self.model.layers):
             for s, slot in enumerate(SLOTS):
@@ -78,9 +89,7 @@ class InputSparsity:
                         step.set_input_sparse(i, s, [], [], [], -1.0, self.stats[key])
                     continue
                 if key not in self.layouts:
-                    im_type = isp.IM_TYPES[-1] if self.layout == "q8_0" else None
-                    self.layouts[key] = [isp.relayout(w, im_type)
-                                         for w in slot_weights(layer, slot)]
+                    self.layouts[key] = [isp.relayout(w) for w in slot_weights(layer, slot)]
                     self.stats[key] = torch.zeros(2, dtype=torch.int64)
                 ims = self.layouts[key]
                 step.set_input_sparse(i, s, [w.packed for w in ims], [w.qtype for w in ims],
@@ -110,39 +119,76 @@ class InputSparsity:
                 "mean_thresholded": round(sum(thresholded) / max(1, len(thresholded)), 4),
                 "mean_body": round(sum(all_slots) / max(1, len(all_slots)), 4)}
 
-    def relayout_errors(self) -> dict:
-        """How far the derived layouts' values are from the file's (RMS of the difference over
-        RMS of the values, per matmul): the worst and the mean over every thresholded one."""
-        errors = [isp.relayout_error(w, im) for (i, slot), ims in self.layouts.items()
-                  for w, im in zip(slot_weights(self.model.layers[i], slot), ims)]
-        return {"max": max(errors, default=0.0),
-                "mean": sum(errors) / len(errors) if errors else 0.0, "matmuls": len(errors)}
+    def release_file_copies(self) -> int:
+        """Let the OS take back the pages of the file's copies of every thresholded weight (the
+        tiles replace them, so the model is not held twice): those matmuls read only their
+        tiles from now on, and set_thresholds refuses to put them back on the file. Mapped
+        file pages would be read again from the file; a copy in RAM would read as zeros, which
+        is why nothing may read them after. Returns the bytes released."""
+        for key in self.layouts:
+            if key not in self.released and self.thresholds[key[0]].get(key[1]) is not None:
+                weights = slot_weights(self.model.layers[key[0]], key[1])
+                self.released[key] = sum(release_pages(w.raw) for w in weights)
+        return sum(self.released.values())
 
     def layout_bytes(self) -> int:
-        """Bytes of the derived input-major weights (the file's copies of those matmuls are
-        no longer read)."""
+        """Bytes of the derived input-major tiles (the file's copies of those matmuls are no
+        longer read)."""
         return sum(w.nbytes for ims in self.layouts.values() for w in ims)
 
     def bytes_per_token(self) -> tuple[int, int]:
         """(bytes a dense token reads of the body's matmuls on the file, bytes the last
-        counted tokens read on average): the ideal speedup of the body is their ratio."""
+        counted tokens read on average): the ideal speedup of the body is their ratio. A
+        thresholded matmul reads every super-block's header (each row's scales) and the runs
+        of the inputs kept; the padding rows of a short last group count too."""
         dense = sparse = 0.0
         for i, layer in enumerate(self.model.layers):
             for slot in SLOTS:
                 file_bytes = sum(w.nbytes for w in slot_weights(layer, slot))
                 dense += file_bytes
                 st = self.stats.get((i, slot))
-                if st is None or int(st[1]) == 0:
+                if st is None or int(st[1]) == 0 or self.thresholds[i].get(slot) is None:
                     sparse += file_bytes
-                else:
-                    im = sum(w.nbytes for w in self.layouts[(i, slot)])
-                    sparse += im * int(st[0]) / int(st[1])
+                    continue
+                for w in self.layouts[(i, slot)]:
+                    header, run = tl.header_and_run_bytes(w.qtype, *w.shape)
+                    sparse += header + run * w.shape[1] * int(st[0]) / int(st[1])
         return int(dense), int(sparse)
 
 
-def apply_input_sparsity(model, thresholds: Thresholds, layout: str = "q8_0") -> InputSparsity:
+def release_pages(t: torch.Tensor) -> int:
+    """madvise(MADV_DONTNEED) the whole pages inside tensor `t`'s bytes; returns how many
+    bytes that covered (0 where the platform has no madvise)."""
+    if not hasattr(mmap, "MADV_DONTNEED") or sys.platform != "linux":
+        return 0
+    page = mmap.PAGESIZE
+    start = t.data_ptr()
+    lo = -(-start // page) * page
+    hi = (start + t.numel() * t.element_size()) // page * page
+    if hi <= lo:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) != 0:
+        return 0
+    return hi - lo
+
+
+def _check_types(model, thresholds: Thresholds) -> None:
+    for i, layer in enumerate(model.layers):
+        for slot in thresholds[i] if i < len(thresholds) else ():
+            for w in slot_weights(layer, slot):
+                if not isp.tiled(w.qtype):
+                    names = ", ".join(quants.type_name(t) for t in isp.TILED_TYPES)
+                    raise ConfigError(
+                        f"input thresholds run on quantized weights ({names}); layer {i}'s "
+                        f"{slot} matmul is {quants.type_name(w.qtype)}: use a quantized file "
+                        f"or leave that slot dense")
+
+
+def apply_input_sparsity(model, thresholds: Thresholds, layout: str = "tiles") -> InputSparsity:
     """Threshold `model`'s (a QuantModel's) matmul inputs as `thresholds` says, over
-    input-major weights of `layout` (LAYOUTS)."""
+    input-major tiles of the file's blocks (`layout`: one of LAYOUTS, all meaning the tiles)."""
     thresholds = check_thresholds(thresholds, len(model.layers))
     if layout not in LAYOUTS:
         raise ConfigError(f"input-major layout must be one of {', '.join(LAYOUTS)}, got "
@@ -150,6 +196,6 @@ def apply_input_sparsity(model, thresholds: Thresholds, layout: str = "q8_0") ->
     if not isp.available():
         raise ConfigError("input thresholds need Ember's C++ CPU kernels, which are not built "
                           "here (a C++ compiler is needed at first use)")
-    runtime = InputSparsity(model, thresholds, layout)
+    runtime = InputSparsity(model, thresholds)
     runtime.set_thresholds(thresholds)
     return runtime

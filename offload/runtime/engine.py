@@ -78,7 +78,8 @@ class Engine:
         dense, read = self.input_sparsity.bytes_per_token()
         return {"profile": str(self.profile_path), **self.input_sparsity.realized(),
                 "body_bytes_dense": dense, "body_bytes_read": read,
-                "layout_bytes": self.input_sparsity.layout_bytes()}
+                "layout_bytes": self.input_sparsity.layout_bytes(),
+                "file_bytes_released": sum(self.input_sparsity.released.values())}
 
     def hybrid_report(self) -> dict | None:
         """The GPU-tier plan and measured per-layer FFN work (None for a dense engine), and

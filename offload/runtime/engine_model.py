@@ -48,7 +48,10 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     if use_input_thresholds(profile, blocks, options):
         # GLU models: the profile thresholds matmul inputs rather than predicting neurons
         input_sparsity = apply_input_sparsity(blocks, profile.meta["input_thresholds"],
-                                              profile.meta.get("input_layout", "q8_0"))
+                                              profile.meta.get("input_layout", "tiles"))
+        # the engine's thresholds are fixed: the tiles replace the file's copies of those
+        # matmuls, which need not stay resident beside them
+        input_sparsity.release_file_copies()
     else:
         hybrid = _split_ffn(loaded, options, device, kv_plan, profile, blocks)
     if blocks is not None:
