@@ -444,40 +444,4 @@ struct Avx512Int {
 };
 #endif
 
-#ifdef EMBER_IM_AVX2
-// The 4-bit types, two kept inputs at a time (AVX2 instructions; the AVX-512 path runs them
-// too): their nibble bytes interleaved (vpunpck), so one vpmaddubsw multiplies each row's two
-// stored q (unsigned) by the two inputs' xq and adds them. Measured in L1 on this EPYC: 2.9-3.0
-// ns per input of 64 rows against 4.9-5.6 for Avx512Int's int16 lanes (load 12).
-// Lanes of vector v: rows first[v] + 0..7, then first[v] + 16..23.
-struct PairsInt {
-    using V = __m256i;
-    static constexpr int NV = 4;
-    static constexpr int first[4] = {0, 8, 32, 40};
-    static V zero() { return _mm256_setzero_si256(); }
-    static void decode_pair(const uint8_t* p0, const uint8_t* p1, V* u) {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0));
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1));
-        const __m256i m = _mm256_set1_epi8(15);
-        const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
-        u[0] = _mm256_and_si256(lo, m);
-        u[1] = _mm256_and_si256(hi, m);
-        u[2] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), m);
-        u[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), m);
-    }
-    static V madd_pair(V acc, V u, int x0, int x1) {
-        const __m256i x = _mm256_set1_epi16(short(uint16_t(uint8_t(x0)) | uint16_t(uint8_t(x1)) << 8));
-        return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, x));
-    }
-    static void flush(const V* acc, int32_t* dst) {
-        for (int v = 0; v < 4; ++v)
-            for (int h = 0; h < 2; ++h) {
-                __m256i* d = reinterpret_cast<__m256i*>(dst + first[v] + 16 * h);
-                const __m128i part = h ? _mm256_extracti128_si256(acc[v], 1) : _mm256_castsi256_si128(acc[v]);
-                _mm256_storeu_si256(d, _mm256_add_epi32(_mm256_loadu_si256(d), _mm256_cvtepi16_epi32(part)));
-            }
-    }
-};
-#endif
-
 }  // namespace ember_im

@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "input_major.h"
@@ -151,56 +150,6 @@ void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float
     }
 }
 
-// Whether a path sums this type two inputs at a time (PairsInt: the 4-bit types).
-template <class PI, int TYPE>
-constexpr bool pairs_for() {
-#ifdef EMBER_IM_AVX2
-    return std::is_same_v<PI, PairsInt> && high_bytes(TYPE) == 0;
-#else
-    return false;
-#endif
-}
-
-#ifdef EMBER_IM_AVX2
-// acc32[r][o] += sum over listed inputs j0..j1 of xq * q (q as stored, unsigned), two at a time
-// (an odd one out pairs with itself times 0), in int16 lanes moved to int32 every 8 pairs
-// (2 * 15 * 127 * 8 < 2^15).
-template <class PI, int TYPE, int TT>
-void sum_pairs(const uint8_t* base, int64_t run, int64_t g, const int32_t* cols,
-               const int16_t* xq, int64_t j0, int64_t j1, int32_t (*acc32)[GROUP]) {
-    constexpr int LB = low_bytes(TYPE), FLUSH = 8;
-    __m256i acc[TT][4];
-    for (int r = 0; r < TT; ++r)
-        for (int v = 0; v < 4; ++v) acc[r][v] = PairsInt::zero();
-    int count = 0;
-    for (int64_t j = j0; j < j1; j += 2) {
-        const bool two = j + 1 < j1;
-        const uint8_t* p0 = base + cols[j] * run + g * LB;
-        const uint8_t* p1 = two ? base + cols[j + 1] * run + g * LB : p0;
-        __m256i u[4];
-        PairsInt::decode_pair(p0, p1, u);
-#pragma GCC unroll 16
-        for (int r = 0; r < TT; ++r) {
-            const int x0 = xq[j * TT + r], x1 = two ? xq[(j + 1) * TT + r] : 0;
-            for (int v = 0; v < 4; ++v) acc[r][v] = PairsInt::madd_pair(acc[r][v], u[v], x0, x1);
-        }
-        if (++count == FLUSH) {
-            for (int r = 0; r < TT; ++r) {
-                PairsInt::flush(acc[r], acc32[r]);
-                for (int v = 0; v < 4; ++v) acc[r][v] = PairsInt::zero();
-            }
-            count = 0;
-        }
-    }
-    if (count)
-        for (int r = 0; r < TT; ++r) PairsInt::flush(acc[r], acc32[r]);
-}
-#else
-template <class PI, int TYPE, int TT>
-void sum_pairs(const uint8_t*, int64_t, int64_t, const int32_t*, const int16_t*, int64_t,
-               int64_t, int32_t (*)[GROUP]) {}
-#endif
-
 // The same walk for the 4-, 5- and 6-bit types, on integers: per sub-block, each row of x's
 // int16 sums of xq_i * q_i (moved to int32 every flush_every inputs), then
 // y += dx * (a * sum + b * sum(xq)).
@@ -244,34 +193,26 @@ void run_groups_int(const Weight& w, int64_t ga, int64_t gb, const Listed& li, f
 #pragma GCC unroll 16
                     for (int r = 0; r < TT; ++r)
                         for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
-                    if constexpr (pairs_for<PI, TYPE>()) {
-                        sum_pairs<PI, TYPE, TT>(base, run, g, cols, xq, j0, j1, acc32);
-                    } else {
-                        V acc[TT][NV];
+                    int count = 0;
+                    for (int64_t j = j0; j < j1; ++j) {
+                        const uint8_t* in = base + cols[j] * run;
+                        V q[NV];
+                        PI::template decode16<TYPE>(in + g * LB, in + high + g * HB, q);
 #pragma GCC unroll 16
-                        for (int r = 0; r < TT; ++r)
-                            for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
-                        int count = 0;
-                        for (int64_t j = j0; j < j1; ++j) {
-                            const uint8_t* in = base + cols[j] * run;
-                            V q[NV];
-                            PI::template decode16<TYPE>(in + g * LB, in + high + g * HB, q);
-#pragma GCC unroll 16
-                            for (int r = 0; r < TT; ++r) {
-                                const int x = xq[j * TT + r];
-                                for (int v = 0; v < NV; ++v) acc[r][v] = PI::madd(acc[r][v], q[v], x);
-                            }
-                            if (++count == FLUSH) {
-                                for (int r = 0; r < TT; ++r) {
-                                    PI::flush(acc[r], acc32[r]);
-                                    for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
-                                }
-                                count = 0;
-                            }
+                        for (int r = 0; r < TT; ++r) {
+                            const int x = xq[j * TT + r];
+                            for (int v = 0; v < NV; ++v) acc[r][v] = PI::madd(acc[r][v], q[v], x);
                         }
-                        if (count)
-                            for (int r = 0; r < TT; ++r) PI::flush(acc[r], acc32[r]);
+                        if (++count == FLUSH) {
+                            for (int r = 0; r < TT; ++r) {
+                                PI::flush(acc[r], acc32[r]);
+                                for (int v = 0; v < NV; ++v) acc[r][v] = PI::zero();
+                            }
+                            count = 0;
+                        }
                     }
+                    if (count)
+                        for (int r = 0; r < TT; ++r) PI::flush(acc[r], acc32[r]);
                     const int64_t c16 = (kb * QK + s * SUB) / 16;
                     for (int r = 0; r < tt; ++r) {
                         const int64_t row = t0 + r;
@@ -279,10 +220,6 @@ void run_groups_int(const Weight& w, int64_t ga, int64_t gb, const Listed& li, f
                         const F sum = P::set1(float(SUB == 16 ? s16[0] : s16[0] + s16[1]));
                         const F dx = P::set1(xi.d[row * blocks + kb]);
                         float* yr = y + row * ldy + w.col0 + g * GROUP;
-                        if constexpr (pairs_for<PI, TYPE>() && q_offset(TYPE) != 0) {
-                            const int32_t adj = q_offset(TYPE) * (SUB == 16 ? s16[0] : s16[0] + s16[1]);
-                            for (int o = 0; o < GROUP; ++o) acc32[r][o] += adj;  // q as stored -> q + offset
-                        }
                         for (int o = 0; o < GROUP; o += L) {
                             F v = P::mul(P::load(a[s] + o), P::load_i32(acc32[r] + o));
                             if constexpr (has_min(TYPE)) v = P::fma(P::load(b[s] + o), sum, v);
@@ -310,16 +247,15 @@ PathKernels kernels_of() {
         return {run_groups<P, TYPE, 1>, run_groups<P, TYPE, TT>, TT};
 }
 
-// PI4: the 4-bit types' integer policy (two inputs at a time where the path has it).
-template <class P, class PI, class PI4, int TT>
+template <class P, class PI, int TT>
 PathKernels path_kernels(int type) {
     switch (type) {
-        case Q4_0: return kernels_of<P, PI4, Q4_0, TT>();
-        case Q4_1: return kernels_of<P, PI4, Q4_1, TT>();
+        case Q4_0: return kernels_of<P, PI, Q4_0, TT>();
+        case Q4_1: return kernels_of<P, PI, Q4_1, TT>();
         case Q5_0: return kernels_of<P, PI, Q5_0, TT>();
         case Q5_1: return kernels_of<P, PI, Q5_1, TT>();
         case Q8_0: return kernels_of<P, PI, Q8_0, TT>();
-        case Q4_K: return kernels_of<P, PI4, Q4_K, TT>();
+        case Q4_K: return kernels_of<P, PI, Q4_K, TT>();
         case Q5_K: return kernels_of<P, PI, Q5_K, TT>();
         case Q6_K: return kernels_of<P, PI, Q6_K, TT>();
         case F32: return kernels_of<P, PI, F32, TT>();
@@ -332,12 +268,12 @@ PathKernels path_kernels(int type) {
 PathKernels kernels(int type) {
     const std::string path = cpu_path();  // block_matmul's choice (EMBER_CPU_PATH, set_cpu_path)
 #ifdef EMBER_IM_AVX512
-    if (path == "avx512") return path_kernels<Avx512, Avx512Int, PairsInt, 4>(type);
+    if (path == "avx512") return path_kernels<Avx512, Avx512Int, 4>(type);
 #endif
 #ifdef EMBER_IM_AVX2
-    if (path == "avx2") return path_kernels<Avx2, Avx2Int, PairsInt, 2>(type);
+    if (path == "avx2") return path_kernels<Avx2, Avx2Int, 2>(type);
 #endif
-    return path_kernels<Portable, PortableInt, PortableInt, 2>(type);
+    return path_kernels<Portable, PortableInt, 2>(type);
 }
 
 Tiles checked_tiles(int64_t type, int64_t N, int64_t K, const char* what) {
