@@ -17,7 +17,8 @@ def run(args) -> int:
     from ember.models.sizes import parse_size
 
     options = ProfileOptions(
-        texts=tuple(args.text or ()), sample_tokens=args.sample_tokens,
+        texts=tuple(args.text or ()), held_out_texts=tuple(args.held_out or ()),
+        sample_tokens=args.sample_tokens,
         gpu_budget=None if args.gpu_budget is None else parse_size(args.gpu_budget, "--gpu-budget"),
         quality_budget=args.quality_budget / 100, recall=args.recall, seed=args.seed,
         epochs=args.epochs)
