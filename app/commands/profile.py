@@ -84,7 +84,8 @@ def _input_summary(report) -> None:
           f"(x{q['ppl_ratio']:.3f}), top-1 agreement {q['top1_agreement']:.1%}, greedy match "
           f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")
     print(f"  sparsity        {realized['mean_body']:.1%} mean over the body's matmul inputs, "
-          f"realized while decoding ({realized['mean_thresholded']:.1%} over the thresholded ones)")
+          f"realized while decoding ({realized['mean_thresholded']:.1%} over the thresholded ones; "
+          f"{q['held_out_sparsity']:.1%} while scoring the held-out text)")
     for i, row in enumerate(realized["per_layer"]):
         print(f"    layer {i:>3}: " + "  ".join(f"{k} {v:.0%}" for k, v in row.items()))
     print("  stages          " + ", ".join(f"{k} {v:.0f} s" for k, v in report.stages_s.items()))
