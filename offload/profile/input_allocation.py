@@ -18,10 +18,6 @@ at 50% until a second is measured to pay (`python -m bench.input_allocation_curv
 0.25 0.5`). A global greedy then raises, across every layer and slot, the one whose next step
 costs the least predicted KL per matmul sparsity gained, until the body's mean over its
 matmuls reaches the target.
-
-The KL is taken over a shortlist of the vocabulary (every position's dense top SHORTLIST
-tokens): the dense distribution's mass is almost all there, and the full LM head would cost
-as much as the body for each of the many probe passes.
 """
 
 from __future__ import annotations
@@ -38,50 +34,41 @@ from ..body.input_sparsity import MATMULS, SLOTS
 
 PROBES = (0.5,)  # sparsities at which each slot's end-to-end cost is measured
 KL_TOKENS = 256  # calibration tokens whose dense next-token distributions are kept
-SHORTLIST = 64  # each position's top dense tokens kept for the KL
 
 
 @dataclass
 class DenseReference:
-    """The dense model's log-probabilities over a few calibration segments, restricted to a
-    shortlist of the vocabulary (`rows`: the head's rows of those tokens)."""
+    """The dense model's log-probabilities over a few calibration segments (half precision:
+    256 positions x 262k vocabulary is 134 MB)."""
 
     segments: list[torch.Tensor]
-    rows: object  # QTensor: the LM head's rows of the shortlist
-    logp: list[torch.Tensor]  # per segment (positions, shortlist)
+    logp: list[torch.Tensor]
 
 
 @torch.inference_mode()
-def _hidden(model, seg: torch.Tensor, cache) -> torch.Tensor:
+def _log_probs(model, seg: torch.Tensor, cache) -> torch.Tensor:
     cache.truncate(0)
-    return model.hidden(seg, cache)
+    hidden = model.hidden(seg, cache)
+    return torch.cat([torch.log_softmax(model.logits(hidden[c: c + LOGIT_ROWS]).float(), -1)
+                      for c in range(0, hidden.shape[0], LOGIT_ROWS)])
 
 
-def _shortlist_logp(model, hidden: torch.Tensor, rows) -> torch.Tensor:
-    return torch.log_softmax(model.head.scores(hidden, rows).float(), -1)
-
-
-@torch.inference_mode()
 def dense_reference(model, ids: list[int], bos: int | None, length: int,
-                    tokens: int = KL_TOKENS, shortlist: int = SHORTLIST) -> DenseReference:
+                    tokens: int = KL_TOKENS) -> DenseReference:
     """Run the first `tokens` calibration tokens densely (no thresholds must be applied)."""
     segs = segments(ids[:tokens], length, bos)
     cache = model.new_cache(length)
-    hiddens = [_hidden(model, s, cache) for s in segs]
-    top = [model.logits(h[c: c + LOGIT_ROWS]).topk(shortlist, dim=-1).indices.flatten()
-           for h in hiddens for c in range(0, h.shape[0], LOGIT_ROWS)]
-    cols = torch.cat(top).unique()
-    rows = model.head.stored.select_rows(cols)
-    return DenseReference(segs, rows, [_shortlist_logp(model, h, rows) for h in hiddens])
+    return DenseReference(segs, [_log_probs(model, s, cache).half() for s in segs])
 
 
 def kl_from_dense(model, ref: DenseReference, length: int) -> float:
-    """Mean KL(dense || model as now thresholded) per position over the shortlist, nats."""
+    """Mean KL(dense || model as now thresholded) per position, nats."""
     cache, total, n = model.new_cache(length), 0.0, 0
     for seg, dense in zip(ref.segments, ref.logp):
-        now = _shortlist_logp(model, _hidden(model, seg, cache), ref.rows)
-        total += float((dense.exp() * (dense - now)).sum())
-        n += dense.shape[0]
+        now = _log_probs(model, seg, cache)
+        d = dense.float()
+        total += float((d.exp() * (d - now)).sum())
+        n += d.shape[0]
     return max(0.0, total / max(1, n))
 
 
