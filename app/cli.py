@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(p)
     p.add_argument("--text", action="append", metavar="FILE",
                    help="calibration text (repeatable; default: text the model samples itself)")
+    p.add_argument("--held-out", action="append", metavar="FILE",
+                   help="held-out text for the quality checks (repeatable; default: the last "
+                        "20%% of the calibration text); the calibration text then all trains")
     p.add_argument("--sample-tokens", type=int, default=2048, metavar="N",
                    help="tokens to sample for calibration when no --text is given")
     p.add_argument("--gpu-budget", metavar="SIZE",

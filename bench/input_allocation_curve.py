@@ -21,6 +21,7 @@ from ember.models.loader import load_model
 from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity
 from ember.offload.body.quant_model import QuantModel
 from ember.offload.profile import input_calibration as ic
+from ember.offload.profile.input_allocation import KL_TOKENS, PROBES
 from ember.predictors.passes import score
 
 LENGTH = 512
@@ -30,7 +31,8 @@ def texts(loaded, args) -> tuple[list[int], list[int]]:
     tok = loaded.tokenizer
     held = tok.encode(Path(args.held_out).read_text(encoding="utf-8"), add_bos=False)
     if args.calibration:
-        return tok.encode(Path(args.calibration).read_text(encoding="utf-8"), add_bos=False), held
+        return [t for name in args.calibration
+                for t in tok.encode(Path(name).read_text(encoding="utf-8"), add_bos=False)], held
     cache = Path(args.cache) if args.cache else None
     if cache and cache.exists():
         return json.loads(cache.read_text()), held
@@ -44,16 +46,34 @@ def texts(loaded, args) -> tuple[list[int], list[int]]:
     return train, held
 
 
+def at_budget(plan, held_out, budget: float, steps: int = 7) -> dict:
+    """The highest target whose held-out perplexity stays within 1 + budget (bisected)."""
+    lo, hi, best = 0.0, 0.6, {"target": 0.0}
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        row = {"target": round(mid, 4), **held_out(plan(mid).thresholds)}
+        lo, hi = (mid, hi) if row["ppl_ratio"] <= 1 + budget else (lo, mid)
+        if row["ppl_ratio"] <= 1 + budget:
+            best = row
+    return {"budget": budget, **best}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--calibration", help="calibration text file (default: model-sampled)")
+    p.add_argument("--calibration", nargs="+", help="calibration text files (default: "
+                                                    "model-sampled)")
     p.add_argument("--cache", help="keep the sampled calibration ids in this JSON file")
     p.add_argument("--sample-tokens", type=int, default=2000)
     p.add_argument("--held-out", default=str(Path(__file__).parents[1] / "tests/data/english.txt"))
     p.add_argument("--targets", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5])
     p.add_argument("--methods", nargs="+", default=list(ic.ALLOCATIONS), choices=ic.ALLOCATIONS)
     p.add_argument("--slot-levels", type=float, nargs="*", default=[0.3, 0.5, 0.7])
+    p.add_argument("--probes", type=float, nargs="+", default=list(PROBES),
+                   help="levels at which the global allocation measures each slot's KL")
+    p.add_argument("--kl-tokens", type=int, default=KL_TOKENS)
+    p.add_argument("--budget", type=float, default=0.03,
+                   help="also bisect each method's target to this held-out perplexity increase")
     args = p.parse_args()
 
     loaded = load_model(args.model or default_model_path())
@@ -80,7 +100,8 @@ def main() -> None:
     log: list[str] = []
     curves = {}
     for method in args.methods:
-        plan = ic.allocator(method, model, runtime, stats, train, bos, LENGTH, log.append)
+        plan = ic.allocator(method, model, runtime, stats, train, bos, LENGTH, log.append,
+                            tuple(sorted(args.probes)), args.kl_tokens)
         curves[method] = []
         for target in args.targets:
             alloc = plan(target)
@@ -90,6 +111,9 @@ def main() -> None:
                 row["levels"] = alloc.levels
             curves[method].append(row)
             print(method, json.dumps({k: v for k, v in row.items() if k != "levels"}), flush=True)
+        if args.budget:
+            curves[method].append(at_budget(plan, held_out, args.budget))
+            print(method, "at budget", json.dumps(curves[method][-1]), flush=True)
     out["probe_kl"] = log
     out["curves"] = curves
     print(json.dumps(out, indent=1))

@@ -178,6 +178,9 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     assert report["glu"]["method"] == "input thresholds" and report["predictors"] == []
     quality = report["quality"]
     assert quality["meets_quality_budget"] is True
+    # the perplexity ratio comes with the sparsity realized while it was measured
+    assert 0 <= quality["held_out_sparsity"] <= 1
+    assert (quality["held_out_sparsity"] > 0) == (report["glu"]["planned_mean_sparsity"] > 0)
     loaded = load_model(path)
     profile = load_profile(out, loaded.config, loaded.source.fingerprint)
     assert len(profile.meta["input_thresholds"]) == loaded.config.n_layers
@@ -237,16 +240,35 @@ def test_global_allocation_beats_uniform_where_layers_differ(uneven_model):
 
 
 def test_allocate_global_spends_where_the_measured_gain_is_low():
-    from ember.offload.profile.input_allocation import allocate_global
+    from ember.offload.profile.input_allocation import allocate_global, cost_curve
     from ember.offload.profile.input_calibration import LEVELS, STEP
 
     stats = {(i, s): _stats({s: 1.0})[(0, s)] for i in range(2) for s in SLOTS}
-    gains = {(i, s): (100.0 if i == 0 else 1.0) for i in range(2) for s in SLOTS}
-    levels = allocate_global(stats, gains, 2, 0.3, LEVELS, STEP)
+    # the same proxy errors everywhere; layer 0's measured KL 100x layer 1's
+    costs = {key: cost_curve(st, [(0.5, st.error(0.5) * (100.0 if key[0] == 0 else 1.0))],
+                             LEVELS) for key, st in stats.items()}
+    levels = allocate_global(costs, 2, 0.3, LEVELS, STEP)
     mean = sum(MATMULS[s] * lv[s] for lv in levels for s in SLOTS) / (2 * sum(MATMULS.values()))
     assert mean == pytest.approx(0.3, abs=STEP)
     assert all(levels[0][s] <= levels[1][s] for s in SLOTS)
     assert levels[0] != levels[1]
+
+
+def test_cost_curve_passes_through_every_probe_and_never_falls():
+    """Two probes: the predicted KL equals the measured one at each, follows the proxy
+    error in between (gain interpolated) and beyond (gain held), and never decreases."""
+    from ember.offload.profile.input_allocation import cost_curve
+    from ember.offload.profile.input_calibration import LEVELS
+
+    st = _stats({"o": 1.0})[(0, "o")]
+    probed = [(0.25, 0.002), (0.5, 0.05)]  # KL rising faster than the proxy error
+    curve = cost_curve(st, probed, LEVELS)
+    for p, kl in probed:
+        assert curve[LEVELS.index(p)] == pytest.approx(kl)
+    assert curve == sorted(curve) and curve[0] == 0.0
+    g25, g50 = (kl / st.error(p) for p, kl in probed)
+    assert curve[LEVELS.index(0.1)] == pytest.approx(g25 * st.error(0.1))
+    assert curve[LEVELS.index(0.9)] == pytest.approx(g50 * st.error(0.9))
 
 
 @needs_native

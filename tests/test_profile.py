@@ -92,6 +92,30 @@ def test_profile_cli_json_and_bad_flags(capsys, tmp_path, tiny_models, text_file
     assert code == 2 and "missing.txt" in capsys.readouterr().err
 
 
+def test_held_out_files_stay_apart_from_the_calibration_text(tmp_path, tiny_models, text_file):
+    """`--held-out FILE`: every calibration token trains and the held-out side is exactly
+    the file's (disjoint texts); a file that cannot be read is named in the error."""
+    from ember.models.errors import ConfigError
+    from ember.offload.profile.profiler import calibration_ids
+
+    loaded = load_model(tiny_models["llama-relu"][2])
+    held = tmp_path / "held.txt"
+    held.write_text("An entirely different story about a lighthouse keeper and her dog. " * 4)
+    text = calibration_ids(loaded, ProfileOptions(texts=(str(text_file),),
+                                                  held_out_texts=(str(held),)), say_nothing)
+    encode = loaded.tokenizer.encode
+    assert text.train == encode(text_file.read_text(), add_bos=False)
+    assert text.held_out == encode(held.read_text(), add_bos=False)
+    with pytest.raises(ConfigError, match="nowhere.txt"):
+        calibration_ids(loaded, ProfileOptions(texts=(str(text_file),),
+                                               held_out_texts=(str(tmp_path / "nowhere.txt"),)),
+                        say_nothing)
+
+
+def say_nothing(stage: str, message: str) -> None:
+    pass
+
+
 def test_retuned_predictors_reach_the_higher_recall(tiny_models, text_file):
     """What the check stage does when predictors cost too much quality: same weights, lower
     decision thresholds, recall at least the new target on the validation split."""

@@ -17,7 +17,8 @@ def run(args) -> int:
     from ember.models.sizes import parse_size
 
     options = ProfileOptions(
-        texts=tuple(args.text or ()), sample_tokens=args.sample_tokens,
+        texts=tuple(args.text or ()), held_out_texts=tuple(args.held_out or ()),
+        sample_tokens=args.sample_tokens,
         gpu_budget=None if args.gpu_budget is None else parse_size(args.gpu_budget, "--gpu-budget"),
         quality_budget=args.quality_budget / 100, recall=args.recall, seed=args.seed,
         epochs=args.epochs)
@@ -83,7 +84,8 @@ def _input_summary(report) -> None:
           f"(x{q['ppl_ratio']:.3f}), top-1 agreement {q['top1_agreement']:.1%}, greedy match "
           f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")
     print(f"  sparsity        {realized['mean_body']:.1%} mean over the body's matmul inputs, "
-          f"realized while decoding ({realized['mean_thresholded']:.1%} over the thresholded ones)")
+          f"realized while decoding ({realized['mean_thresholded']:.1%} over the thresholded ones; "
+          f"{q['held_out_sparsity']:.1%} while scoring the held-out text)")
     for i, row in enumerate(realized["per_layer"]):
         print(f"    layer {i:>3}: " + "  ".join(f"{k} {v:.0%}" for k, v in row.items()))
     print("  stages          " + ", ".join(f"{k} {v:.0f} s" for k, v in report.stages_s.items()))

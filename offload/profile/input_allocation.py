@@ -7,12 +7,17 @@ slot alone at 50% costs from 0.0013 to 0.057 nats of KL depending on layer and s
 uniform per-block target spends the budget where it is dearest.
 
 Here each slot's proxy error curve e(s) (input_calibration.SlotStats.error) is turned into an
-end-to-end cost by one measurement: the KL divergence from the dense model's next-token
-distribution, on calibration text, with only that slot thresholded at a probe level. To second
-order the KL is a quadratic form in the output perturbation, and e(s) is that perturbation's
-energy, so cost(s) ~ gain * e(s) with gain = KL(probe) / e(probe). A global greedy then raises,
-across every layer and slot, the one whose next step costs the least predicted KL per matmul
-sparsity gained, until the body's mean over its matmuls reaches the target.
+end-to-end cost by measurement: the KL divergence from the dense model's next-token
+distribution, on calibration text, with only that slot thresholded at a few probe levels. To
+second order the KL is a quadratic form in the output perturbation, and e(s) is that
+perturbation's energy, so cost(s) ~ gain * e(s) with gain = KL(probe) / e(probe). With
+several probes the gain is measured at each and interpolated between them (the gain of
+gate/up and q/k/v grows with the level, so one probe at 50% may misjudge the low levels a
+tight budget lives at); each probe is one pass per slot, so the default stays the one probe
+at 50% until a second is measured to pay (`python -m bench.input_allocation_curve --probes
+0.25 0.5`). A global greedy then raises, across every layer and slot, the one whose next step
+costs the least predicted KL per matmul sparsity gained, until the body's mean over its
+matmuls reaches the target.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from ember.predictors.passes import LOGIT_ROWS, segments
 
 from ..body.input_sparsity import MATMULS, SLOTS
 
-PROBE = 0.5  # sparsity at which each slot's end-to-end cost is measured
+PROBES = (0.5,)  # sparsities at which each slot's end-to-end cost is measured
 KL_TOKENS = 256  # calibration tokens whose dense next-token distributions are kept
 
 
@@ -48,9 +53,10 @@ def _log_probs(model, seg: torch.Tensor, cache) -> torch.Tensor:
                       for c in range(0, hidden.shape[0], LOGIT_ROWS)])
 
 
-def dense_reference(model, ids: list[int], bos: int | None, length: int) -> DenseReference:
-    """Run the first KL_TOKENS calibration tokens densely (no thresholds must be applied)."""
-    segs = segments(ids[:KL_TOKENS], length, bos)
+def dense_reference(model, ids: list[int], bos: int | None, length: int,
+                    tokens: int = KL_TOKENS) -> DenseReference:
+    """Run the first `tokens` calibration tokens densely (no thresholds must be applied)."""
+    segs = segments(ids[:tokens], length, bos)
     cache = model.new_cache(length)
     return DenseReference(segs, [_log_probs(model, s, cache).half() for s in segs])
 
@@ -66,34 +72,57 @@ def kl_from_dense(model, ref: DenseReference, length: int) -> float:
     return max(0.0, total / max(1, n))
 
 
-def slot_gains(stats, n_layers: int, measure: Callable[[int, str, float], float],
-               probe: float = PROBE, log: Callable[[str], None] = lambda m: None
-               ) -> dict[tuple[int, str], float]:
-    """Per (layer, slot): measured KL at `probe` (only that slot thresholded) over the proxy
-    error there. `measure(layer, slot, threshold)` returns the KL."""
-    gains = {}
+def slot_costs(stats, n_layers: int, measure: Callable[[int, str, float], float],
+               levels: tuple[float, ...], probes: tuple[float, ...] = PROBES,
+               log: Callable[[str], None] = lambda m: None) -> dict[tuple[int, str], list[float]]:
+    """Per (layer, slot): predicted KL at each of `levels`, from the KL measured at `probes`
+    with only that slot thresholded (`measure(layer, slot, threshold)` returns it)."""
+    costs = {}
     for i in range(n_layers):
+        measured = {}
         for slot in SLOTS:
             st = stats[(i, slot)]
-            kl = measure(i, slot, st.threshold(probe))
-            gains[(i, slot)] = kl / max(st.error(probe), 1e-12)
-        log(f"layer {i}: KL at {probe:.0%} " + ", ".join(
-            f"{s} {gains[(i, s)] * stats[(i, s)].error(probe):.4f}" for s in SLOTS))
-    return gains
+            measured[slot] = [measure(i, slot, st.threshold(p)) for p in probes]
+            costs[(i, slot)] = cost_curve(st, list(zip(probes, measured[slot])), levels)
+        log(f"layer {i}: KL at " + "/".join(f"{p:.0%}" for p in probes) + " " + ", ".join(
+            f"{s} " + "/".join(f"{kl:.4f}" for kl in measured[s]) for s in SLOTS))
+    return costs
 
 
-def allocate_global(stats, gains: dict[tuple[int, str], float], n_layers: int,
-                    target: float, levels: tuple[float, ...], step: float):
-    """Global greedy over every (layer, slot): returns per-layer {slot: level}."""
+def cost_curve(st, probed: list[tuple[float, float]], levels: tuple[float, ...]) -> list[float]:
+    """Predicted KL at each level: the proxy error there times the gain (measured KL over
+    proxy error) interpolated linearly in the level between the probes, held beyond them;
+    kept non-decreasing."""
+    xs = [p for p, _ in probed]
+    gains = [kl / max(st.error(p), 1e-12) for p, kl in probed]
+    out, top = [], 0.0
+    for lv in levels:
+        top = max(top, _interp(lv, xs, gains) * st.error(lv))
+        out.append(top)
+    return out
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def allocate_global(costs: dict[tuple[int, str], list[float]], n_layers: int, target: float,
+                    levels: tuple[float, ...], step: float):
+    """Global greedy over every (layer, slot), `costs[key][k]` its predicted KL at
+    levels[k]: returns per-layer {slot: level}."""
     total = n_layers * sum(MATMULS.values())
-    at = {key: 0 for key in gains}
-    curve = {key: [stats[key].error(lv) for lv in levels] for key in gains}
+    at = {key: 0 for key in costs}
 
     def price(key):  # predicted KL per unit of body-mean sparsity of the next step
         i = at[key]
-        return gains[key] * (curve[key][i + 1] - curve[key][i]) / (MATMULS[key[1]] * step)
+        return (costs[key][i + 1] - costs[key][i]) / (MATMULS[key[1]] * step)
 
-    heap = [(price(k), k) for k in gains if len(levels) > 1]
+    heap = [(price(k), k) for k in costs if len(levels) > 1]
     heapq.heapify(heap)
     reached = 0.0
     while heap and reached < target * total - 1e-9:

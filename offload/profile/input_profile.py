@@ -16,6 +16,7 @@ import torch
 
 from ember.placement.layout import Placement
 
+from .input_allocation import PROBES
 from .input_calibration import calibrate_inputs
 from ..runtime.profile_file import Profile
 from ..body.quant_model import QuantModel, applies
@@ -41,7 +42,8 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
         model, text.train, text.held_out, loaded.tokenizer.bos_id, options.quality_budget,
         length, log=lambda msg: say("input thresholds", msg)))
     alloc = cal.allocation
-    report.glu = {"method": "input thresholds", "allocation": "global greedy on measured KL",
+    report.glu = {"method": "input thresholds", "allocation": "global greedy on KL measured at "
+                  + "/".join(f"{p:.0%}" for p in PROBES),
                   "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
                   "ppl_ratio": round(cal.ppl_ratio, 4), "agreement": round(cal.agreement, 4),
                   "levels_per_layer": alloc.levels, "tried": cal.tried,
@@ -96,7 +98,9 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
     try:
         if sparse.input_sparsity is None:
             raise RuntimeError("the engine did not apply the profile's input thresholds")
+        sparse.input_sparsity.reset_counters()
         sparse_scores = score(sparse.model, held_out, length, bos)
+        scored = sparse.input_sparsity.realized()["mean_body"]  # while scoring held-out text
         sparse.input_sparsity.reset_counters()
         sparse_ids = sparse.generate(prompt, sampling=GREEDY, max_tokens=options.check_tokens,
                                      ignore_eos=True).token_ids
@@ -113,6 +117,7 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
         "top1_agreement": round(dense_scores.agreement(sparse_scores), 4),
         "greedy_match_tokens": match, "greedy_tokens": len(dense_ids),
         "sparsity": realized["mean_body"], "input_sparsity": realized,
+        "held_out_sparsity": scored,
         "meets_quality_budget": ratio <= 1 + options.quality_budget,
         "recall": None,
     }

@@ -10,7 +10,7 @@ interrupted run (Ctrl-C) leaves the previous artifact or none.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +33,7 @@ Progress = Callable[[float, str], None]  # progress(fraction of the stage, "stag
 @dataclass(frozen=True)
 class ProfileOptions:
     texts: tuple[str, ...] = ()  # calibration text files; none: the model samples its own
+    held_out_texts: tuple[str, ...] = ()  # held-out text files; none: a share of the above
     sample_tokens: int = 2048  # tokens to sample when no text is given
     held_out: float = 0.2  # share of calibration text kept apart for the final check
     gpu_budget: int | None = None  # bytes; None: no GPU tier (placement all cold)
@@ -101,7 +102,8 @@ def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
     text = stage("calibration", lambda: calibration_ids(loaded, options, say,
                                                         within("calibration")))
     report.calibration = {"train_tokens": len(text.train), "held_out_tokens": len(text.held_out),
-                          "source": "files" if options.texts else "model-sampled"}
+                          "source": "files" if options.texts else "model-sampled",
+                          "held_out_source": "files" if options.held_out_texts else "split"}
     from .input_profile import input_thresholds_apply, run_input_profile
 
     if input_thresholds_apply(loaded, options):  # GLU: thresholds on matmul inputs
@@ -164,19 +166,30 @@ def segment_length(cfg, options: ProfileOptions) -> int:
     return min(512, cfg.context_length, options.n_ctx)
 
 
+def _read_ids(tok, names: tuple[str, ...], what: str) -> list[int]:
+    ids: list[int] = []
+    for name in names:
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{name}: cannot read {what} text ({exc})") from None
+        ids += tok.encode(text, add_bos=False)
+    return ids
+
+
 def calibration_ids(loaded: LoadedModel, options: ProfileOptions, say: Say,
                     progress: Progress = lambda fraction, stage: None):
-    from ember.predictors.calibration_text import sampled_text, split_ids
+    from ember.predictors.calibration_text import CalibrationText, sampled_text, split_ids
 
     tok = loaded.tokenizer
+    if options.held_out_texts:  # all of the calibration text trains; the files are held out
+        held_out = _read_ids(tok, options.held_out_texts, "held-out")
+        if len(held_out) < 32:
+            raise ConfigError(f"the held-out text has {len(held_out)} tokens; give at least 32")
+        text = calibration_ids(loaded, replace(options, held_out_texts=()), say, progress)
+        return CalibrationText(text.train + text.held_out, held_out)
     if options.texts:
-        ids: list[int] = []
-        for name in options.texts:
-            try:
-                text = Path(name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"{name}: cannot read calibration text ({exc})") from None
-            ids += tok.encode(text, add_bos=False)
+        ids = _read_ids(tok, options.texts, "calibration")
         if len(ids) < 200:
             raise ConfigError(f"the calibration text has {len(ids)} tokens; give at least 200")
         return split_ids(ids, options.held_out)
