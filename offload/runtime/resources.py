@@ -23,8 +23,9 @@ from ember.models.loader import ModelSource
 from ember.models.summary import summarize
 
 from .device import resolve_device
+from .engine_model import kv_value_bytes
 from ..kv.plan import plan_kv
-from ..body.quant_model import kv_dtype, runs_on_file_blocks
+from ..body.quant_model import runs_on_file_blocks
 
 GIB = 1 << 30
 # Activations, logits, torch's own buffers and the tokenizer: well under this for the default
@@ -46,7 +47,7 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
     cfg = source.config
     n_ctx = min(options.n_ctx, cfg.context_length)
     pools = plan_kv(cfg, n_ctx, options.kv_budget, options.kv_host_budget,
-                    options.kv_block_size, kv_dtype(options, device).itemsize).to_dict()
+                    options.kv_block_size, kv_value_bytes(options, device)).to_dict()
     memory = summarize(source, n_ctx)["memory"]
     if builds_float_model(source, options, device):
         weights, held = memory["weights_fp32_bytes"], "as fp32"
@@ -58,8 +59,10 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
             held += f" + {split / GIB:.2f} GiB of FFN rows the hybrid split derives"
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
-    # The file-blocks runtime keeps its KV pool in host RAM (on CUDA only hot FFN rows move).
-    kv_on_gpu = on_gpu and builds_float_model(source, options, device)
+    # The file-blocks runtime keeps its KV pool in host RAM unless attention is sent to the
+    # tier by name (`auto` may leave it on the host: counted there, to be safe).
+    kv_on_gpu = on_gpu and (builds_float_model(source, options, device)
+                            or getattr(options, "tier_attention", "auto") not in ("auto", "host"))
     host_need = weights + host_kv + (0 if kv_on_gpu else device_kv) + RUNTIME_ALLOWANCE
     detail = (f"weights {weights / GIB:.2f} GiB {held}, KV cache {device_kv / GIB:.2f} GiB "
               f"for {n_ctx} tokens + {host_kv / GIB:.2f} GiB swap pool")
