@@ -34,8 +34,9 @@ from .fused_ops import (attend_slots_reference, qk_norm_rope_reference, residual
                         rms_norm_reference)
 from .tier_weights import relative_error
 
-HALF_TYPES = (torch.bfloat16, torch.float16, torch.float32)
-_NORMS = ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
+TIER_TYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The layer's vectors: its norms and the q/k/v bias
+_VECTORS = ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
           "qkv_bias")
 
 
@@ -107,7 +108,7 @@ class TierAttentionWeights:
 
     qkv: torch.Tensor
     o: torch.Tensor
-    norms: dict  # name -> (D,) tensor in `dtype`, only those the layer has (see _NORMS)
+    norms: dict  # name -> (D,) tensor in `dtype`, only those the layer has (_VECTORS)
     n_heads: int
     n_kv: int
     head_dim: int
@@ -124,9 +125,9 @@ class TierAttentionWeights:
              dtype: torch.dtype = torch.bfloat16) -> "TierAttentionWeights":
         """From float values on the host: qkv (q + 2 kv columns, hidden), o (hidden, q
         columns), `norms` name -> (D,) or None (a step the layer skips)."""
-        if dtype not in HALF_TYPES:
+        if dtype not in TIER_TYPES:
             raise ValueError(f"tier attention holds bf16, fp16 or fp32, not {dtype}")
-        unknown = set(norms) - set(_NORMS)
+        unknown = set(norms) - set(_VECTORS)
         if unknown:
             raise ValueError(f"unknown attention tensors {sorted(unknown)}")
 

@@ -354,3 +354,23 @@ def test_auto_moves_attention_only_where_the_host_then_reads_less(tiny_q4_k_m):
     assert reads.attention == blocks + cfg.n_layers * 32 * 2 * cfg.n_kv_heads * cfg.head_dim * 2
     down = w.get("blk.0.ffn_down.weight").nbytes
     assert reads.neuron[0] == (2 * w.get("blk.0.ffn_up.weight").nbytes + down) // cfg.ffn_size
+
+
+def test_the_memory_check_counts_the_whole_budget_when_attention_shares_it(tiny_q4_k_m):
+    """On a CPU tier the budget is host RAM: with attention named onto it, all of it may be
+    used (copies, KV pool and hot rows), not just what the FFN rows could take."""
+    from ember.offload.hybrid.memory_plan import cold_neuron_bytes, neuron_bytes
+    from ember.offload.hybrid.setup import resolve_cold_dtype
+    from ember.offload.runtime import resources
+
+    source = open_model(tiny_q4_k_m[2])
+    cfg, cpu, budget = source.config, torch.device("cpu"), 1 << 30
+    neurons = cfg.n_layers * cfg.ffn_size
+    cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated, resolve_cold_dtype("auto"))
+
+    def extra(tier):
+        opts = EngineOptions(device="cpu", gpu_budget=budget, tier_attention=tier)
+        return resources.split_rows_bytes(source, opts, cpu)
+
+    assert extra("host") == cold + neurons * neuron_bytes(cfg.hidden_size, cfg.gated) < budget
+    assert extra("bf16") == cold + budget

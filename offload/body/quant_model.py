@@ -350,7 +350,10 @@ class QuantModel:
         head, as stored (norms and the embedding row are under 0.1%)."""
         total = self.head.stored.nbytes
         for i, layer in enumerate(self.layers):
-            total += sum(t.nbytes for t in (*layer.qkv, layer.wo))
+            if self.tier is None:
+                total += sum(t.nbytes for t in (*layer.qkv, layer.wo))
+            else:  # the tier's copies (norms too: under 0.1% of them)
+                total += self.tier[i].nbytes()
             if self.ffns is None:
                 total += sum(t.nbytes for t in (*layer.gate_up, layer.down))
             else:  # a split layer: both sides in full (a dense step; sparse ones read less)

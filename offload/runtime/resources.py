@@ -124,7 +124,8 @@ def builds_float_model(source: ModelSource, options, device: torch.device) -> bo
 def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
     (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
-    hot rows (within --gpu-budget; bounded by float32 rows). 0 without a split."""
+    hot rows (within --gpu-budget; bounded by float32 rows), or the whole budget when
+    `--tier-attention` puts attention there too. 0 without a split."""
     from ..hybrid.setup import resolve_cold_dtype
     from ..hybrid.memory_plan import cold_neuron_bytes, neuron_bytes
 
@@ -137,6 +138,8 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     hot = 0
     if device.type == "cpu" and options.gpu_budget is not None:
         hot = min(options.gpu_budget, neurons * neuron_bytes(cfg.hidden_size, cfg.gated))
+        if getattr(options, "tier_attention", "auto") not in ("auto", "host"):
+            hot = options.gpu_budget  # attention's copies and its KV pool share the budget
     return cold + hot
 
 
