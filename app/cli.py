@@ -31,6 +31,12 @@ def _split_options(p: argparse.ArgumentParser) -> None:
                    help="hot FFN rows on the GPU tier: auto (by each tensor's file type and the "
                         "device: int4 for Q4-family rows where PyTorch's int4 matmul runs, int8 "
                         "for Q5/Q6/Q8, fp16 for float files) or one type for all")
+    p.add_argument("--tier-attention", default="auto",
+                   choices=("auto", "host", "bf16", "fp16", "fp32"),
+                   help="attention weights and the KV pool under --gpu-budget: auto (on a GPU "
+                        "tier in bf16, fp16 before Ampere, when the budget holds them; on the "
+                        "host's file blocks otherwise), host, or that type on the tier (on any "
+                        "device, the CPU too)")
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:

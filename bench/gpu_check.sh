@@ -13,9 +13,13 @@
 # Q4_K_M file is written on the spot by bench.make_model (real shape, real types).
 #
 # Steps: install (wheels, then Ember editable, no index), build the C++ kernels, the tests
-# marked `cuda` plus the tier-format tests, `bench decode` on CUDA at three GPU budgets and
-# on the CPU without a split, then one JSON line: what passed, tokens/s per budget, the hot
-# fraction, the tier formats and bytes, per-layer hot/cold/wait means. Aim: under 5 minutes.
+# marked `cuda` plus the tier-format and tier-attention tests (CPU ones too; not the one
+# that needs the default model, which does not travel), `bench decode` on CUDA at three GPU
+# budgets (at 1 GiB once more with attention kept on the host: --tier-attention auto moves
+# attention and KV to the GPU there, a 1.1B model's 0.5 GiB of bf16 attention and KV not
+# fitting 512 MiB) and on the CPU without a split, then one JSON line: what passed, tokens/s
+# per run, the hot fraction, the tier formats and bytes, where attention ran and in what
+# type, per-layer hot/cold/wait means. Aim: under 5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_check}}
@@ -52,6 +56,7 @@ $PY -c "from ember.offload.body import quant_model; assert quant_model.applies()
 
 step "tests"
 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py tests/test_tier_weights.py \
+    tests/test_tier_attention.py -k "not default_model" \
     --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
 tests_rc=$?
 
@@ -68,6 +73,7 @@ bench cpu_dense --device cpu
 for budget in 256MiB 512MiB 1GiB; do
     bench "cuda_$budget" --device cuda --gpu-budget "$budget"
 done
+bench cuda_1GiB_attention_host --device cuda --gpu-budget 1GiB --tier-attention host
 
 step "summary"
 $PY - "$out" "$tests_rc" "$(( $(date +%s) - start ))" <<'PY' | tee "$out/summary.json"
@@ -91,8 +97,12 @@ for f in sorted(out.glob("bench_*.json")):
     h = e.get("hybrid")
     if h:
         timing = [t for t in h["layer_timing_ms"] if t]
+        held = h.get("tier_attention_weights")
         row.update(hot_fraction=h["hot_fraction"], gpu_bytes=h["gpu_bytes"],
                    gpu_ffn_bytes=h["gpu_ffn_bytes"], formats=h["gpu_ffn_formats"],
+                   attention_on_gpu=h["on_gpu_tier"]["attention_and_kv"],
+                   attention_kv_charged={k: h["charges"][k] for k in ("attention", "kv_pool")},
+                   attention_held=held,
                    layer_ms={k: round(sum(t[k] for t in timing) / len(timing), 4)
                              for k in ("hot", "cold", "wait")} if timing else None)
     runs[f.stem[6:]] = row

@@ -1,7 +1,9 @@
 """The GPU tier on a real CUDA device: every format's matmul against the same codes on the
 host, the engine's split on CUDA (each --tier-dtype) against the CPU's unsplit model up to a
-near-tie, the plan against what CUDA allocated, and one synchronisation per split layer.
-Skipped without CUDA; bench/gpu_check.sh runs them on a lent machine."""
+near-tie, the plan against what CUDA allocated, and one synchronisation per split layer;
+attention and its KV pool on the GPU (each --tier-attention type) likewise, the attention
+kernel against its host reference, and their KV blocks swapped to the pinned host pool and
+back bit for bit. Skipped without CUDA; bench/gpu_check.sh runs them on a lent machine."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
+from ember.kernels.tier_attention import AttendRows, tier_attention, tier_attention_reference
 from ember.kernels.sparse_ffn import neuron_rows_ffn
 from ember.kernels.tier_weights import TierLinear, dequantize_int4, quantize_int4
 from ember.models.loader import load_model
@@ -18,6 +21,7 @@ from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.hybrid.tier_dtypes import TierCaps
 
 from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
+from .test_tier_attention import _attention_budget, _layer, _pools, _rows_cases, _rotary
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 
@@ -81,7 +85,7 @@ def test_a_cuda_split_decodes_as_the_cpu_model_within_its_plan(tiny_q4_k_m, tier
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     engine = Engine(loaded, EngineOptions(device="cuda", n_ctx=64, gpu_budget=budget,
-                                          tier_dtype=tier))
+                                          tier_dtype=tier, tier_attention="host"))
     try:
         assert isinstance(engine.model, quant_model.QuantModel)  # not the float32 model
         plan = engine.hybrid.plan
@@ -98,5 +102,104 @@ def test_a_cuda_split_decodes_as_the_cpu_model_within_its_plan(tiny_q4_k_m, tier
         split = [layer for layer in engine.hybrid.layers if layer.hot is not None]
         tokens = split[0].counters.tokens
         assert all(layer.transfer.syncs >= tokens for layer in split)
+    finally:
+        engine.close()
+
+
+def _attention_types():
+    caps = TierCaps.of(torch.device("cuda")) if torch.cuda.is_available() else None
+    return ["fp16", "fp32"] + (["bf16"] if caps is not None and caps.half == torch.bfloat16
+                               else [])
+
+
+@pytest.mark.parametrize("tier", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("case", _rows_cases(), ids=lambda c: c[0])
+def test_tier_attention_on_cuda_is_the_host_reference(tier, case):
+    if tier not in _attention_types():
+        pytest.skip(f"{tier} is not offered on this GPU")
+    _name, rows, T, start = case
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[tier]
+    w, g = _layer(dtype, bias=True, qk_norm=True, softcap=30.0 if T > 1 else 0.0)
+    x = torch.randn(T, 64, generator=g)
+    cos, sin = _rotary(T, w.head_dim, start)
+    k_pool, v_pool = _pools(w, 40, dtype, g)
+    want = tier_attention_reference(w, x, k_pool.clone(), v_pool.clone(), rows, cos, sin)
+    on_gpu = type(w)(w.qkv.cuda(), w.o.cuda(), {k: v.cuda() for k, v in w.norms.items()},
+                     w.n_heads, w.n_kv, w.head_dim, w.interleaved, w.eps, w.scale, w.softcap,
+                     w.error)
+    gpu_rows = AttendRows(rows.keys.cuda(), rows.own.cuda(),
+                          None if rows.mask is None else rows.mask.cuda())
+    k_before = k_pool.clone()
+    k_gpu, v_gpu = k_pool.cuda(), v_pool.cuda()
+    got = tier_attention(on_gpu, x.cuda(), k_gpu, v_gpu, gpu_rows, cos.cuda(), sin.cuda())
+    tol = 1e-4 if tier == "fp32" else 2e-2
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=tol, atol=tol * float(b.abs().max()))
+    # the rows' K/V went into the GPU's pool, in its type
+    assert k_gpu.dtype == dtype and not torch.equal(k_gpu.cpu(), k_before)
+
+
+@pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+@pytest.mark.parametrize("tier", ["auto", "bf16", "fp16", "fp32"])
+def test_attention_and_kv_on_cuda_decode_as_the_cpu_model_within_the_plan(tiny_q4_k_m, tier):
+    if tier not in _attention_types() + ["auto"]:
+        pytest.skip(f"{tier} is not offered on this GPU")
+    loaded = load_model(tiny_q4_k_m[2])
+    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
+                                  PROMPT, 8)
+    caps = TierCaps.of(torch.device("cuda"))
+    dtype = caps.half if tier == "auto" else getattr(torch, {"bf16": "bfloat16", "fp16":
+                                                             "float16", "fp32": "float32"}[tier])
+    budget = _attention_budget(loaded.config, dtype, extra=300_000)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    engine = Engine(loaded, EngineOptions(device="cuda", n_ctx=64, gpu_budget=budget,
+                                          tier_attention=tier))
+    try:
+        plan, hybrid = engine.hybrid.plan, engine.hybrid
+        if tier == "auto" and not plan.attention_on_gpu:
+            pytest.skip("auto judged hot FFN rows the better use of this budget")
+        pool = engine.kv.device_pool
+        assert pool.k.device.type == "cuda" and pool.k.dtype == dtype
+        assert all(w.device.type == "cuda" and w.dtype == dtype for w in hybrid.attention)
+        charges = plan.charges()
+        assert charges["attention"] == sum(w.nbytes() for w in hybrid.attention)
+        assert charges["kv_pool"] == pool.k.nbytes + pool.v.nbytes
+        charged = charges["attention"] + charges["kv_pool"] + charges["ffn_hot"]
+        tensors = 2 + sum(len(w.tensors()) for w in hybrid.attention) + sum(
+            len(side.tensors) for layer in hybrid.layers if layer.hot
+            for side in (layer.hot.gate_up, layer.hot.down))
+        held = torch.cuda.memory_allocated() - before
+        assert charged <= held <= charged + 512 * tensors and plan.gpu_bytes <= budget
+        got, _ = greedy_with_gaps(engine, PROMPT, 8)
+        assert_agrees_until_near_tie(want, gaps, got)
+        peak = torch.cuda.max_memory_allocated() - before
+        assert peak <= budget, f"CUDA peaked at {peak} bytes over a {budget}-byte budget"
+    finally:
+        engine.close()
+
+
+@pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+def test_cuda_kv_blocks_swap_to_the_pinned_host_pool_and_back_bit_for_bit(tiny_q4_k_m):
+    loaded = load_model(tiny_q4_k_m[2])
+    dtype = TierCaps.of(torch.device("cuda")).half
+    engine = Engine(loaded, EngineOptions(device="cuda", n_ctx=64, tier_attention="fp16"
+                                          if dtype == torch.float16 else "bf16",
+                                          gpu_budget=_attention_budget(loaded.config, dtype)))
+    try:
+        kv = engine.kv
+        greedy_with_gaps(engine, PROMPT, 4, session="a")
+        seq = engine.runner.sessions["a"].seq_id
+        view = kv.view(seq)
+        before = [tuple(t.cpu() for t in view.read(layer, 0, view.length))
+                  for layer in range(loaded.config.n_layers)]
+        assert kv.host_pool.k.is_pinned() and kv.device_pool.k.device.type == "cuda"
+        kv.swap_out(seq)
+        greedy_with_gaps(engine, list(reversed(PROMPT)), 4, session="b")
+        kv.swap_in(seq)
+        for layer, (k, v) in enumerate(before):
+            got_k, got_v = view.read(layer, 0, view.length)
+            assert torch.equal(got_k.cpu(), k) and torch.equal(got_v.cpu(), v)
     finally:
         engine.close()

@@ -69,7 +69,8 @@ def _split_options(args, gpu_budget: int | None) -> dict:
                          "`ember profile`)")
     return dict(split=split, profile=profile, ffn_mode=ffn_mode,
                 cold_dtype=getattr(args, "cold_dtype", "auto"),
-                tier_dtype=getattr(args, "tier_dtype", "auto"))
+                tier_dtype=getattr(args, "tier_dtype", "auto"),
+                tier_attention=getattr(args, "tier_attention", "auto"))
 
 
 def _speculation_options(args) -> dict:

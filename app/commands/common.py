@@ -32,6 +32,7 @@ def load_engine(args):
                             gpu_budget=size("gpu-budget"), split=getattr(args, "split", "auto"),
                             cold_dtype=getattr(args, "cold_dtype", "auto"),
                             tier_dtype=getattr(args, "tier_dtype", "auto"),
+                            tier_attention=getattr(args, "tier_attention", "auto"),
                             profile=_profile(getattr(args, "profile", "auto")),
                             ffn_mode=getattr(args, "ffn_mode", "auto"),
                             speculate=getattr(args, "speculate", "off"),

@@ -21,7 +21,8 @@ def run(args) -> int:
     if plan is not None:
         rows, dtype = _host_rows(source.config, plan)
         s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
-                         "tier_conversion_error": _tier_errors(source.config, source, plan)}
+                         "tier_conversion_error": _tier_errors(source.config, source, plan),
+                         "attention_conversion_error": _attention_errors(source, plan)}
     if args.json:
         print_json(s)
         return 0
@@ -61,6 +62,12 @@ def run(args) -> int:
         err = s["gpu_plan"]["tier_conversion_error"]
         print(f"    conversion error against the file's rows (64 rows of the first, middle and "
               f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
+        att = s["gpu_plan"]["attention_conversion_error"]
+        if att is not None:
+            print(f"    attention as {plan.attention_type()} (the same rows): q/k/v "
+                  f"{att['qkv']:.2%}, output {att['o']:.2%}; planned as a CUDA engine "
+                  "places it (on a CPU tier it stays on the file's blocks unless "
+                  "--tier-attention names a type)")
     return 0
 
 
@@ -117,24 +124,45 @@ def _host_rows(cfg, plan) -> tuple[int, str]:
 
 
 def _gpu_plan(cfg, args, source=None):
-    """The GPU-tier plan `--gpu-budget` would give (as the engine on the file's blocks makes
-    it: hot rows in their tier formats, attention on the host), or None."""
+    """The GPU-tier plan `--gpu-budget` would give, or None: as the engine on the file's
+    blocks makes it on a GPU (hot rows in their tier formats; attention and its KV pool in
+    the tier's 16-bit type when the budget holds them, `--tier-attention`), whatever device
+    this machine has: the budget describes a GPU."""
     if args.gpu_budget is None:
         return None
     from ember.offload.runtime.device import resolve_device
     from ember.offload.kv.plan import plan_kv
     from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
     from ember.models.sizes import parse_size
-    from ember.offload.hybrid.tier_dtypes import TierChoice
+    from ember.offload.hybrid.host_reads import HostReads
+    from ember.offload.hybrid.tier_dtypes import TierChoice, attention_dtype
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
-    tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"),
-                              resolve_device(getattr(args, "device", "auto")))
-    kv = plan_kv(cfg, min(args.ctx_size, cfg.context_length))
+    device = resolve_device(getattr(args, "device", "auto"))
+    tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"), device)
+    choice = getattr(args, "tier_attention", "auto")
+    attention = attention_dtype(choice, device, gpu=True)
+    n_ctx = min(args.ctx_size, cfg.context_length)
+    # The KV pool at attention's type on the tier, else the host runtime's float16.
+    kv = plan_kv(cfg, n_ctx, value_bytes=2 if attention is None else attention.itemsize)
+    # auto: attention moves where it spares the host more reads than hot rows would
+    reads = HostReads.of_file(cfg, source.weights, n_ctx) if choice == "auto" else None
     sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
                                     formats=layer_formats(cfg, source, tier), half=tier.half,
-                                    attention_movable=False)
+                                    attention_movable=attention is not None,
+                                    attention_dtype=attention, extras_movable=False,
+                                    host_reads=reads)
     return plan_memory(cfg, budget, sizes, args.split)
+
+
+def _attention_errors(source, plan) -> dict[str, float] | None:
+    """Sampled conversion error of attention in the plan's type (None: it cannot move)."""
+    from ember.offload.hybrid.tier_dtypes import sampled_attention_error
+
+    if plan.attention_type() is None:
+        return None
+    return sampled_attention_error(source.weights, source.config.n_layers,
+                                   plan.sizes.attention_dtype)
 
 
 def _tier_errors(cfg, source, plan) -> dict[str, float]:

@@ -23,7 +23,8 @@ import torch
 
 from ember.kernels import block_matmul as bm
 from ember.kernels import decoder_step, q8_matmul
-from ember.kernels.fused_ops import residual_norm, rms_norm
+from ember.kernels.fused_ops import residual_norm, residual_norm_reference, rms_norm
+from ember.kernels.tier_attention import AttendRows, TierAttentionWeights, tier_attention
 from ember.models.config import ModelConfig
 from ember.models.kv import ContiguousKVCache, KVCache
 from ember.models.loader import ModelSource
@@ -115,6 +116,10 @@ class QuantModel:
         # (Not so once the FFNs are split: see `use_ffns`.)
         self.batch_invariant = True
         self.ffns: list | None = None  # per layer FFN modules replacing the blocks' own
+        # Per layer attention on the GPU tier (`use_tier_attention`), None: on the blocks here
+        self.tier: list[TierAttentionWeights] | None = None
+        self.attention_device = CPU  # where attention runs and its K/V live
+        self._file = w  # the file's tensors, for the tier's copies of attention
         self.derived: dict[str, int] = {}  # tensors requantized at load: name -> bytes
         h = cfg.hidden_size
         self.embedding = w.get("token_embd.weight", (cfg.vocab_size, h))
@@ -154,6 +159,35 @@ class QuantModel:
         self.ffns = list(ffns)
         self.batch_invariant = False
         self._attention = decoder_step.layer_attention(self.layers)
+
+    def use_tier_attention(self, device: torch.device,
+                           dtype: torch.dtype) -> list[TierAttentionWeights]:
+        """From now on attention runs on `device` (the GPU tier) from copies of each layer's
+        attention weights in `dtype`, each made once from the file's values (their conversion
+        error measured), and its K/V pools are there in `dtype` too; the FFN between runs
+        where `use_ffns` put it (called first). Embedding, final norm and LM head stay on the
+        file's blocks here: the pass returns to the host once, at its end."""
+        if self.ffns is None:
+            raise ValueError("attention moves to the tier of a split model: call use_ffns first")
+        self.tier = [self._tier_layer(i, layer, device, dtype)
+                     for i, layer in enumerate(self.layers)]
+        self.attention_device, self.kv_dtype = torch.device(device), dtype
+        return self.tier
+
+    def _tier_layer(self, i: int, layer: decoder_step.DecoderLayer, device: torch.device,
+                    dtype: torch.dtype) -> TierAttentionWeights:
+        cfg, p, L = self.cfg, f"blk.{i}.", layer
+
+        def values(name: str, t: QTensor) -> torch.Tensor:  # the file's own values
+            return self._file.load(p + name, tuple(t.shape))
+
+        qkv = torch.cat([values(f"attn_{n}.weight", t) for n, t in zip("qkv", L.qkv)])
+        norms = {"attn_norm": L.attn_norm, "ffn_norm": L.ffn_norm, "qkv_bias": L.qkv_bias,
+                 "post_attn_norm": L.post_attn_norm, "post_ffn_norm": L.post_ffn_norm,
+                 "q_norm": L.q_norm, "k_norm": L.k_norm}
+        return TierAttentionWeights.pack(qkv, values("attn_output.weight", L.wo), norms,
+                                         L.n_heads, L.n_kv, L.head_dim, L.interleaved, L.eps,
+                                         L.scale, L.attn_softcap, device, dtype)
 
     def native_step(self):
         """The C++ DecoderStep that runs every pass (offload/body/input_sparsity.py thresholds its
@@ -206,7 +240,8 @@ class QuantModel:
         return rows * self.cfg.embed_scale
 
     def new_cache(self, max_len: int) -> ContiguousKVCache:
-        return ContiguousKVCache(self.cfg, max_len, device=CPU, dtype=self.kv_dtype)
+        return ContiguousKVCache(self.cfg, max_len, device=self.attention_device,
+                                 dtype=self.kv_dtype)
 
     @torch.inference_mode()
     def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:
@@ -216,11 +251,13 @@ class QuantModel:
         start, T = cache.length, ids.shape[0]
         if tree is None:
             cache.reserve(T)
-        slots, cos, sin = self._row_inputs(start, T, cache, tree)
-        if self.ffns is None:
-            x = self._run(self.embed(ids), *cache.pools(), slots, cos, sin)
+        if self.tier is not None:
+            x = self._tier_pass(self.embed(ids), *cache.pools(),
+                                *self._tier_inputs(start, T, cache, tree))
         else:
-            x = self._layer_by_layer(self.embed(ids), *cache.pools(), slots, cos, sin)
+            slots, cos, sin = self._row_inputs(start, T, cache, tree)
+            run = self._run if self.ffns is None else self._layer_by_layer
+            x = run(self.embed(ids), *cache.pools(), slots, cos, sin)
         if tree is None:
             cache.commit(T)
         return rms_norm(x, self.output_norm, self.cfg.rms_eps)
@@ -233,6 +270,48 @@ class QuantModel:
             x = residual_norm(mid, ffn(h).contiguous(), layer.post_ffn_norm, None,
                               layer.eps)[0]
         return x
+
+    def _tier_pass(self, x, k_pool, v_pool, rows, cos, sin) -> torch.Tensor:
+        """The pass with attention on the tier: the residual stream moves there once and
+        stays (the FFN takes its input there and returns its sum there), back at the end."""
+        x = x.to(self.attention_device)
+        for i, (w, ffn) in enumerate(zip(self.tier, self.ffns)):
+            mid, h = tier_attention(w, x, k_pool, v_pool, rows[i], cos[i], sin[i])
+            f = ffn(h).float()
+            x = residual_norm_reference(mid, f, w.norm("post_ffn_norm"), None, w.eps)[0]
+        return x.to(CPU)
+
+    def _tier_inputs(self, start: int, T: int, cache, tree: TreeRows | None):
+        """Per layer the pool rows the pass reads and writes (`AttendRows`) and the rows'
+        rotary cos/sin on the tier; layers with one window share a mask, a base its tables."""
+        device, rows, cos, sin, made = self.attention_device, [], [], [], {}
+        for i, (rotary, window) in enumerate(zip(self.rotary, self.windows)):
+            if id(rotary) not in made:
+                made[id(rotary)] = rotary.tables(start if tree is None else tree.positions,
+                                                 T, device)
+            rows.append(self._attend_rows(i, window, start, T, cache, tree, made))
+            cos.append(made[id(rotary)][0])
+            sin.append(made[id(rotary)][1])
+        return rows, cos, sin
+
+    def _attend_rows(self, layer: int, window: int | None, start: int, T: int, cache,
+                     tree: TreeRows | None, made: dict) -> AttendRows:
+        device = self.attention_device
+        if tree is not None:  # each row: the context in its window, then its ancestors
+            positions, end = tree_positions(tree, window)
+            table = cache.slots_of(layer, 0, end)
+            if T == 1:  # exactly its keys, unmasked: the bits decoding that token gives
+                keys = table.index_select(0, positions[0].to(table.device))
+                return AttendRows(keys, keys[-1:], None)
+            if ("tree", window) not in made:
+                made["tree", window] = AttendRows.listed_mask(positions, end, device)
+            mask, own = made["tree", window]
+            return AttendRows(table, table.index_select(0, own), mask)
+        lo = 0 if window is None else max(0, start - window + 1)
+        if ("causal", window) not in made:
+            made["causal", window] = AttendRows.causal_mask(lo, start, T, window, device)
+        table = cache.slots_of(layer, lo, start + T)
+        return AttendRows(table, table[start - lo:], made["causal", window])
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -271,7 +350,10 @@ class QuantModel:
         head, as stored (norms and the embedding row are under 0.1%)."""
         total = self.head.stored.nbytes
         for i, layer in enumerate(self.layers):
-            total += sum(t.nbytes for t in (*layer.qkv, layer.wo))
+            if self.tier is None:
+                total += sum(t.nbytes for t in (*layer.qkv, layer.wo))
+            else:  # the tier's copies (norms too: under 0.1% of them)
+                total += self.tier[i].nbytes()
             if self.ffns is None:
                 total += sum(t.nbytes for t in (*layer.gate_up, layer.down))
             else:  # a split layer: both sides in full (a dense step; sparse ones read less)

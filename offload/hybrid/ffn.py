@@ -138,9 +138,14 @@ class HybridFFN(nn.Module):
 
     def _hot_side(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
         t0 = time.perf_counter()
-        if self.transfer is None or self.transfer.device != self.hot.device:
-            self.transfer = TierTransfer(self.hot.device)
-        out = self.transfer.to_host(hot_ffn(self.transfer.to_tier(x), self.hot)).to(x.device)
+        if x.device == self.hot.device:
+            # x is on the tier already (attention runs there): no copies, and the result
+            # stays there for the cold side's sum (on CUDA this times the launches only).
+            out = hot_ffn(x, self.hot)
+        else:
+            if self.transfer is None or self.transfer.device != self.hot.device:
+                self.transfer = TierTransfer(self.hot.device)
+            out = self.transfer.to_host(hot_ffn(self.transfer.to_tier(x), self.hot)).to(x.device)
         if decode:
             self.counters.hot_s += time.perf_counter() - t0
         return out

@@ -8,11 +8,19 @@ whole: if they do not fit they stay in host RAM and the budget goes to FFN neuro
 never charges more than the budget; a budget below the working space is an error that
 names the minimum.
 
+On the file-blocks runtime attention moves in the tier's 16-bit type (`attention_dtype`,
+tier_dtypes.attention_dtype), charged the exact bytes of its tensors
+(`kernels.tier_attention.attention_bytes`) and its KV pool at that type's width; the LM head
+and the predictors stay on the host there (`extras_movable` False). With `host_reads`
+(`--tier-attention auto`) attention moves only when that leaves the host fewer bytes to read
+per token than the same room as hot FFN rows would (offload/hybrid/host_reads.py).
+
 Hot FFN neurons are charged the exact bytes of their tier format per layer
 (`kernels.hot_ffn.hot_ffn_bytes`: int4 codes and scales, int8 codes and row scales, 16- or
 32-bit values, padding to int4's 32-neuron groups included), so the plan's charge is what
 the tier's tensors take. When attention runs on the file's blocks in host RAM (the engine's
-default runtime), attention, its KV pool and the LM head are not the tier's to hold.
+default runtime) and no attention type is given, attention, its KV pool and the LM head
+are not the tier's to hold.
 
 Split policies: "auto" (hot neurons fill the rest), "cpu-only" (no hot neurons), "gpu-only"
 (every FFN neuron hot: an error if they do not all fit).
@@ -25,11 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from ember.kernels.hot_ffn import granule, hot_ffn_bytes
+from ember.kernels.tier_attention import attention_bytes
 from ember.models.config import ModelConfig
 from ember.models.errors import ConfigError
 from ember.placement.layout import Placement
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
+from .host_reads import HostReads
 from ember.models.sizes import format_size
 
 SPLITS = ("auto", "cpu-only", "gpu-only")
@@ -51,24 +61,36 @@ class ComponentBytes:
     gated: bool = True
     half: torch.dtype = torch.bfloat16
     attention_movable: bool = True  # False: attention runs on the host's file blocks
+    attention_dtype: torch.dtype = torch.float32  # what attention's tensors take on the tier
+    extras_movable: bool = True  # False: the LM head and predictors stay on the host
+    host_reads: HostReads | None = None  # given: attention moves only where it pays
 
     @classmethod
     def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int | None = None,
                  predictors: int = 0, formats: list[tuple[str, str]] | None = None,
-                 half: torch.dtype = torch.bfloat16,
-                 attention_movable: bool = True) -> "ComponentBytes":
+                 half: torch.dtype = torch.bfloat16, attention_movable: bool = True,
+                 attention_dtype: torch.dtype | None = None, extras_movable: bool = True,
+                 host_reads: HostReads | None = None) -> "ComponentBytes":
         """lm_head None: the float32 head a GPU tier would hold. formats None: float32 hot
-        rows in every layer."""
+        rows in every layer. attention_dtype None: the float32 model's attention (its
+        layers and the final norm); else the tier copies `QuantModel.use_tier_attention`
+        makes, to the byte. `kv_pool`: the device pool's bytes at the K/V type's width."""
         if lm_head is None:
             lm_head = cfg.vocab_size * cfg.hidden_size * FP32
         hd, h = cfg.head_dim, cfg.hidden_size
-        proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
-        norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
-        attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
+        if attention_dtype is None:
+            proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
+            norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
+            attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
+        else:
+            attention = cfg.n_layers * attention_bytes(
+                h, cfg.n_heads * hd, cfg.n_kv_heads * hd, hd, attention_dtype, cfg.qkv_bias,
+                cfg.qk_norm, cfg.sandwich_norms)
         formats = tuple(formats or [("fp32", "fp32")] * cfg.n_layers)
         per_neuron = tuple(neuron_bytes(h, cfg.gated, f, half) for f in formats)
         return cls(attention, kv_pool, lm_head, predictors, per_neuron, formats, h, cfg.gated,
-                   half, attention_movable)
+                   half, attention_movable, attention_dtype or torch.float32, extras_movable,
+                   host_reads)
 
     def hot_bytes(self, layer: int, n: int) -> int:
         """Exact tier bytes of n hot neurons in `layer` (what its HotFFNWeights will take)."""
@@ -168,19 +190,42 @@ class MemoryPlan:
             "hot_ffn_parameters": self.hot_parameters, "tier_formats": self.format_counts(),
             "on_gpu_tier": {"attention_and_kv": self.attention_on_gpu,
                             "predictors": self.predictors_on_gpu, "lm_head": self.lm_head_on_gpu},
+            # What attention and its KV pool take on the tier (charged when they are there)
+            "tier_attention": {"dtype": self.attention_type(),
+                               "attention_bytes": self.sizes.attention,
+                               "kv_pool_bytes": self.sizes.kv_pool},
             **self.placement.summary(),
         }
+
+    def attention_type(self) -> str | None:
+        """bf16/fp16/fp32: the type attention and K/V take on the tier; None where they
+        cannot move (the host's file blocks run them)."""
+        from .tier_dtypes import dtype_name
+
+        return dtype_name(self.sizes.attention_dtype) if self.sizes.attention_movable else None
+
+    def _where(self, name: str, n: int) -> str:
+        """Where a component of `charges()` sits, for `describe`."""
+        kind = self.attention_type() if name in ("attention", "kv_pool") else None
+        if n:
+            return "GPU tier" + (f" ({kind})" if kind else "")
+        if kind:  # attention could move but stayed: say what it would have taken, and why
+            s = self.sizes
+            size = s.attention if name == "attention" else s.kv_pool
+            fits = s.attention + s.kv_pool <= self.budget - self.workspace
+            why = "hot FFN rows spare the host more reads" if fits else "no room"
+            return f"host ({format_size(size)} as {kind} on the tier: {why})"
+        present = name != "predictors" or self.sizes.predictors > 0
+        return "host" if present else "none"
 
     def describe(self, host_ffn: tuple[int, str] | None = None) -> list[str]:
         """Human-readable lines for `ember info --gpu-budget` and `generate --verbose`;
         `host_ffn`: (bytes, dtype) of the cold bundles, when known, for one more line."""
         lines = [f"GPU tier budget {format_size(self.budget)} ({self.split}): "
                  f"{format_size(self.gpu_bytes)} planned"]
-        present = {"workspace": True, "attention": True, "kv_pool": True,
-                   "predictors": self.sizes.predictors > 0, "lm_head": True, "ffn_hot": True}
         for name, n in self.charges().items():
-            where = "GPU tier" if n else ("host" if present[name] else "none")
-            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}  {where}")
+            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}  "
+                         f"{self._where(name, n)}")
         fractions = [self.placement.hot_fraction(i) for i in range(self.placement.n_layers)]
         per_layer = (f"{fractions[0]:.0%} in every layer" if len(set(fractions)) <= 1 else
                      "per layer " + " ".join(f"{f:.0%}" for f in fractions))
@@ -222,16 +267,19 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
                           f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk); raise it")
     left = budget - space
     attention = sizes.attention_movable and sizes.attention + sizes.kv_pool <= left
+    if attention and sizes.host_reads is not None:
+        attention = _moving_attention_pays(ffn_sizes, sizes, left, split, preferred,
+                                           neuron_order)
     if attention:
         left -= sizes.attention + sizes.kv_pool
-    predictors = attention and 0 < sizes.predictors <= left
+    predictors = attention and sizes.extras_movable and 0 < sizes.predictors <= left
     if predictors:
         left -= sizes.predictors
     all_ffn = _charge(sizes, ffn_sizes)
     # The head only when FFN neurons cannot use the room better: after the FFN is all hot,
     # or when it is the bigger per-token read (it is read in full every token, like hot rows).
-    lm_head = attention and sizes.lm_head <= left and (split != "gpu-only" or
-                                                       sizes.lm_head + all_ffn <= left)
+    lm_head = attention and sizes.extras_movable and sizes.lm_head <= left and (
+        split != "gpu-only" or sizes.lm_head + all_ffn <= left)
     if lm_head:
         left -= sizes.lm_head
     if choose is not None and split == "auto":
@@ -273,6 +321,21 @@ def _hot_neurons(ffn_sizes, sizes: ComponentBytes, room: int, split: str,
     while n > 0 and _charge(sizes, [n] * len(ffn_sizes)) > room:
         n = max(0, n - step)
     return Placement.from_counts(ffn_sizes, [n] * len(ffn_sizes), order)
+
+
+def _moving_attention_pays(ffn_sizes, sizes: ComponentBytes, room: int, split: str,
+                           preferred: Placement | None, order) -> bool:
+    """Whether attention and its KV on the tier leave the host fewer bytes to read per token
+    than `room` given to hot FFN rows alone (sizes.host_reads; see host_reads.py)."""
+    reads = sizes.host_reads
+
+    def host(ffn_room: int, attention: int) -> int:
+        hot = _hot_neurons(ffn_sizes, sizes, ffn_room, split, preferred, order)
+        return attention + sum((n - hot.hot_count(i)) * reads.neuron[i]
+                               for i, n in enumerate(ffn_sizes))
+
+    moved = host(room - sizes.attention - sizes.kv_pool, 0)
+    return moved < host(room, reads.attention)
 
 
 def _charge(sizes: ComponentBytes, counts) -> int:

@@ -24,7 +24,7 @@ from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
 from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
-from .tier_dtypes import TierChoice
+from .tier_dtypes import TierChoice, dtype_name
 
 COLD_DTYPES = ("fp32", "int8")
 COLD_CHOICES = ("auto",) + COLD_DTYPES
@@ -49,6 +49,9 @@ class HybridModel:
     worker: CpuWorker
     gpu: torch.device  # the GPU tier's device (the CPU when there is no GPU)
     cold_dtype: str = "fp32"  # the cold bundles' rows: "fp32" or "int8"
+    # Per layer, attention's weights on the tier (kernels/tier_attention.py), when the
+    # file-blocks runtime moved them there (QuantModel.use_tier_attention)
+    attention: list | None = None
 
     @property
     def attention_device(self) -> torch.device:
@@ -76,6 +79,7 @@ class HybridModel:
             # Per layer, mean ms per decode token: hot side, cold side, the caller's wait.
             "layer_timing_ms": [layer.counters.timing_ms() for layer in self.layers],
             "sparsity": None if not known else round(1 - sum(known) / len(known), 4),
+            "tier_attention_weights": attention_summary(self.attention),
         }
 
     def close(self) -> None:
@@ -96,6 +100,21 @@ def tier_summary(layers: list[HybridFFN]) -> dict:
         out[kind] = {"formats": fmts,
                      "error_mean": round(sum(errors) / len(errors), 5) if errors else None,
                      "error_max": round(max(errors), 5) if errors else None}
+    return out
+
+
+def attention_summary(layers: list | None) -> dict | None:
+    """What attention holds on the tier (None: nothing, it runs on the host): its type, the
+    bytes of its tensors, and per matrix (qkv, o) the conversion error from the file's
+    values (relative Frobenius, mean and max over layers)."""
+    if not layers:
+        return None
+    out = {"dtype": dtype_name(layers[0].dtype), "device": str(layers[0].device),
+           "bytes": sum(w.nbytes() for w in layers)}
+    for kind in ("qkv", "o"):
+        errors = [w.error[kind] for w in layers]
+        out[f"error_{kind}"] = {"mean": round(sum(errors) / len(errors), 6),
+                                "max": round(max(errors), 6)}
     return out
 
 
@@ -130,14 +149,20 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                neuron_order=None, selectors: list[Selector | None] | None = None,
                predictor_bytes: int = 0, choose=None,
                ungated: list[bool] | None = None, tier: TierChoice | None = None,
-               attention_movable: bool = True) -> HybridModel:
+               attention_movable: bool = True, attention_dtype: torch.dtype | None = None,
+               extras_movable: bool = True, need_attention: str | None = None,
+               host_reads=None) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
     shared: `ffns` are per layer float FeedForwards or row sources (offload/body/ffn_rows.py, e.g.
     the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
     selector, so with nothing hot it runs its dense twin and needs no cold bundles (None:
     every layer gets them, for callers that attach selectors later). `tier`: the hot rows'
     formats by file type (None: float32); `attention_movable` False: attention runs on the
-    host's file blocks, so the tier holds FFN rows only.
+    host's file blocks, so the tier holds FFN rows only; `attention_dtype`: the type the
+    file-blocks runtime moves attention in (None: the float32 model's); `extras_movable`
+    False: the LM head and predictors stay on the host. `need_attention`: the flag that
+    asked for attention on the tier, an error (naming it) when the budget cannot hold it;
+    `host_reads` (host_reads.HostReads): attention moves only where it pays.
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
     if cold_dtype not in COLD_CHOICES:
@@ -150,8 +175,12 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
     sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes,
                                     formats=formats,
                                     half=torch.bfloat16 if tier is None else tier.half,
-                                    attention_movable=attention_movable)
+                                    attention_movable=attention_movable,
+                                    attention_dtype=attention_dtype,
+                                    extras_movable=extras_movable, host_reads=host_reads)
     plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
+    if need_attention and not plan.attention_on_gpu:
+        _no_room_for_attention(plan, need_attention)
     worker = CpuWorker()
     layers = []
     for i, ffn in enumerate(ffns):
@@ -166,6 +195,19 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
         object.__setattr__(hybrid, "source", rows.dense)
         layers.append(hybrid)
     return HybridModel(plan, layers, worker, gpu, cold_dtype)
+
+
+def _no_room_for_attention(plan: MemoryPlan, flag: str):
+    from ember.models.errors import ConfigError
+    from ember.models.sizes import format_size
+
+    s = plan.sizes
+    raise ConfigError(f"{flag} needs {format_size(s.attention + s.kv_pool)} of the GPU tier "
+                      f"(attention {format_size(s.attention)} + KV pool "
+                      f"{format_size(s.kv_pool)}) beside the working space "
+                      f"{format_size(plan.workspace)}, but --gpu-budget is "
+                      f"{format_size(plan.budget)}; raise it, lower --ctx-size or "
+                      "--kv-budget, or use --tier-attention host")
 
 
 def tier_formats(tier: TierChoice | None, ffn) -> tuple[str, str]:

@@ -10,6 +10,12 @@ int4 needs PyTorch's int4 matmul on the device (CUDA sm80+, or the CPU op); with
 rows become int8. bf16 needs sm80+ on CUDA (else fp16). Float32 only when asked (`fp32`), or
 when the rows come from the float32 reference model (`--weights fp32/q8`), whose file types
 are gone. A fused matmul (gate with up) takes the wider of its tensors' formats.
+
+Attention (q/k/v/o and the norms) and its KV pool go to the tier in the device's 16-bit type
+(`--tier-attention auto`: bf16 on sm80+, fp16 before; fp32 only when asked) when the tier is
+a GPU and the budget holds them; "host" keeps them on the file's blocks in host RAM, which is
+also what "auto" does when the tier is the CPU (the tests' stand-in: same memory, and the C++
+step on the blocks is the faster way through it). A named type moves them on any device.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from ember.kernels.tier_weights import (FORMATS, INT4_GROUP, conversion_error, h
 from ember.models.errors import ConfigError
 
 TIER_CHOICES = ("auto",) + FORMATS
+ATTENTION_CHOICES = ("auto", "host", "bf16", "fp16", "fp32")
+_ATTENTION_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _INT4_TYPES = ("Q4", "IQ4", "Q2", "Q3", "IQ1", "IQ2", "IQ3", "TQ")
 _INT8_TYPES = ("Q5", "Q6", "Q8")
 
@@ -90,6 +98,29 @@ class TierChoice:
         return fused, format_for_type(down_type, self.caps)
 
 
+def attention_dtype(choice: str, device: torch.device,
+                    gpu: bool | None = None) -> torch.dtype | None:
+    """`--tier-attention` resolved against the tier's device: the type attention and its KV
+    pool take there, or None when they stay on the host. `gpu`: plan as for a GPU tier
+    (None: when `device` is CUDA); `ember info` plans the GPU the budget describes."""
+    if choice not in ATTENTION_CHOICES:
+        raise ConfigError(f"unknown --tier-attention {choice!r}; choose one of "
+                          f"{', '.join(ATTENTION_CHOICES)}")
+    if choice == "host":
+        return None
+    caps = TierCaps.of(device)
+    if choice == "auto":
+        return caps.half if (device.type == "cuda" if gpu is None else gpu) else None
+    if choice == "bf16" and caps.half != torch.bfloat16:
+        raise ConfigError(f"--tier-attention bf16 is slow or missing on {device}; use fp16")
+    return _ATTENTION_TYPES[choice]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """bf16, fp16 or fp32: the flags' names for a torch type."""
+    return {v: k for k, v in _ATTENTION_TYPES.items()}[dtype]
+
+
 def sampled_errors(weights, n_layers: int, gated: bool, formats: list[tuple[str, str]],
                    half: torch.dtype, rows: int = 64) -> dict[str, float]:
     """Conversion error of the tier formats against the file's rows, from `rows` rows of
@@ -109,4 +140,21 @@ def sampled_errors(weights, n_layers: int, gated: bool, formats: list[tuple[str,
                     fmt = "int8"  # what HotFFNWeights falls back to
                 w = w[:, : w.shape[1] - w.shape[1] % INT4_GROUP] if fmt == "int4" else w
                 out[kind] = max(out[kind], conversion_error(w, fmt, half))
+    return out
+
+
+def sampled_attention_error(weights, n_layers: int, dtype: torch.dtype,
+                            rows: int = 64) -> dict[str, float]:
+    """What storing attention in `dtype` loses against the file's values: the relative
+    error of `rows` rows of q/k/v ("qkv") and of the output projection ("o"), first, middle
+    and last layers (max over them). For `ember info`, which loads no model."""
+    out = {"qkv": 0.0, "o": 0.0}
+    for i in sorted({0, n_layers // 2, n_layers - 1}):
+        names = {"qkv": [f"blk.{i}.attn_{n}.weight" for n in "qkv"],
+                 "o": [f"blk.{i}.attn_output.weight"]}
+        for kind, tensors in names.items():
+            for name in tensors:
+                t = weights.get(name)
+                w = t.dequantize_rows(torch.arange(min(rows, t.shape[0])))
+                out[kind] = max(out[kind], conversion_error(w, dtype_name(dtype), dtype))
     return out

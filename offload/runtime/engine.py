@@ -16,7 +16,7 @@ from ember.models.chat_format import NON_TEXT_TOKENS, ChatFormat, ChatMessage
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
-from ..body.quant_model import kv_dtype, runs_on_file_blocks
+from ..body.quant_model import runs_on_file_blocks
 from ..decode.events import DoneEvent, Timings, TokenEvent
 from ..decode.loop import PlainStep, Step, decode_loop
 from ..decode.runner import Runner
@@ -27,7 +27,7 @@ from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
 from ..speculative.setup import make_drafter
 from ..speculative.verify import SpecStats, SpeculativeStep, TreeSizer
 from .device import resolve_device, set_threads
-from .engine_model import build_engine_model
+from .engine_model import build_engine_model, kv_value_bytes
 from .engine_options import EngineOptions
 from .prompts import ChatPrompt, PromptEncoder
 from .replies import reply_events
@@ -40,10 +40,10 @@ class Engine:
         self.loaded = loaded
         self.device = resolve_device(options.device)
         n_ctx = min(options.n_ctx, loaded.config.context_length)
-        self.kv_dtype = kv_dtype(options, self.device)
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
-                               options.kv_block_size, self.kv_dtype.itemsize)
+                               options.kv_block_size, kv_value_bytes(options, self.device))
         built = build_engine_model(loaded, options, self.device, self.kv_plan)
+        self.kv_dtype = built.kv_dtype  # the plan's width (attention's type where it moved)
         self.model, self.weights, self.lm_head = built.model, built.weights, built.lm_head
         self.hybrid, self.input_sparsity = built.hybrid, built.input_sparsity
         self.profile_path, self.profile_quality = built.profile_path, built.profile_quality
@@ -56,7 +56,7 @@ class Engine:
         self.chat_format = self.resolve_chat_format(options.chat_format)
         self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
                                self.kv_plan.block_size, built.compute, DEFAULT_ROLLBACK_MARGIN,
-                               self.kv_dtype)
+                               built.kv_dtype)
         self.runner = Runner(self.model, self.kv, n_ctx)
         self.options = options
         self.drafter, self.tree_widths = make_drafter(self, options)

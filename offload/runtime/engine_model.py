@@ -13,11 +13,12 @@ from ember.models.errors import ConfigError
 from ember.models.loader import LoadedModel
 
 from ..body.input_sparsity import apply_input_sparsity
-from ..body.quant_model import QuantModel, runs_on_file_blocks
+from ..body.quant_model import QuantModel, kv_dtype, runs_on_file_blocks
 from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
                             profile_chooser, profile_predictors, resolve_cold_dtype,
                             restore_dense, split_ffns)
-from ..hybrid.tier_dtypes import TierChoice
+from ..hybrid.host_reads import HostReads
+from ..hybrid.tier_dtypes import TierChoice, attention_dtype
 from ..kv.plan import KVPlan
 from .engine_options import EngineOptions
 from .profile_file import default_profile_path, load_profile
@@ -27,6 +28,7 @@ from .profile_file import default_profile_path, load_profile
 class EngineModel:
     model: object  # what the Runner drives: a QuantModel or the float32 Transformer
     compute: torch.device  # where attention and its KV cache run
+    kv_dtype: torch.dtype  # what its KV cache holds
     weights: str  # the body's weights: "native" (the file's blocks) or "fp32"
     lm_head: str  # the LM head's kind: "fp32", or the GGML type name of the file's head
     hybrid: HybridModel | None  # the FFN split, None when the FFNs are whole
@@ -57,12 +59,26 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     if blocks is not None:
         if hybrid is not None:
             blocks.use_ffns(hybrid.layers)
+            if hybrid.plan.attention_on_gpu:  # the plan moved attention and its KV
+                hybrid.attention = blocks.use_tier_attention(
+                    hybrid.gpu, hybrid.plan.sizes.attention_dtype)
         head = blocks.head.stored.qtype_name.lower()
-        return EngineModel(blocks, blocks.device, "native", head, hybrid, input_sparsity,
-                           path, quality)
+        return EngineModel(blocks, blocks.attention_device, blocks.kv_dtype, "native", head,
+                           hybrid, input_sparsity, path, quality)
     compute = device if hybrid is None else hybrid.attention_device
     model = _float_model(loaded, compute, hybrid)
-    return EngineModel(model, compute, "fp32", "fp32", hybrid, input_sparsity, path, quality)
+    return EngineModel(model, compute, torch.float32, "fp32", "fp32", hybrid, input_sparsity,
+                       path, quality)
+
+
+def kv_value_bytes(options: EngineOptions, device: torch.device) -> int:
+    """Bytes per K/V value the KV plan is sized by: the tier attention's type when
+    `--tier-attention` names one, else the runtime's own (float16 on the file's blocks:
+    the width of bf16 or fp16 too, so `auto`'s plan holds wherever attention lands)."""
+    named = options.tier_attention not in ("auto", "host")
+    if named and options.gpu_budget is not None and runs_on_file_blocks(options, device):
+        return attention_dtype(options.tier_attention, device).itemsize
+    return kv_dtype(options, device).itemsize
 
 
 def _float_model(loaded: LoadedModel, compute: torch.device, hybrid: HybridModel | None):
@@ -117,10 +133,20 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
         # Layers no predictor gates compute every cold neuron: with nothing hot they run
         # on the file's blocks, with no bundles derived.
         gates = predictors.predict if sparse else [None] * len(blocks.layers)
-        # Attention and its KV run on the blocks in host RAM: the tier holds FFN rows.
+        # Attention and its KV move to the tier in its 16-bit type when asked (or, on a
+        # GPU, when the budget holds them and that spares the host the most reads); else
+        # they run on the blocks in host RAM. The LM head and the predictors stay on the host.
+        attention = attention_dtype(options.tier_attention, device)
+        named = options.tier_attention not in ("auto", "host")
+        if attention is not None and not named:
+            n_ctx = min(options.n_ctx, loaded.config.context_length)
+            how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights, n_ctx)
         hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
                             kv_bytes, ungated=[g is None for g in gates],
-                            attention_movable=False, **how)
+                            attention_movable=attention is not None, attention_dtype=attention,
+                            extras_movable=False,
+                            need_attention=f"--tier-attention {options.tier_attention}"
+                            if named else None, **how)
     else:
         hybrid = build_hybrid(loaded.model, budget, device, kv_bytes, **how)
     if sparse:

@@ -9,7 +9,7 @@ from ember.models.chat_format import CHAT_FORMATS
 from ember.models.errors import ConfigError
 
 from ..hybrid.memory_plan import SPLITS
-from ..hybrid.tier_dtypes import TIER_CHOICES
+from ..hybrid.tier_dtypes import ATTENTION_CHOICES, TIER_CHOICES
 from ..kv.plan import DEFAULT_BLOCK_SIZE
 from ..speculative.setup import SPECULATE_CHOICES
 from ..speculative.token_tree import parse_tree
@@ -42,6 +42,10 @@ class EngineOptions:
     # GPU-tier hot rows: "auto" (by file type and device: int4/int8/fp16, tier_dtypes.py) or
     # one format for every matrix ("int4", "int8", "fp16", "bf16", "fp32").
     tier_dtype: str = "auto"
+    # Attention and its KV pool under --gpu-budget: "auto" (on a GPU tier in its 16-bit type
+    # when the budget holds them, else on the host's file blocks), "host", or a type that
+    # moves them on any device ("bf16", "fp16", "fp32"): tier_dtypes.attention_dtype.
+    tier_attention: str = "auto"
     # A profile artifact (`ember profile`): its placement guides the split and its
     # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
     profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
@@ -78,6 +82,7 @@ class EngineOptions:
             raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
                               "`ember profile`)")
         _check_choice("--tier-dtype", self.tier_dtype, TIER_CHOICES)
+        _check_choice("--tier-attention", self.tier_attention, ATTENTION_CHOICES)
         _check_choice("--split", self.split, SPLITS)
         if self.gpu_budget is not None and self.gpu_budget < 0:
             raise ConfigError("--gpu-budget must not be negative")

@@ -23,8 +23,9 @@ from ember.models.loader import ModelSource
 from ember.models.summary import summarize
 
 from .device import resolve_device
+from .engine_model import kv_value_bytes
 from ..kv.plan import plan_kv
-from ..body.quant_model import kv_dtype, runs_on_file_blocks
+from ..body.quant_model import runs_on_file_blocks
 
 GIB = 1 << 30
 # Activations, logits, torch's own buffers and the tokenizer: well under this for the default
@@ -46,7 +47,7 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
     cfg = source.config
     n_ctx = min(options.n_ctx, cfg.context_length)
     pools = plan_kv(cfg, n_ctx, options.kv_budget, options.kv_host_budget,
-                    options.kv_block_size, kv_dtype(options, device).itemsize).to_dict()
+                    options.kv_block_size, kv_value_bytes(options, device)).to_dict()
     memory = summarize(source, n_ctx)["memory"]
     if builds_float_model(source, options, device):
         weights, held = memory["weights_fp32_bytes"], "as fp32"
@@ -58,8 +59,10 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
             held += f" + {split / GIB:.2f} GiB of FFN rows the hybrid split derives"
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
-    # The file-blocks runtime keeps its KV pool in host RAM (on CUDA only hot FFN rows move).
-    kv_on_gpu = on_gpu and builds_float_model(source, options, device)
+    # The file-blocks runtime keeps its KV pool in host RAM unless attention is sent to the
+    # tier by name (`auto` may leave it on the host: counted there, to be safe).
+    kv_on_gpu = on_gpu and (builds_float_model(source, options, device)
+                            or getattr(options, "tier_attention", "auto") not in ("auto", "host"))
     host_need = weights + host_kv + (0 if kv_on_gpu else device_kv) + RUNTIME_ALLOWANCE
     detail = (f"weights {weights / GIB:.2f} GiB {held}, KV cache {device_kv / GIB:.2f} GiB "
               f"for {n_ctx} tokens + {host_kv / GIB:.2f} GiB swap pool")
@@ -121,7 +124,8 @@ def builds_float_model(source: ModelSource, options, device: torch.device) -> bo
 def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
     (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
-    hot rows (within --gpu-budget; bounded by float32 rows). 0 without a split."""
+    hot rows (within --gpu-budget; bounded by float32 rows), or the whole budget when
+    `--tier-attention` puts attention there too. 0 without a split."""
     from ..hybrid.setup import resolve_cold_dtype
     from ..hybrid.memory_plan import cold_neuron_bytes, neuron_bytes
 
@@ -134,6 +138,8 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     hot = 0
     if device.type == "cpu" and options.gpu_budget is not None:
         hot = min(options.gpu_budget, neurons * neuron_bytes(cfg.hidden_size, cfg.gated))
+        if getattr(options, "tier_attention", "auto") not in ("auto", "host"):
+            hot = options.gpu_budget  # attention's copies and its KV pool share the budget
     return cold + hot
 
 
