@@ -197,7 +197,7 @@ def allocator(method: str, model, runtime: InputSparsity, stats, train: list[int
 
 def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | None,
                      budget: float, length: int, log: Callable[[str], None] = lambda m: None,
-                     steps: int = 6, layout: str = "q8_0", method: str = "global"
+                     steps: int = 6, layout: str = "tiles", method: str = "global"
                      ) -> tuple[InputCalibration, InputSparsity]:
     """Thresholds for `model` (a QuantModel) at the highest target sparsity whose held-out
     perplexity stays within 1 + budget of the dense model's; returns them with the runtime

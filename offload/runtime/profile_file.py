@@ -127,7 +127,7 @@ def load_profile(path: str | Path, cfg: ModelConfig, fingerprint: str) -> Profil
             meta["input_thresholds"] = check_thresholds(meta["input_thresholds"], cfg.n_layers)
         except ConfigError as exc:
             raise bad(str(exc)) from None
-        if meta.get("input_layout", "q8_0") not in LAYOUTS:
+        if meta.get("input_layout", "tiles") not in LAYOUTS:
             raise bad(f"input_layout must be one of {', '.join(LAYOUTS)}")
     return Profile(fingerprint, str(header.get("model_name")), cfg.n_layers, cfg.hidden_size,
                    cfg.ffn_size, frequency, placement, predictors, meta, bias)
