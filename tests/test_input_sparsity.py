@@ -294,6 +294,21 @@ def test_bench_sparsity_reports_speed_sparsity_and_bytes(capsys, tiny_q4_k_m):
 
 
 @needs_native
+def test_a_copy_in_ram_is_never_released_under_other_readers(tiny_models):
+    """Pages of a RAM copy would read as zeros to every other reader of the same loaded model
+    (a second engine, the self-drafter): releasing leaves them whole, and a dense model built
+    from the same source afterwards computes what it computed before."""
+    source = load_model(tiny_models["llama-silu_glu"][2], in_ram=lambda s: True).source
+    assert source.weights.in_ram
+    dense_before = run(QuantModel(source), PROMPT)
+    model = QuantModel(source)
+    runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
+    assert runtime.release_file_copies() == 0
+    for a, b in zip(dense_before, run(QuantModel(source), PROMPT), strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_native
 def test_released_file_copies_leave_the_output_alone_and_stay_released(tiny_models):
     """The tiles replace the file's copies of thresholded matmuls: releasing those pages
     changes nothing a thresholded pass computes, and the slots cannot go back to dense."""

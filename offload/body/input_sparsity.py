@@ -122,9 +122,15 @@ class InputSparsity:
     def release_file_copies(self) -> int:
         """Let the OS take back the pages of the file's copies of every thresholded weight (the
         tiles replace them, so the model is not held twice): those matmuls read only their
-        tiles from now on, and set_thresholds refuses to put them back on the file. Mapped
-        file pages would be read again from the file; a copy in RAM would read as zeros, which
-        is why nothing may read them after. Returns the bytes released."""
+        tiles from now on, and set_thresholds refuses to put them back on the file. Returns
+        the bytes released.
+
+        Only a memory-mapped file's pages are released: whoever else reads them (a second
+        engine on the same loaded model, the self-drafter's layers, a float reference built
+        later) gets them back from the file. The pages of a copy in RAM would read as zeros
+        to those readers, so that copy is left whole (the tiles then cost their bytes again)."""
+        if getattr(self.model._file, "in_ram", False):
+            return 0
         for key in self.layouts:
             if key not in self.released and self.thresholds[key[0]].get(key[1]) is not None:
                 weights = slot_weights(self.model.layers[key[0]], key[1])
