@@ -62,6 +62,27 @@ inline __m512i run_of(__m512i v, int i) {
     }
 }
 
+// The prefill drivers' loops, shared by KGemm and SGemm: rows [r0, r1) against tiles g0..g1-1
+// of 16 tokens (tile g: tokens 16g..16g+15), Kernel::G tiles and Kernel::R rows per pass where
+// they are whole, then one at a time (Kernel::some<rows, tiles>).
+template <class Kernel, int NG>
+void gemm_tiles(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+                int64_t g, float* y, int64_t ldy) {
+    constexpr int R = Kernel::R;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) Kernel::template some<R, NG>(a, w, row_bytes, r, g, y, ldy);
+    for (; r < r1; ++r) Kernel::template some<1, NG>(a, w, row_bytes, r, g, y, ldy);
+}
+
+template <class Kernel>
+void gemm_rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
+               int64_t g0, int64_t g1, float* y, int64_t ldy) {
+    constexpr int G = Kernel::G;
+    int64_t g = g0;
+    for (; g + G <= g1; g += G) gemm_tiles<Kernel, G>(a, w, row_bytes, r0, r1, g, y, ldy);
+    for (; g < g1; ++g) gemm_tiles<Kernel, 1>(a, w, row_bytes, r0, r1, g, y, ldy);
+}
+
 template <int TYPE>
 struct KGemm {
     static constexpr int BYTES = TYPE == Q4_K ? 144 : TYPE == Q5_K ? 176 : 210;
@@ -72,22 +93,6 @@ struct KGemm {
     // With one row per pass, x (16 tokens x 256 bytes per block, against the row's 144-210)
     // came from L2 for every row and bounded the kernel.
     static constexpr int R = 2, G = 2;
-
-    // Rows [r0, r1) against tiles g0..g1-1 of 16 tokens (tile g: tokens 16g..16g+15).
-    static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
-                     int64_t g0, int64_t g1, float* y, int64_t ldy) {
-        int64_t g = g0;
-        for (; g + G <= g1; g += G) tiles<G>(a, w, row_bytes, r0, r1, g, y, ldy);
-        for (; g < g1; ++g) tiles<1>(a, w, row_bytes, r0, r1, g, y, ldy);
-    }
-
-    template <int NG>
-    static void tiles(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
-                      int64_t g, float* y, int64_t ldy) {
-        int64_t r = r0;
-        for (; r + R <= r1; r += R) some<R, NG>(a, w, row_bytes, r, g, y, ldy);
-        for (; r < r1; ++r) some<1, NG>(a, w, row_bytes, r, g, y, ldy);
-    }
 
     // Rows r..r+N-1 against tiles g..g+NG-1.
     template <int N, int NG>
@@ -207,22 +212,6 @@ struct SGemm {
     // whose unpack costs more (137 against 130).
     static constexpr bool FIVE_BIT = TYPE == Q5_0 || TYPE == Q5_1;
     static constexpr int R = FIVE_BIT ? 1 : 2, G = FIVE_BIT ? 2 : 1;
-
-    // Rows [r0, r1) against tiles g0..g1-1 of 16 tokens (tile g: tokens 16g..16g+15).
-    static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
-                     int64_t g0, int64_t g1, float* y, int64_t ldy) {
-        int64_t g = g0;
-        for (; g + G <= g1; g += G) tiles<G>(a, w, row_bytes, r0, r1, g, y, ldy);
-        for (; g < g1; ++g) tiles<1>(a, w, row_bytes, r0, r1, g, y, ldy);
-    }
-
-    template <int NG>
-    static void tiles(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
-                      int64_t g, float* y, int64_t ldy) {
-        int64_t r = r0;
-        for (; r + R <= r1; r += R) some<R, NG>(a, w, row_bytes, r, g, y, ldy);
-        for (; r < r1; ++r) some<1, NG>(a, w, row_bytes, r, g, y, ldy);
-    }
 
     // acc = fma(isum, d * d_x, acc), then for a min fma(m, d_x * sum_x, acc), per token.
     static __m512 step(const XQuant& a, const uint8_t* blk, int64_t gt, int64_t b, __m512i isum, __m512 acc) {

@@ -164,9 +164,9 @@ const CpuPath PATHS[] = {
       token_tile<V::Small<Q4_0>>, token_tile<V::Small<Q4_1>>, token_tile<V::Small<Q5_0>>,
       token_tile<V::Small<Q5_1>>, token_tile<V::Small<Q8_0>>, token_tile<V::KQuant<Q4_K>>,
       token_tile<V::KQuant<Q5_K>>, token_tile<V::KQuant<Q6_K>>},
-     {nullptr, nullptr, nullptr, V::SGemm<Q4_0>::rows, V::SGemm<Q4_1>::rows, V::SGemm<Q5_0>::rows,
-      V::SGemm<Q5_1>::rows, V::SGemm<Q8_0>::rows,
-      V::KGemm<Q4_K>::rows, V::KGemm<Q5_K>::rows, V::KGemm<Q6_K>::rows}},
+     {nullptr, nullptr, nullptr, V::gemm_rows<V::SGemm<Q4_0>>, V::gemm_rows<V::SGemm<Q4_1>>, V::gemm_rows<V::SGemm<Q5_0>>,
+      V::gemm_rows<V::SGemm<Q5_1>>, V::gemm_rows<V::SGemm<Q8_0>>,
+      V::gemm_rows<V::KGemm<Q4_K>>, V::gemm_rows<V::KGemm<Q5_K>>, V::gemm_rows<V::KGemm<Q6_K>>}},
 #endif
 };
 constexpr int N_PATHS = sizeof(PATHS) / sizeof(PATHS[0]);

@@ -75,6 +75,21 @@ void prefetch_super(const Weight& w, int64_t kb, int64_t ga, int64_t gb, const L
     }
 }
 
+// Row group g's w = a * q + b for each sub-block of super-block tile `sb` that has a listed
+// input (st: the listed inputs' starts per 16), from the tile's header (d, dmin halves and
+// scale bytes, see input_major.h); sub-blocks with nothing listed are skipped.
+template <int TYPE>
+inline void listed_scales(const uint8_t* sb, int64_t Np, int64_t g, const int32_t* st, float* d,
+                          float* dmin, float (*a)[GROUP], float (*b)[GROUP]) {
+    constexpr int SUB = sub_inputs(TYPE), SUBS = super_inputs(TYPE) / SUB;
+    if constexpr (!float_type(TYPE)) halves(sb + g * GROUP * 2, GROUP, d);
+    if constexpr (has_min(TYPE)) halves(sb + 2 * Np + g * GROUP * 2, GROUP, dmin);
+    const uint8_t* scales = sb + (has_min(TYPE) ? 4 : 2) * Np + g * GROUP;
+    for (int s = 0; s < SUBS; ++s)
+        if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
+            group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
+}
+
 // Groups [ga, gb) of one weight for rows of x in tiles of TT.
 template <class P, int TYPE, int TT>
 void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float* y,
@@ -96,12 +111,7 @@ void run_groups(const Weight& w, int64_t ga, int64_t gb, const Listed& li, float
         const int32_t* st = li.start16 + kb * QK / 16;
         if (st[0] == st[QK / 16]) continue;  // no input of this super-block listed
         for (int64_t g = ga; g < gb; ++g) {
-            if constexpr (!float_type(TYPE)) halves(sb + g * GROUP * 2, GROUP, d);
-            if constexpr (has_min(TYPE)) halves(sb + 2 * Np + g * GROUP * 2, GROUP, dmin);
-            const uint8_t* scales = sb + (has_min(TYPE) ? 4 : 2) * Np + g * GROUP;
-            for (int s = 0; s < SUBS; ++s)
-                if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
-                    group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
+            listed_scales<TYPE>(sb, Np, g, st, d, dmin, a, b);
             for (int64_t t0 = 0; t0 < li.T; t0 += TT) {
                 const float* xs = li.xs + t0 / TT * n_listed * TT;
                 const int tt = int(std::min<int64_t>(TT, li.T - t0));
@@ -176,12 +186,7 @@ void run_groups_int(const Weight& w, int64_t ga, int64_t gb, const Listed& li, f
         if (st[0] == st[QK / 16]) continue;  // no input of this super-block listed
         const uint8_t* base = sb + t.header() - kb * QK * run;  // + cols[j] * run: input j's run
         for (int64_t g = ga; g < gb; ++g) {
-            halves(sb + g * GROUP * 2, GROUP, d);
-            if constexpr (has_min(TYPE)) halves(sb + 2 * Np + g * GROUP * 2, GROUP, dmin);
-            const uint8_t* scales = sb + (has_min(TYPE) ? 4 : 2) * Np + g * GROUP;
-            for (int s = 0; s < SUBS; ++s)
-                if (st[s * SUB / 16] < st[(s + 1) * SUB / 16])
-                    group_scales<TYPE>(scales, Np, s, d, dmin, a[s], b[s]);
+            listed_scales<TYPE>(sb, Np, g, st, d, dmin, a, b);
             for (int64_t t0 = 0; t0 < li.T; t0 += TT) {
                 const int16_t* xq = xi.xq.data() + t0 / TT * n_listed * TT;
                 const int tt = int(std::min<int64_t>(TT, li.T - t0));
