@@ -374,3 +374,13 @@ def test_the_memory_check_counts_the_whole_budget_when_attention_shares_it(tiny_
 
     assert extra("host") == cold + neurons * neuron_bytes(cfg.hidden_size, cfg.gated) < budget
     assert extra("bf16") == cold + budget
+
+
+def test_a_named_attention_type_that_would_be_ignored_is_refused():
+    # without a budget there is no tier; with --weights fp32 there are no file blocks to move
+    with pytest.raises(ConfigError, match="--gpu-budget"):
+        EngineOptions(tier_attention="bf16")
+    with pytest.raises(ConfigError, match="--weights fp32"):
+        EngineOptions(tier_attention="fp16", gpu_budget=1 << 20, weights="fp32")
+    EngineOptions(tier_attention="host", weights="fp32")  # auto and host apply anywhere
+    EngineOptions(tier_attention="fp32", gpu_budget=1 << 20)

@@ -83,6 +83,16 @@ class EngineOptions:
                               "`ember profile`)")
         _check_choice("--tier-dtype", self.tier_dtype, TIER_CHOICES)
         _check_choice("--tier-attention", self.tier_attention, ATTENTION_CHOICES)
+        if self.tier_attention not in ("auto", "host"):
+            # a named type moves the file-block runtime's attention onto the tier a budget
+            # makes; without either, the flag would be silently ignored
+            if self.gpu_budget is None:
+                raise ConfigError(f"--tier-attention {self.tier_attention} moves attention onto "
+                                  "the GPU tier: give it --gpu-budget BYTES, or drop the flag")
+            if self.weights == "fp32":
+                raise ConfigError(f"--tier-attention {self.tier_attention} moves the attention "
+                                  "of the file's blocks; --weights fp32 runs the float32 "
+                                  "reference instead: drop one of the two")
         _check_choice("--split", self.split, SPLITS)
         if self.gpu_budget is not None and self.gpu_budget < 0:
             raise ConfigError("--gpu-budget must not be negative")
