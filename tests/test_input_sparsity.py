@@ -184,8 +184,12 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     loaded = load_model(path)
     profile = load_profile(out, loaded.config, loaded.source.fingerprint)
     assert len(profile.meta["input_thresholds"]) == loaded.config.n_layers
+    # decode was timed per slot; the artifact lists the slots that paid on this machine
+    payoff = report["glu"]["payoff"]
+    assert payoff["dense_tok_s"] > 0 and set(payoff["slots"]) <= set(SLOTS)
+    assert profile.meta["input_pays"] == payoff["pays"] and set(payoff["pays"]) <= set(SLOTS)
     code = main(["generate", "--model", str(path), "--profile", str(out), "--max-tokens", "4",
-                 "--json", "the cat"])
+                 "--ffn-mode", "sparse", "--json", "the cat"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     result = json.loads(captured.out)
@@ -194,6 +198,13 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     assert len(realized["per_layer"]) == loaded.config.n_layers
     assert set(realized["per_layer"][0]) == set(SLOTS)
     assert 0 <= realized["mean_body"] <= 1
+    # by default (--ffn-mode auto) only the slots that paid are thresholded
+    code = main(["generate", "--model", str(path), "--profile", str(out), "--max-tokens", "4",
+                 "--json", "the cat"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = json.loads(captured.out)["input_sparsity"]["per_layer"]
+    assert all(v == 0 for row in rows for s, v in row.items() if s not in payoff["pays"])
     # with --ffn-mode dense the profile's thresholds are not applied
     code = main(["generate", "--model", str(path), "--profile", str(out), "--ffn-mode", "dense",
                  "--max-tokens", "2", "--json", "the cat"])
@@ -323,3 +334,22 @@ def test_released_file_copies_leave_the_output_alone_and_stay_released(tiny_mode
         assert torch.equal(a, b)
     with pytest.raises(ConfigError, match="cannot run dense again"):
         runtime.set_thresholds([{} for _ in model.layers])
+
+
+def test_payoff_keeps_the_slots_that_beat_dense_and_applies_only_those():
+    from types import SimpleNamespace
+
+    from ember.offload.profile.input_payoff import decide, only
+    from ember.offload.runtime.engine_model import applied_thresholds
+
+    seconds = {"dense": [1.0, 1.1, 0.9], "qkv": [1.2, 1.3, 1.1], "gate_up": [0.8, 0.85, 0.9],
+               "down": [0.99, 0.99, 0.99]}  # within the margin: not worth its quality loss
+    assert decide(seconds) == ["gate_up"]
+    thresholds = [{"qkv": 0.1, "gate_up": 0.2, "down": 0.3}, {"down": 0.4}]
+    assert only(thresholds, ["down"]) == [{"down": 0.3}, {"down": 0.4}]
+    profile = SimpleNamespace(meta={"input_thresholds": thresholds, "input_pays": ["gate_up"]})
+    auto, sparse = SimpleNamespace(ffn_mode="auto"), SimpleNamespace(ffn_mode="sparse")
+    assert applied_thresholds(profile, auto) == [{"gate_up": 0.2}, {}]
+    assert applied_thresholds(profile, sparse) == thresholds
+    del profile.meta["input_pays"]  # a profile made before the timing: every slot
+    assert applied_thresholds(profile, auto) == thresholds

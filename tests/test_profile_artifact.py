@@ -137,3 +137,15 @@ def _flip(data: bytes, at: int) -> bytes:
     b = bytearray(data)
     b[at] ^= 0xFF
     return bytes(b)
+
+
+def test_a_bad_list_of_paying_slots_is_refused(tmp_path, relu_model):
+    cfg = relu_model.config
+    prof = _profile(relu_model, 0.0)
+    prof.meta.update({"input_thresholds": [{"down": 0.1}] * cfg.n_layers, "input_pays": ["ffn"]})
+    path = prof.save(tmp_path / "p.safetensors")
+    with pytest.raises(ModelFormatError, match="input_pays"):
+        load_profile(path, cfg, relu_model.source.fingerprint)
+    prof.meta["input_pays"] = ["down"]
+    back = load_profile(prof.save(tmp_path / "q.safetensors"), cfg, relu_model.source.fingerprint)
+    assert back.meta["input_pays"] == ["down"]

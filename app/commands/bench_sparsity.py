@@ -14,7 +14,6 @@ input-major bytes, plus the untouched rest).
 from __future__ import annotations
 
 import statistics
-import time
 
 from .common import model_path, print_json
 
@@ -26,6 +25,7 @@ def run(args) -> int:
     from ember.models.loader import open_model
     from ember.offload.runtime.device import set_threads
     from ember.offload.profile.input_calibration import collect_slot_stats
+    from ember.offload.profile.input_payoff import decode_seconds
     from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity
     from ember.offload.body.quant_model import QuantModel, applies
 
@@ -61,7 +61,7 @@ def run(args) -> int:
         for name in times:
             runtime.set_thresholds([{} for _ in model.layers] if name == "dense" else sets[name])
             runtime.reset_counters()
-            times[name].append(_decode(model, prompt, args.gen_tokens, runtime))
+            times[name].append(decode_seconds(model, prompt, args.gen_tokens, runtime))
             if name != "dense":
                 realized[name] = runtime.realized()
                 body[name] = runtime.bytes_per_token()
@@ -69,20 +69,6 @@ def run(args) -> int:
     result["tile_bytes"] = runtime.layout_bytes()
     print_json(result)
     return 0
-
-
-def _decode(model, prompt: list[int], n: int, runtime) -> float:
-    """Seconds per greedy decoded token after a prefill of `prompt` (counters cover decode)."""
-    import torch
-
-    cache = model.new_cache(len(prompt) + n + 1)
-    hidden = model.hidden(torch.tensor(prompt), cache)
-    token = int(model.logits(hidden[-1:]).argmax())
-    runtime.reset_counters()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        token = int(model.logits(model.hidden(torch.tensor([token]), cache)).argmax())
-    return (time.perf_counter() - t0) / n
 
 
 def _report(model, times, realized, body, args) -> dict:

@@ -88,4 +88,11 @@ def _input_summary(report) -> None:
           f"{q['held_out_sparsity']:.1%} while scoring the held-out text)")
     for i, row in enumerate(realized["per_layer"]):
         print(f"    layer {i:>3}: " + "  ".join(f"{k} {v:.0%}" for k, v in row.items()))
+    pay = glu.get("payoff")
+    if pay is not None:
+        alone = ", ".join(f"{s} {v['speedup']:.2f}x" for s, v in pay["slots"].items())
+        runs = ", ".join(pay["pays"]) if pay["pays"] else "none: decoding stays dense"
+        print(f"  payoff          decode {pay['dense_tok_s']} tok/s dense; each slot thresholded "
+              f"alone: {alone}. Applied by default (--ffn-mode auto): {runs}; --ffn-mode "
+              f"sparse applies every slot")
     print("  stages          " + ", ".join(f"{k} {v:.0f} s" for k, v in report.stages_s.items()))

@@ -6,6 +6,8 @@ calibration text -> input statistics, allocation and search (offload/profile/inp
 -> artifact (thresholds, planned and measured sparsity) -> end-to-end check: the artifact
 loaded by an engine as `--profile` loads it, against the dense engine on the held-out text
 (perplexity, top-1 agreement, greedy match) and the sparsity realized while it decodes.
+Between the two, decode is timed per slot (input_payoff.py): the artifact lists the slots
+whose thresholds make decoding faster on this machine, the ones an engine applies by default.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ember.placement.layout import Placement
 
 from .input_allocation import PROBES
 from .input_calibration import calibrate_inputs
+from .input_payoff import measure_payoff
 from ..runtime.profile_file import Profile
 from ..body.quant_model import QuantModel, applies
 
@@ -42,14 +45,18 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
         model, text.train, text.held_out, loaded.tokenizer.bos_id, options.quality_budget,
         length, log=lambda msg: say("input thresholds", msg)))
     alloc = cal.allocation
+    prompt = ([loaded.tokenizer.bos_id] if loaded.tokenizer.bos_id is not None else []) \
+        + text.held_out[:32]
+    payoff = stage("payoff", lambda: measure_payoff(
+        model, runtime, alloc.thresholds, prompt, log=lambda msg: say("payoff", msg)))
     report.glu = {"method": "input thresholds", "allocation": "global greedy on KL measured at "
                   + "/".join(f"{p:.0%}" for p in PROBES),
                   "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
                   "ppl_ratio": round(cal.ppl_ratio, 4), "agreement": round(cal.agreement, 4),
                   "levels_per_layer": alloc.levels, "tried": cal.tried,
-                  "layout_bytes": runtime.layout_bytes()}
+                  "layout_bytes": runtime.layout_bytes(), "payoff": payoff}
     meta = {"input_thresholds": alloc.thresholds, "input_levels": alloc.levels,
-            "input_layout": runtime.layout,
+            "input_layout": runtime.layout, "input_pays": payoff["pays"],
             "activation_thresholds": [0.0] * cfg.n_layers,
             "quality_budget": options.quality_budget, "gpu_budget": None, "report": {}}
     profile = Profile(loaded.source.fingerprint, cfg.name, cfg.n_layers, cfg.hidden_size,
@@ -94,7 +101,10 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
     dense_ids = dense.generate(prompt, sampling=GREEDY, max_tokens=options.check_tokens,
                                ignore_eos=True).token_ids
     say("check", "dense reference done")
-    sparse = Engine(loaded, EngineOptions(device="cpu", n_ctx=options.n_ctx, profile=str(artifact)))
+    # every calibrated threshold, including slots that do not pay here (`--ffn-mode sparse`):
+    # the quality reported is the thresholds', whatever this machine's timing chose
+    sparse = Engine(loaded, EngineOptions(device="cpu", n_ctx=options.n_ctx, profile=str(artifact),
+                                          ffn_mode="sparse"))
     try:
         if sparse.input_sparsity is None:
             raise RuntimeError("the engine did not apply the profile's input thresholds")

@@ -49,7 +49,7 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     input_sparsity, hybrid = None, None
     if use_input_thresholds(profile, blocks, options):
         # GLU models: the profile thresholds matmul inputs rather than predicting neurons
-        input_sparsity = apply_input_sparsity(blocks, profile.meta["input_thresholds"],
+        input_sparsity = apply_input_sparsity(blocks, applied_thresholds(profile, options),
                                               profile.meta.get("input_layout", "tiles"))
         # the engine's thresholds are fixed: the tiles replace the file's copies of those
         # matmuls, which need not stay resident beside them
@@ -159,6 +159,17 @@ def use_input_thresholds(profile, blocks, options) -> bool:
     is asked for (the split's cold side takes predictors) and the FFNs are not forced dense."""
     return (profile is not None and blocks is not None and "input_thresholds" in profile.meta
             and options.gpu_budget is None and options.ffn_mode != "dense")
+
+
+def applied_thresholds(profile, options) -> list[dict[str, float]]:
+    """The profile's input thresholds an engine applies: with `--ffn-mode auto`, only the slots
+    its timing found to pay on the machine that profiled (`input_pays`; profiles made before
+    it apply every slot), with `--ffn-mode sparse` all of them."""
+    thresholds = profile.meta["input_thresholds"]
+    pays = profile.meta.get("input_pays")
+    if options.ffn_mode == "sparse" or pays is None:
+        return thresholds
+    return [{s: v for s, v in layer.items() if s in pays} for layer in thresholds]
 
 
 def _profile_quality(profile) -> dict:

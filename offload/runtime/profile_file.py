@@ -121,7 +121,7 @@ def load_profile(path: str | Path, cfg: ModelConfig, fingerprint: str) -> Profil
     if "input_thresholds" in meta:
         from ..body.input_sparsity import check_thresholds
 
-        from ..body.input_sparsity import LAYOUTS
+        from ..body.input_sparsity import LAYOUTS, SLOTS
 
         try:
             meta["input_thresholds"] = check_thresholds(meta["input_thresholds"], cfg.n_layers)
@@ -129,6 +129,9 @@ def load_profile(path: str | Path, cfg: ModelConfig, fingerprint: str) -> Profil
             raise bad(str(exc)) from None
         if meta.get("input_layout", "tiles") not in LAYOUTS:
             raise bad(f"input_layout must be one of {', '.join(LAYOUTS)}")
+        pays = meta.get("input_pays", [])
+        if not isinstance(pays, list) or not set(pays) <= set(SLOTS):
+            raise bad(f"input_pays must list slots among {', '.join(SLOTS)}")
     return Profile(fingerprint, str(header.get("model_name")), cfg.n_layers, cfg.hidden_size,
                    cfg.ffn_size, frequency, placement, predictors, meta, bias)
 
