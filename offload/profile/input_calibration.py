@@ -48,6 +48,21 @@ SAMPLE_ROWS = 384  # input rows kept per slot (random over the calibration text)
 STATS_TOKENS = 2048
 
 
+def spread(ids: list[int], tokens: int, span: int) -> list[int]:
+    """`tokens` of `ids` as evenly spaced runs of up to `span` tokens (one pass segment
+    each), so that statistics from a long text see all of it rather than only its start."""
+    if len(ids) <= tokens:
+        return list(ids)
+    run = min(span, tokens)
+    n = -(-tokens // run)
+    step = (len(ids) - run) / max(1, n - 1)
+    out: list[int] = []
+    for k in range(n):
+        begin = int(round(k * step))
+        out += ids[begin: begin + min(run, tokens - len(out))]
+    return out
+
+
 @dataclass
 class SlotStats:
     sample: torch.Tensor  # (rows, K) |x|, float32
@@ -184,7 +199,8 @@ def allocator(method: str, model, runtime: InputSparsity, stats, train: list[int
     if method != "global":
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {method!r}")
     runtime.set_thresholds([{} for _ in range(n)])
-    ref = dense_reference(model, train, bos, length, kl_tokens)
+    ref = dense_reference(model, spread(train, kl_tokens, _span(length, bos)), bos, length,
+                          kl_tokens)
 
     def kl_with(i: int, slot: str, threshold: float) -> float:
         runtime.set_thresholds([{slot: threshold} if j == i else {} for j in range(n)])
@@ -202,7 +218,8 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
     """Thresholds for `model` (a QuantModel) at the highest target sparsity whose held-out
     perplexity stays within 1 + budget of the dense model's; returns them with the runtime
     (left applied to the model at the chosen thresholds)."""
-    stats = collect_slot_stats(model, train[:STATS_TOKENS], bos, length)
+    stats = collect_slot_stats(model, spread(train, STATS_TOKENS, _span(length, bos)), bos,
+                               length)
     log(f"statistics of {len(stats)} matmul inputs collected")
     dense = score(model, held_out, length, bos)
     runtime = apply_input_sparsity(model, [{} for _ in model.layers], layout)
@@ -212,12 +229,15 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
     def measure(target: float):
         alloc = plan(target)
         runtime.set_thresholds(alloc.thresholds)
+        runtime.reset_counters()
         s = score(model, held_out, length, bos)
         ratio = s.ppl / dense.ppl
-        tried.append({"target": round(target, 4), "ppl_ratio": round(ratio, 4),
+        sparsity = realized_means(runtime)
+        tried.append({"target": round(target, 4), **sparsity, "ppl_ratio": round(ratio, 4),
                       "agreement": round(dense.agreement(s), 4)})
-        log(f"target {target:.1%}: held-out perplexity x{ratio:.4f}, top-1 agreement "
-            f"{dense.agreement(s):.1%}")
+        log(f"target {target:.1%}: realized {sparsity['mean_body']:.1%} mean over the body's "
+            f"matmuls ({sparsity['mean_body_by_bytes']:.1%} by bytes), held-out perplexity "
+            f"x{ratio:.4f}, top-1 agreement {dense.agreement(s):.1%}")
         return alloc, ratio, dense.agreement(s)
 
     lo, hi = 0.0, 0.9
@@ -232,3 +252,22 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
     target, alloc, ratio, agree = best
     runtime.set_thresholds(alloc.thresholds)
     return InputCalibration(target, alloc, ratio, agree, dense.ppl, tried, stats), runtime
+
+
+def _span(length: int, bos: int | None) -> int:
+    return length - (bos is not None)  # text tokens per pass segment (passes.segments)
+
+
+def realized_means(runtime: InputSparsity) -> dict:
+    """The sparsity the runtime's counters realized since their reset, as the mean over the
+    body's matmuls (q, k, v, o, gate, up, down each counted once) and weighted by each
+    matmul's bytes in the file (q/k/v and gate/up read more bytes per input than o)."""
+    realized = runtime.realized()
+    total = skipped = 0.0
+    for i, row in enumerate(realized["per_layer"]):
+        for slot in SLOTS:
+            nbytes = sum(w.nbytes for w in slot_weights(runtime.model.layers[i], slot))
+            total += nbytes
+            skipped += nbytes * row[slot]
+    return {"mean_body": realized["mean_body"],
+            "mean_body_by_bytes": round(skipped / max(total, 1.0), 4)}
