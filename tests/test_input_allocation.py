@@ -12,7 +12,7 @@ from ember.offload.body import quant_model
 from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity, slot_weights
 from ember.offload.body.quant_model import QuantModel
 from ember.offload.profile.input_allocation import cost_curve, slot_costs
-from ember.offload.profile.input_calibration import (LEVELS, SlotStats, realized_means,
+from ember.offload.profile.input_calibration import (LEVELS, SlotStats, carve, realized_means,
                                                      spread)
 
 needs_native = pytest.mark.skipif(not quant_model.applies(),
@@ -64,6 +64,17 @@ def test_spread_takes_evenly_spaced_runs_over_the_whole_text():
     assert got[100:200] == list(range(450, 550))
     assert spread(ids, 50, 100) == list(range(50))  # one run, from the start
     assert spread(ids[:40], 300, 100) == ids[:40]  # a short text is taken whole
+
+
+def test_carve_sets_aside_spread_runs_that_the_rest_never_holds():
+    ids = list(range(10_000))
+    rest, carved = carve(ids, 300, 100)
+    assert len(carved) == 300 and len(rest) == 10_000 - 300
+    assert not set(rest) & set(carved) and sorted(rest + carved) == ids
+    assert carved[:100] == list(range(100)) and carved[-100:] == list(range(9_900, 10_000))
+    rest, carved = carve(list(range(1_000)), 2_044, 511)  # at most a fifth of the text
+    assert len(carved) == 200 and len(rest) == 800
+    assert carve([1, 2, 3], 300, 100) == ([1, 2, 3], [])  # too short to set anything aside
 
 
 @needs_native

@@ -80,12 +80,14 @@ def _input_summary(report) -> None:
     q, glu = report.quality, report.glu
     realized = q["input_sparsity"]
     print(f"  input thresholds planned mean sparsity {glu['planned_mean_sparsity']:.1%} over the "
-          f"body's matmuls (calibration: held-out perplexity x{glu['ppl_ratio']:.3f})")
-    print("  tried           target -> realized on the held-out text, mean over the 7 matmuls "
-          "(by bytes): perplexity, top-1 agreement")
+          f"body's matmuls, chosen on {glu['search_tokens']} calibration tokens set aside "
+          f"(perplexity x{glu['ppl_ratio']:.3f} there)")
+    print("  tried           target: set-aside perplexity; held-out: realized mean over the 7 "
+          "matmuls (by bytes), perplexity, top-1 agreement")
     for row in sorted(glu["tried"], key=lambda r: r["target"]):
-        print(f"    {row['target']:6.1%} -> {row['mean_body']:5.1%} ({row['mean_body_by_bytes']:5.1%})"
-              f": x{row['ppl_ratio']:.3f}, {row['agreement']:.1%}")
+        print(f"    {row['target']:6.1%}: x{row['search_ppl_ratio']:.3f}; {row['mean_body']:5.1%} "
+              f"({row['mean_body_by_bytes']:5.1%}), x{row['ppl_ratio']:.3f}, "
+              f"{row['agreement']:.1%}")
     print(f"  quality         held-out perplexity {q['dense_ppl']:.3f} -> {q['sparse_ppl']:.3f} "
           f"(x{q['ppl_ratio']:.3f}), top-1 agreement {q['top1_agreement']:.1%}, greedy match "
           f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")

@@ -53,6 +53,7 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
                   "over each slot's floor (threshold 0), measured at "
                   + "/".join(f"{p:.0%}" for p in PROBES),
                   "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
+                  "search_tokens": cal.search_tokens,
                   "ppl_ratio": round(cal.ppl_ratio, 4), "agreement": round(cal.agreement, 4),
                   "levels_per_layer": alloc.levels, "tried": cal.tried,
                   "layout_bytes": runtime.layout_bytes(), "payoff": payoff}
