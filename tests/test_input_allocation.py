@@ -90,3 +90,26 @@ def test_realized_means_count_each_matmul_once_and_by_bytes(tiny_models):
     share = (sum(w.nbytes for w in slot_weights(layer, "down"))
              / sum(w.nbytes for s in SLOTS for w in slot_weights(layer, s)))
     assert means["mean_body_by_bytes"] == pytest.approx(share, abs=1e-4)
+
+
+@needs_native
+def test_profile_prints_its_texts_the_curve_and_both_means(capsys, tmp_path, tiny_models):
+    """The human report says what it calibrated and checked on, the curve the search walked
+    and the realized sparsity both over the 7 matmuls and by bytes."""
+    from pathlib import Path
+
+    from ember.app.cli import main
+
+    english = Path(__file__).parent / "data" / "english.txt"
+    calibration = tmp_path / "calib.txt"
+    calibration.write_text(english.read_text()[:2500])
+    code = main(["profile", "--model", str(tiny_models["llama-silu_glu"][2]), "--text",
+                 str(calibration), "--held-out", str(english), "-o", str(tmp_path / "p"),
+                 "--quality-budget", "20"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"({calibration})" in out and f"({english})" in out
+    assert "calibration tokens set aside" in out
+    curve = [line for line in out.splitlines() if line.startswith("    ") and "%: x" in line]
+    assert len(curve) == 6  # one row per bisection step
+    assert "mean over the body's 7 matmuls" in out and "weighted by their bytes" in out
