@@ -80,7 +80,8 @@ def main() -> None:
     model, bos = QuantModel(loaded.source), loaded.tokenizer.bos_id
     train, held = texts(loaded, args)
     out = {"calibration_tokens": len(train), "held_out_tokens": len(held)}
-    stats = ic.collect_slot_stats(model, train, bos, LENGTH)
+    stats = ic.collect_slot_stats(model, ic.spread(train, ic.STATS_TOKENS, LENGTH - 1), bos,
+                                  LENGTH)
     dense = score(model, held, LENGTH, bos)
     n = len(model.layers)
     runtime = apply_input_sparsity(model, [{} for _ in range(n)])
@@ -89,9 +90,11 @@ def main() -> None:
         runtime.set_thresholds(alloc_thresholds)
         runtime.reset_counters()
         s = score(model, held, LENGTH, bos)
+        means = ic.realized_means(runtime)
         return {"ppl_ratio": round(s.ppl / dense.ppl, 4),
                 "agreement": round(dense.agreement(s), 4),
-                "realized_mean_body": runtime.realized()["mean_body"]}
+                "realized_mean_body": means["mean_body"],
+                "realized_mean_body_by_bytes": means["mean_body_by_bytes"]}
 
     out["per_slot_kind"] = {
         slot: {lv: held_out([{slot: stats[(i, slot)].threshold(lv)} for i in range(n)])

@@ -181,6 +181,13 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     # the perplexity ratio comes with the sparsity realized while it was measured
     assert 0 <= quality["held_out_sparsity"] <= 1
     assert (quality["held_out_sparsity"] > 0) == (report["glu"]["planned_mean_sparsity"] > 0)
+    assert 0 <= quality["sparsity_by_bytes"] <= 1
+    # the curve the search walked, each point as the runtime realized it on the held-out text
+    # (chosen on calibration text set aside); what it calibrated on
+    assert all(0 <= row["mean_body"] <= 1 and "mean_body_by_bytes" in row
+               and "search_ppl_ratio" in row for row in report["glu"]["tried"])
+    assert report["glu"]["search_tokens"] > 0
+    assert report["calibration"]["files"] == [str(text_file)]
     loaded = load_model(path)
     profile = load_profile(out, loaded.config, loaded.source.fingerprint)
     assert len(profile.meta["input_thresholds"]) == loaded.config.n_layers

@@ -45,9 +45,10 @@ def run(args) -> int:
 def _summary(report) -> None:
     q = report.quality
     print(f"profile written to {report.path}")
-    print(f"  calibration     {report.calibration['train_tokens']} training + "
-          f"{report.calibration['held_out_tokens']} held-out tokens "
-          f"({report.calibration['source']})")
+    cal = report.calibration
+    print(f"  calibration     {cal['train_tokens']} training tokens "
+          f"({', '.join(cal.get('files') or []) or cal['source']}) + {cal['held_out_tokens']} "
+          f"held-out ({', '.join(cal.get('held_out_files') or []) or cal['held_out_source']})")
     if report.glu and report.glu.get("method") == "input thresholds":
         _input_summary(report)
         return
@@ -79,13 +80,22 @@ def _input_summary(report) -> None:
     q, glu = report.quality, report.glu
     realized = q["input_sparsity"]
     print(f"  input thresholds planned mean sparsity {glu['planned_mean_sparsity']:.1%} over the "
-          f"body's matmuls (calibration: held-out perplexity x{glu['ppl_ratio']:.3f})")
+          f"body's matmuls, chosen on {glu['search_tokens']} calibration tokens set aside "
+          f"(perplexity x{glu['ppl_ratio']:.3f} there)")
+    print("  tried           target: set-aside perplexity; held-out: realized mean over the 7 "
+          "matmuls (by bytes), perplexity, top-1 agreement")
+    for row in sorted(glu["tried"], key=lambda r: r["target"]):
+        print(f"    {row['target']:6.1%}: x{row['search_ppl_ratio']:.3f}; {row['mean_body']:5.1%} "
+              f"({row['mean_body_by_bytes']:5.1%}), x{row['ppl_ratio']:.3f}, "
+              f"{row['agreement']:.1%}")
     print(f"  quality         held-out perplexity {q['dense_ppl']:.3f} -> {q['sparse_ppl']:.3f} "
           f"(x{q['ppl_ratio']:.3f}), top-1 agreement {q['top1_agreement']:.1%}, greedy match "
           f"{q['greedy_match_tokens']}/{q['greedy_tokens']} tokens")
-    print(f"  sparsity        {realized['mean_body']:.1%} mean over the body's matmul inputs, "
-          f"realized while decoding ({realized['mean_thresholded']:.1%} over the thresholded ones; "
-          f"{q['held_out_sparsity']:.1%} while scoring the held-out text)")
+    print(f"  sparsity        {realized['mean_body']:.1%} mean over the body's 7 matmuls "
+          f"({q['sparsity_by_bytes']:.1%} weighted by their bytes), realized while decoding "
+          f"({realized['mean_thresholded']:.1%} over the thresholded slots; "
+          f"{q['held_out_sparsity']:.1%} ({q['held_out_sparsity_by_bytes']:.1%} by bytes) while "
+          "scoring the held-out text)")
     for i, row in enumerate(realized["per_layer"]):
         print(f"    layer {i:>3}: " + "  ".join(f"{k} {v:.0%}" for k, v in row.items()))
     pay = glu.get("payoff")

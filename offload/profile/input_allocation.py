@@ -13,11 +13,19 @@ second order the KL is a quadratic form in the output perturbation, and e(s) is 
 perturbation's energy, so cost(s) ~ gain * e(s) with gain = KL(probe) / e(probe). With
 several probes the gain is measured at each and interpolated between them (the gain of
 gate/up and q/k/v grows with the level, so one probe at 50% may misjudge the low levels a
-tight budget lives at); each probe is one pass per slot, so the default stays the one probe
-at 50% until a second is measured to pay (`python -m bench.input_allocation_curve --probes
-0.25 0.5`). A global greedy then raises, across every layer and slot, the one whose next step
-costs the least predicted KL per matmul sparsity gained, until the body's mean over its
-matmuls reaches the target.
+tight budget lives at). A global greedy then raises, across every layer and slot, the one
+whose next step costs the least predicted KL per matmul sparsity gained, until the body's
+mean over its matmuls reaches the target.
+
+The KL each drop adds, not the KL itself: the dense kernels round x to int8 per block, so a
+pass is chaotic: any change upstream, even 1e-7 relative, flips roundings downstream and moves
+the last hidden state by ~3.5% (float x: 7e-5). Measured on the default model, one slot on
+the input-major kernels with threshold 0 (nothing dropped; the matmul equal to 2e-7) already
+costs 0.006-0.009 nats in layer 0 and ~0.0027 in layer 9, about what dropping half of o or
+down costs; every slot at threshold 0 together costs 0.0107 (the noise does not add up). So
+each slot's floor, its KL at threshold 0, is measured too and subtracted from its probes:
+ranked by absolute KL, every slot would look as dear as its floor and the cheap ones would be
+hidden behind it.
 """
 
 from __future__ import annotations
@@ -32,14 +40,16 @@ from ember.predictors.passes import LOGIT_ROWS, segments
 
 from ..body.input_sparsity import MATMULS, SLOTS
 
-PROBES = (0.5,)  # sparsities at which each slot's end-to-end cost is measured
-KL_TOKENS = 256  # calibration tokens whose dense next-token distributions are kept
+PROBES = (0.5,)  # sparsities at which each slot's end-to-end cost is measured (and 0: its floor)
+# Calibration tokens whose dense next-token distributions are kept: one pass segment of 512
+# (half precision, 268 MB), so that the KL a drop adds stands clear of the noise.
+KL_TOKENS = 511
 
 
 @dataclass
 class DenseReference:
     """The dense model's log-probabilities over a few calibration segments (half precision:
-    256 positions x 262k vocabulary is 134 MB)."""
+    511 positions x 262k vocabulary is 268 MB)."""
 
     segments: list[torch.Tensor]
     logp: list[torch.Tensor]
@@ -76,15 +86,19 @@ def slot_costs(stats, n_layers: int, measure: Callable[[int, str, float], float]
                levels: tuple[float, ...], probes: tuple[float, ...] = PROBES,
                log: Callable[[str], None] = lambda m: None) -> dict[tuple[int, str], list[float]]:
     """Per (layer, slot): predicted KL at each of `levels`, from the KL measured at `probes`
-    with only that slot thresholded (`measure(layer, slot, threshold)` returns it)."""
+    with only that slot thresholded (`measure(layer, slot, threshold)` returns it), less the
+    slot's floor (its KL at threshold 0, nothing dropped)."""
     costs = {}
     for i in range(n_layers):
         measured = {}
         for slot in SLOTS:
             st = stats[(i, slot)]
-            measured[slot] = [measure(i, slot, st.threshold(p)) for p in probes]
-            costs[(i, slot)] = cost_curve(st, list(zip(probes, measured[slot])), levels)
-        log(f"layer {i}: KL at " + "/".join(f"{p:.0%}" for p in probes) + " " + ", ".join(
+            measured[slot] = [measure(i, slot, 0.0)] + [measure(i, slot, st.threshold(p))
+                                                        for p in probes]
+            floor = measured[slot][0]
+            added = [(p, max(0.0, kl - floor)) for p, kl in zip(probes, measured[slot][1:])]
+            costs[(i, slot)] = cost_curve(st, added, levels)
+        log(f"layer {i}: KL at 0/" + "/".join(f"{p:.0%}" for p in probes) + " " + ", ".join(
             f"{s} " + "/".join(f"{kl:.4f}" for kl in measured[s]) for s in SLOTS))
     return costs
 

@@ -18,9 +18,12 @@ budget on held-out text.
    per block, the slot of cheapest proxy error per matmul sparsity gained in steps of 5% until
    the block's mean over its seven matmuls (q, k, v, o, gate, up, down) reaches the target;
    "uniform" puts every slot at the target.
-3. Search: the target is bisected on the held-out text's perplexity, measured with the
-   thresholds applied by the runtime itself (the input-major kernels), against the same model
-   dense: the highest target within `budget` wins.
+3. Search: the target is bisected on the perplexity of calibration text set aside for it
+   (`carve`: runs spread over the text, which the statistics and KL probes never see),
+   measured with the thresholds applied by the runtime itself (the input-major kernels),
+   against the same model dense: the highest target within `budget` wins. The held-out text
+   is scored at every step too, but only to report the curve: nothing is chosen on it, so the
+   final check on it measures thresholds it did not help pick.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Callable
 import torch
 
 from ember.kernels import block_matmul as bm
+from ember.models.errors import ConfigError
 from ember.kernels.decoder_step import decoder_step_reference
 from ember.predictors.passes import score, segments
 
@@ -46,6 +50,43 @@ SAMPLE_ROWS = 384  # input rows kept per slot (random over the calibration text)
 # Calibration tokens whose inputs are sampled: the statistics pass runs the Python reference
 # chain (minutes for thousands of tokens on 2 cores), and 384 rows need no more.
 STATS_TOKENS = 2048
+# Calibration tokens set aside for the search's perplexity (4 pass segments of 512; at most a
+# fifth of the text).
+SEARCH_TOKENS = 2044
+
+
+def carve(ids: list[int], tokens: int, span: int) -> tuple[list[int], list[int]]:
+    """(the rest of `ids`, `tokens` of them, at most a fifth, as evenly spaced runs of up to
+    `span`): the carved runs are left out of everything else the calibration reads."""
+    tokens = min(tokens, len(ids) // 5)
+    run = min(span, tokens)
+    if run < 2:
+        return list(ids), []
+    n = -(-tokens // run)
+    step = (len(ids) - run) / max(1, n - 1)
+    rest: list[int] = []
+    carved: list[int] = []
+    at = 0
+    for begin in sorted({int(round(k * step)) for k in range(n)}):
+        rest += ids[at:begin]
+        carved += ids[begin: begin + run]
+        at = begin + run
+    return rest + ids[at:], carved
+
+
+def spread(ids: list[int], tokens: int, span: int) -> list[int]:
+    """`tokens` of `ids` as evenly spaced runs of up to `span` tokens (one pass segment
+    each), so that statistics from a long text see all of it rather than only its start."""
+    if len(ids) <= tokens:
+        return list(ids)
+    run = min(span, tokens)
+    n = -(-tokens // run)
+    step = (len(ids) - run) / max(1, n - 1)
+    out: list[int] = []
+    for k in range(n):
+        begin = int(round(k * step))
+        out += ids[begin: begin + min(run, tokens - len(out))]
+    return out
 
 
 @dataclass
@@ -159,11 +200,12 @@ def allocate_uniform(stats, n_layers: int, target: float) -> Allocation:
 class InputCalibration:
     target: float  # the planned mean sparsity over the body's matmuls
     allocation: Allocation
-    ppl_ratio: float
+    ppl_ratio: float  # on the calibration text set aside for the search, as agreement
     agreement: float
     dense_ppl: float
     tried: list[dict] = field(default_factory=list)
     stats: dict = field(default_factory=dict, repr=False)  # (layer, slot) -> SlotStats
+    search_tokens: int = 0  # calibration tokens set aside for the search (carve)
 
 
 ALLOCATIONS = ("global", "block", "uniform")
@@ -184,7 +226,8 @@ def allocator(method: str, model, runtime: InputSparsity, stats, train: list[int
     if method != "global":
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {method!r}")
     runtime.set_thresholds([{} for _ in range(n)])
-    ref = dense_reference(model, train, bos, length, kl_tokens)
+    ref = dense_reference(model, spread(train, kl_tokens, _span(length, bos)), bos, length,
+                          kl_tokens)
 
     def kl_with(i: int, slot: str, threshold: float) -> float:
         runtime.set_thresholds([{slot: threshold} if j == i else {} for j in range(n)])
@@ -199,12 +242,19 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
                      budget: float, length: int, log: Callable[[str], None] = lambda m: None,
                      steps: int = 6, layout: str = "tiles", method: str = "global"
                      ) -> tuple[InputCalibration, InputSparsity]:
-    """Thresholds for `model` (a QuantModel) at the highest target sparsity whose held-out
-    perplexity stays within 1 + budget of the dense model's; returns them with the runtime
-    (left applied to the model at the chosen thresholds)."""
-    stats = collect_slot_stats(model, train[:STATS_TOKENS], bos, length)
+    """Thresholds for `model` (a QuantModel) at the highest target sparsity whose perplexity
+    on calibration text set aside (`carve`) stays within 1 + budget of the dense model's;
+    returns them with the runtime (left applied to the model at the chosen thresholds).
+    `held_out` is scored at each step for the record only."""
+    train, search = carve(train, SEARCH_TOKENS, _span(length, bos))
+    if len(search) < 2:
+        raise ConfigError(f"the calibration text has {len(train)} tokens: too few to set "
+                          "some aside for the search; give more text")
+    stats = collect_slot_stats(model, spread(train, STATS_TOKENS, _span(length, bos)), bos,
+                               length)
     log(f"statistics of {len(stats)} matmul inputs collected")
-    dense = score(model, held_out, length, bos)
+    dense = {"search": score(model, search, length, bos),
+             "held_out": score(model, held_out, length, bos)}
     runtime = apply_input_sparsity(model, [{} for _ in model.layers], layout)
     plan = allocator(method, model, runtime, stats, train, bos, length, log)
     tried: list[dict] = []
@@ -212,13 +262,20 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
     def measure(target: float):
         alloc = plan(target)
         runtime.set_thresholds(alloc.thresholds)
-        s = score(model, held_out, length, bos)
-        ratio = s.ppl / dense.ppl
-        tried.append({"target": round(target, 4), "ppl_ratio": round(ratio, 4),
-                      "agreement": round(dense.agreement(s), 4)})
-        log(f"target {target:.1%}: held-out perplexity x{ratio:.4f}, top-1 agreement "
-            f"{dense.agreement(s):.1%}")
-        return alloc, ratio, dense.agreement(s)
+        s = score(model, search, length, bos)
+        ratio, agree = s.ppl / dense["search"].ppl, dense["search"].agreement(s)
+        runtime.reset_counters()
+        h = score(model, held_out, length, bos)
+        sparsity = realized_means(runtime)  # as realized on the held-out text
+        tried.append({"target": round(target, 4), **sparsity,
+                      "search_ppl_ratio": round(ratio, 4), "search_agreement": round(agree, 4),
+                      "ppl_ratio": round(h.ppl / dense["held_out"].ppl, 4),
+                      "agreement": round(dense["held_out"].agreement(h), 4)})
+        log(f"target {target:.1%}: set-aside calibration text x{ratio:.4f}; held-out text: "
+            f"realized {sparsity['mean_body']:.1%} mean over the body's matmuls "
+            f"({sparsity['mean_body_by_bytes']:.1%} by bytes), perplexity "
+            f"x{tried[-1]['ppl_ratio']:.4f}, top-1 agreement {tried[-1]['agreement']:.1%}")
+        return alloc, ratio, agree
 
     lo, hi = 0.0, 0.9
     best = (0.0, plan(0.0), 1.0, 1.0)  # dense: no thresholds
@@ -231,4 +288,24 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
             hi = mid
     target, alloc, ratio, agree = best
     runtime.set_thresholds(alloc.thresholds)
-    return InputCalibration(target, alloc, ratio, agree, dense.ppl, tried, stats), runtime
+    return InputCalibration(target, alloc, ratio, agree, dense["search"].ppl, tried, stats,
+                            len(search)), runtime
+
+
+def _span(length: int, bos: int | None) -> int:
+    return length - (bos is not None)  # text tokens per pass segment (passes.segments)
+
+
+def realized_means(runtime: InputSparsity) -> dict:
+    """The sparsity the runtime's counters realized since their reset, as the mean over the
+    body's matmuls (q, k, v, o, gate, up, down each counted once) and weighted by each
+    matmul's bytes in the file (q/k/v and gate/up read more bytes per input than o)."""
+    realized = runtime.realized()
+    total = skipped = 0.0
+    for i, row in enumerate(realized["per_layer"]):
+        for slot in SLOTS:
+            nbytes = sum(w.nbytes for w in slot_weights(runtime.model.layers[i], slot))
+            total += nbytes
+            skipped += nbytes * row[slot]
+    return {"mean_body": realized["mean_body"],
+            "mean_body_by_bytes": round(skipped / max(total, 1.0), 4)}

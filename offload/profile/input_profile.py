@@ -19,7 +19,7 @@ import torch
 from ember.placement.layout import Placement
 
 from .input_allocation import PROBES
-from .input_calibration import calibrate_inputs
+from .input_calibration import calibrate_inputs, realized_means
 from .input_payoff import measure_payoff
 from ..runtime.profile_file import Profile
 from ..body.quant_model import QuantModel, applies
@@ -49,9 +49,11 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
         + text.held_out[:32]
     payoff = stage("payoff", lambda: measure_payoff(
         model, runtime, alloc.thresholds, prompt, log=lambda msg: say("payoff", msg)))
-    report.glu = {"method": "input thresholds", "allocation": "global greedy on KL measured at "
+    report.glu = {"method": "input thresholds", "allocation": "global greedy on the KL added "
+                  "over each slot's floor (threshold 0), measured at "
                   + "/".join(f"{p:.0%}" for p in PROBES),
                   "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
+                  "search_tokens": cal.search_tokens,
                   "ppl_ratio": round(cal.ppl_ratio, 4), "agreement": round(cal.agreement, 4),
                   "levels_per_layer": alloc.levels, "tried": cal.tried,
                   "layout_bytes": runtime.layout_bytes(), "payoff": payoff}
@@ -110,11 +112,12 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
             raise RuntimeError("the engine did not apply the profile's input thresholds")
         sparse.input_sparsity.reset_counters()
         sparse_scores = score(sparse.model, held_out, length, bos)
-        scored = sparse.input_sparsity.realized()["mean_body"]  # while scoring held-out text
+        scored = realized_means(sparse.input_sparsity)  # while scoring held-out text
         sparse.input_sparsity.reset_counters()
         sparse_ids = sparse.generate(prompt, sampling=GREEDY, max_tokens=options.check_tokens,
                                      ignore_eos=True).token_ids
         realized = sparse.input_sparsity_report()
+        decoded = realized_means(sparse.input_sparsity)
     finally:
         sparse.close()
     match = next((i for i, (a, b) in enumerate(zip(dense_ids, sparse_ids)) if a != b),
@@ -126,8 +129,10 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
         "ppl_ratio": round(ratio, 4),
         "top1_agreement": round(dense_scores.agreement(sparse_scores), 4),
         "greedy_match_tokens": match, "greedy_tokens": len(dense_ids),
-        "sparsity": realized["mean_body"], "input_sparsity": realized,
-        "held_out_sparsity": scored,
+        "sparsity": realized["mean_body"], "sparsity_by_bytes": decoded["mean_body_by_bytes"],
+        "input_sparsity": realized,
+        "held_out_sparsity": scored["mean_body"],
+        "held_out_sparsity_by_bytes": scored["mean_body_by_bytes"],
         "meets_quality_budget": ratio <= 1 + options.quality_budget,
         "recall": None,
     }

@@ -103,7 +103,9 @@ def run_profile(loaded: LoadedModel, out: str | Path, options: ProfileOptions,
                                                         within("calibration")))
     report.calibration = {"train_tokens": len(text.train), "held_out_tokens": len(text.held_out),
                           "source": "files" if options.texts else "model-sampled",
-                          "held_out_source": "files" if options.held_out_texts else "split"}
+                          "held_out_source": "files" if options.held_out_texts else "split",
+                          "files": list(options.texts),
+                          "held_out_files": list(options.held_out_texts)}
     from .input_profile import input_thresholds_apply, run_input_profile
 
     if input_thresholds_apply(loaded, options):  # GLU: thresholds on matmul inputs
