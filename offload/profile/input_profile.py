@@ -45,8 +45,9 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
         model, text.train, text.held_out, loaded.tokenizer.bos_id, options.quality_budget,
         length, log=lambda msg: say("input thresholds", msg)))
     alloc = cal.allocation
+    # a timing prompt from the calibration text: the held-out text only ever checks
     prompt = ([loaded.tokenizer.bos_id] if loaded.tokenizer.bos_id is not None else []) \
-        + text.held_out[:32]
+        + text.train[:32]
     payoff = stage("payoff", lambda: measure_payoff(
         model, runtime, alloc.thresholds, prompt, log=lambda msg: say("payoff", msg)))
     report.glu = {"method": "input thresholds", "allocation": "global greedy on the KL added "
