@@ -56,7 +56,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "this model, if any; 'none' runs without)")
     p.add_argument("--ffn-mode", default="auto", choices=("auto", "dense", "sparse"),
                    help="FFN neurons computed: dense (all), sparse (predicted-active cold "
-                        "neurons, needs a profile), auto (sparse when a profile is found)")
+                        "neurons, needs a profile; on GLU models every input threshold the "
+                        "profile calibrated), auto (sparse when a profile is found; on GLU "
+                        "models only the thresholds its timing found to speed decoding up)")
     p.add_argument("--cold-dtype", default="auto", choices=("auto", "fp32", "int8"),
                    help="host-side FFN rows of a split or sparse FFN: fp32 (exact), int8 (a "
                         "quarter of the bytes) or auto (int8 unless --weights fp32)")
