@@ -352,12 +352,15 @@ at::Tensor input_sparse_matmul(at::Tensor x, const std::vector<at::Tensor>& pack
     }
     auto yp = at::zeros({T, padded}, x.options());
     if (width == 0 || T == 0) return yp.narrow(1, 0, width);
-    // Per tile of TT rows, per listed input, the rows' values (dropped ones and rows past T 0);
-    // per row, sums of its kept values per 16 inputs, in order.
+    // The float path's x (Q8_0, F32, F16, BF16 weights only; the others read x as XInt): per
+    // tile of TT rows, per listed input, the rows' values (dropped ones and rows past T 0); per
+    // row, sums of its kept values per 16 inputs, in order.
     const int TT = T == 1 ? 1 : ks[0].tokens;
     const int64_t tiles = (T + TT - 1) / TT;
-    std::vector<float> xs(tiles * n * TT, 0.f), sx16(T * (K / 16), 0.f);
-    for (int64_t t = 0; t < T; ++t) {
+    const bool float_x = std::any_of(ws.begin(), ws.end(),
+                                     [](const Weight& w) { return !int_type(w.lay.type); });
+    std::vector<float> xs(float_x ? tiles * n * TT : 0, 0.f), sx16(float_x ? T * (K / 16) : 0, 0.f);
+    for (int64_t t = 0; t < (float_x ? T : 0); ++t) {
         for (int64_t j = 0; j < n; ++j)
             if (kept(t, cols[j])) xs[(t / TT * n + j) * TT + t % TT] = xp[t * K + cols[j]];
         for (int64_t c = 0; c < K / 16; ++c) {
