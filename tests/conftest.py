@@ -105,6 +105,26 @@ def default_engine(default_model_path):
     return Engine.load(default_model_path, EngineOptions(device="cpu", n_ctx=2048, threads=2))
 
 
+@pytest.fixture(scope="session")
+def default_greedy_reference(default_model_path):
+    """The default model unsplit on one prompt: (loaded model, prompt ids, 12 greedy tokens,
+    each step's top-two logit gap), the reference the split and tier-attention runs of it
+    are held to until a near tie."""
+    from ember.models.loader import load_model
+    from ember.offload.runtime.engine import Engine, EngineOptions
+
+    from .near_ties import greedy_with_gaps
+
+    loaded = load_model(default_model_path)
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=256, threads=2))
+    try:
+        ids = dense.encode("The capital of France is")
+        want, gaps = greedy_with_gaps(dense, ids, 12)
+    finally:
+        dense.close()
+    return loaded, ids, want, gaps
+
+
 @pytest.fixture(autouse=True)
 def _sigint_handler_restored():
     """Every test starts with the SIGINT handler the previous one found: a handler left

@@ -72,14 +72,18 @@ def test_hot_ffn_on_cuda_is_the_reference(formats):
     assert float((got - want).norm() / want.norm()) < 0.25
 
 
+def _cpu_reference(loaded):
+    """The unsplit CPU model's 8 greedy tokens on PROMPT, with each step's top-two gap."""
+    return greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)), PROMPT, 8)
+
+
 @pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
 @pytest.mark.parametrize("tier", ["auto", "int4", "int8", "fp16", "bf16", "fp32"])
 def test_a_cuda_split_decodes_as_the_cpu_model_within_its_plan(tiny_q4_k_m, tier):
     if tier not in _formats() + ["auto"]:
         pytest.skip(f"{tier} is not offered on this GPU")
     loaded = load_model(tiny_q4_k_m[2])
-    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
-                                  PROMPT, 8)
+    want, gaps = _cpu_reference(loaded)
     budget = workspace_bytes(loaded.config) + 400_000
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -145,8 +149,7 @@ def test_attention_and_kv_on_cuda_decode_as_the_cpu_model_within_the_plan(tiny_q
     if tier not in _attention_types() + ["auto"]:
         pytest.skip(f"{tier} is not offered on this GPU")
     loaded = load_model(tiny_q4_k_m[2])
-    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
-                                  PROMPT, 8)
+    want, gaps = _cpu_reference(loaded)
     caps = TierCaps.of(torch.device("cuda"))
     dtype = caps.half if tier == "auto" else getattr(torch, {"bf16": "bfloat16", "fp16":
                                                              "float16", "fp32": "float32"}[tier])

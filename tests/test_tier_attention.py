@@ -222,11 +222,8 @@ def test_a_named_attention_type_that_does_not_fit_is_an_error(tiny_q4_k_m):
 
 
 @needs_kernels
-def test_the_default_model_with_attention_on_the_tier_decodes_as_unsplit(default_model_path):
-    loaded = load_model(default_model_path)
-    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=256, threads=2))
-    ids = dense.encode("The capital of France is")
-    want, gaps = greedy_with_gaps(dense, ids, 12)
+def test_the_default_model_with_attention_on_the_tier_decodes_as_unsplit(default_greedy_reference):
+    loaded, ids, want, gaps = default_greedy_reference
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=256, threads=2,
                                           gpu_budget=_attention_budget(
                                               loaded.config, extra=8 << 20, n_ctx=256),

@@ -65,11 +65,8 @@ def test_each_tier_format_runs_charged_exactly_and_decodes_as_the_dense_model(ti
         engine.close()
 
 
-def test_the_default_model_split_decodes_as_unsplit_until_a_near_tie(default_model_path):
-    loaded = load_model(default_model_path)
-    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=256, threads=2))
-    ids = dense.encode("The capital of France is")
-    want, gaps = greedy_with_gaps(dense, ids, 12)
+def test_the_default_model_split_decodes_as_unsplit_until_a_near_tie(default_greedy_reference):
+    loaded, ids, want, gaps = default_greedy_reference
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=256, threads=2,
                                           gpu_budget=workspace_bytes(loaded.config) + (8 << 20)))
     try:
