@@ -20,14 +20,11 @@ Must match `layout_of` in csrc/sparse_ffn.cpp.
 
 from __future__ import annotations
 
-import ctypes
-import sys
-
 import torch
 
+from .page_advice import HUGEPAGE, madvise
+
 _HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
-_libc = None
 
 
 def _round_up(v: int, m: int) -> int:
@@ -62,19 +59,6 @@ def dequantize_rows_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale[:, None]
 
 
-def _advise_huge(addr: int, nbytes: int) -> None:
-    """madvise(MADV_HUGEPAGE); a no-op where unsupported (THP off, not Linux)."""
-    global _libc
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE)
-    except (OSError, AttributeError):
-        pass
-
-
 def empty_bundles(ffn: int, length: int, dtype: torch.dtype) -> torch.Tensor:
     """Uninitialised (ffn, length) buffer; big ones 2 MiB-aligned and advised for huge pages
     before their first touch (torch's own allocations are only 64-byte aligned)."""
@@ -83,7 +67,7 @@ def empty_bundles(ffn: int, length: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(ffn, length, dtype=dtype)
     raw = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
     off = -raw.data_ptr() % _HUGE
-    _advise_huge(raw.data_ptr() + off, nbytes)
+    madvise(raw.data_ptr() + off, nbytes, HUGEPAGE)  # a no-op where unsupported
     return raw[off:off + nbytes].view(dtype).view(ffn, length)  # keeps raw's storage alive
 
 

@@ -12,15 +12,14 @@ decoding (not an offline estimate), and the bytes a token reads follow from them
 
 from __future__ import annotations
 
-import ctypes
 import mmap
-import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from ember.kernels import input_sparse as isp
 from ember.kernels import tile_layout as tl
+from ember.kernels.page_advice import DONTNEED, madvise
 from ember.kernels.decoder_step import DecoderLayer
 from ember.models import quants
 from ember.models.errors import ConfigError
@@ -165,17 +164,11 @@ class InputSparsity:
 def release_pages(t: torch.Tensor) -> int:
     """madvise(MADV_DONTNEED) the whole pages inside tensor `t`'s bytes; returns how many
     bytes that covered (0 where the platform has no madvise)."""
-    if not hasattr(mmap, "MADV_DONTNEED") or sys.platform != "linux":
-        return 0
     page = mmap.PAGESIZE
     start = t.data_ptr()
     lo = -(-start // page) * page
     hi = (start + t.numel() * t.element_size()) // page * page
-    if hi <= lo:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) != 0:
+    if hi <= lo or not madvise(lo, hi - lo, DONTNEED):
         return 0
     return hi - lo
 
