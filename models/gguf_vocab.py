@@ -1,6 +1,10 @@
 """A GGUF vocabulary (the tokenizer.ggml.* fields) converted to a `tokenizers.Tokenizer`,
 and the cache of conversions under the user's cache directory.
 
+Ember tokenizes "gpt2" vocabularies through this conversion. "llama" ones it tokenizes
+directly (models/spm_encoder.py, faster to start); their conversion is what
+`Tokenizer.save_tokenizer_json` writes and what the tests check the direct route against.
+
 * "llama" (SentencePiece-style) vocabularies: llama.cpp repeatedly merges the adjacent
   pair whose concatenation is the vocab token with the highest score (ties: leftmost).
   That is a BPE model whose merges are every (left, right) split of every token, ranked
@@ -41,7 +45,7 @@ BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 # With rstrip_specials, the special tokens that still leave the whitespace after them alone
 # (llama.cpp's Phi-3 rule).
-_KEEP_SPACE_AFTER = frozenset({"<unk>", "<s>", "<|endoftext|>"})
+KEEP_SPACE_AFTER = frozenset({"<unk>", "<s>", "<|endoftext|>"})
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ def build_hf(spec: VocabSpec, kinds: list[int], source: str) -> tokenizers.Token
                                     "supported (Ember reads 'llama' and 'gpt2')")
     # Matched on the raw text; `special` marks the ones only parse_special may split out.
     hf.add_tokens([AddedToken(t, special=k != USER_DEFINED, normalized=False,
-                              rstrip=spec.rstrip_specials and t not in _KEEP_SPACE_AFTER)
+                              rstrip=spec.rstrip_specials and t not in KEEP_SPACE_AFTER)
                    for t, k in zip(spec.tokens, kinds) if k in (USER_DEFINED, CONTROL, UNKNOWN)])
     if spec.add_bos and spec.bos_id is not None:  # so a saved tokenizer.json stands alone
         bos = spec.tokens[spec.bos_id]
@@ -173,26 +177,42 @@ def build_hf(spec: VocabSpec, kinds: list[int], source: str) -> tokenizers.Token
     return hf
 
 
-def load_cache(path: Path, fingerprint: str, n_tokens: int) -> tokenizers.Tokenizer | None:
-    """The cached tokenizer if its sidecar names this fingerprint, its bytes check out and its
-    ids fit the vocabulary of `n_tokens` (an id past it would index past the embeddings)."""
+def load_cache(path: Path, fingerprint: str, tokens: list[str]) -> tokenizers.Tokenizer | None:
+    """The cached tokenizer if its sidecar names this fingerprint, its bytes check out, and
+    its ids are the vocabulary's (`tokens`): the largest one the writer recorded fits (an
+    id past it would index past the embeddings) and a spread sample maps to the same text.
+    Asking the tokenizer for all its ids (`get_vocab`) would cost ~0.3 s on every start."""
     try:
         meta = json.loads(Path(f"{path}.meta").read_text())
         data = path.read_bytes()
         if meta.get("fingerprint") != fingerprint or \
                 meta.get("sha256") != hashlib.sha256(data).hexdigest():
             return None
-        hf = tokenizers.Tokenizer.from_str(data.decode())
-        if max(hf.get_vocab(with_added_tokens=True).values(), default=-1) >= n_tokens:
+        max_id = meta.get("max_id")
+        if not isinstance(max_id, int) or max_id >= len(tokens):  # older caches lack it
             return None
-        return hf
+        # From bytes, not str: a str of the JSON costs ~80 MB more at the peak of the parse.
+        hf = tokenizers.Tokenizer.from_buffer(data)
+        return hf if _ids_agree(hf, tokens) else None
     except Exception:  # missing, unreadable or corrupt: the caller rebuilds
         return None
 
 
+def _ids_agree(hf: tokenizers.Tokenizer, tokens: list[str], samples: int = 256) -> bool:
+    """Spot check: sampled vocabulary entries get ids that name the same text (a duplicate
+    entry's id is another position holding the same text)."""
+    step = max(1, len(tokens) // samples)
+    for i in [*range(0, len(tokens), step), len(tokens) - 1]:
+        got = hf.token_to_id(tokens[i])
+        if got is None or not 0 <= got < len(tokens) or tokens[got] != tokens[i]:
+            return False
+    return True
+
+
 def write_cache(path: Path, fingerprint: str, hf: tokenizers.Tokenizer) -> None:
     data = hf.to_str().encode()
-    meta = {"fingerprint": fingerprint, "sha256": hashlib.sha256(data).hexdigest()}
+    meta = {"fingerprint": fingerprint, "sha256": hashlib.sha256(data).hexdigest(),
+            "max_id": max(hf.get_vocab(with_added_tokens=True).values(), default=-1)}
     try:  # the cache is an optimisation: an unwritable location is not an error
         atomic_write_bytes(path, data)  # data before sidecar, so a sidecar never vouches early
         atomic_write_bytes(Path(f"{path}.meta"), json.dumps(meta).encode())

@@ -1,8 +1,9 @@
-"""Ember's tokenizer: text <-> token ids with llama.cpp's ids, on top of Hugging Face
-`tokenizers` (Rust does the per-text work).
+"""Ember's tokenizer: text <-> token ids with llama.cpp's ids.
 
-Built from a GGUF vocabulary (converted once and cached: models/gguf_vocab.py) or from a
-Hugging Face folder's tokenizer.json.
+Built from a GGUF vocabulary or from a Hugging Face folder's tokenizer.json. SentencePiece-
+style GGUF vocabularies are tokenized directly from their scores (models/spm_encoder.py);
+byte-level BPE vocabularies and tokenizer.json files go through Hugging Face `tokenizers`
+(the GGUF ones converted once and cached: models/gguf_vocab.py).
 
 Decoding never goes through the HF decoders: every id maps to the raw bytes it stands
 for (`token_bytes`), which is what `StreamDecoder` needs to emit whole characters only.
@@ -13,15 +14,19 @@ from __future__ import annotations
 import codecs
 import json
 import threading
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import tokenizers
 
 from .atomic import atomic_write_bytes
 from .errors import ModelFormatError
-from .gguf_vocab import (BYTE, BYTE_TOKEN, CONTROL, NORMAL, SPM_SPACE, UNKNOWN, UNUSED,
-                         USER_DEFINED, VocabSpec, build_hf, load_cache, token_kinds,
+from .gguf_vocab import (BYTE, BYTE_TOKEN, CONTROL, KEEP_SPACE_AFTER, NORMAL, SPM_SPACE, UNKNOWN,
+                         UNUSED, USER_DEFINED, VocabSpec, build_hf, load_cache, token_kinds,
                          write_cache)
+from .heap import release_free_heap
+from .spm_encoder import SpmEncoder
 
 _UNKNOWN_PIECE = "\u2585".encode()  # llama.cpp renders the unknown token as "▅"
 # Last resort for tokenizer.json folders whose configs name no bos/eos.
@@ -66,42 +71,75 @@ def _piece(text: str, kind: int, chars: dict[str, int] | None) -> bytes:
 # ----------------------------------------------------------------- the tokenizer
 
 
+class _HfEncoder:
+    """Hugging Face `tokenizers` doing the per-text work: tokenizer.json folders and
+    byte-level BPE vocabularies."""
+
+    def __init__(self, hf: tokenizers.Tokenizer):
+        self.hf = hf
+        self._lock = threading.Lock()  # encode_special_tokens is state on the shared object
+
+    def encode(self, text: str, parse_special: bool) -> list[int]:
+        with self._lock:
+            self.hf.encode_special_tokens = not parse_special
+            return self.hf.encode(text, add_special_tokens=False).ids
+
+    def token_id(self, text: str) -> int | None:
+        return self.hf.token_to_id(text)
+
+
 class Tokenizer:
     """Text <-> token ids for one model. Build with `from_vocab` or `from_tokenizer_json`."""
 
-    def __init__(self, hf: tokenizers.Tokenizer, tokens: list[str], pieces: list[bytes],
+    def __init__(self, encoder: SpmEncoder | _HfEncoder, tokens: list[str], pieces: list[bytes],
                  control_ids: set[int], *, bos_id: int | None, eos_id: int | None, add_bos: bool,
-                 strip_space: bool, kind: str = "tokenizer.json"):
-        self._hf = hf
+                 strip_space: bool, as_hf: Callable[[], tokenizers.Tokenizer],
+                 kind: str = "tokenizer.json", origin: str | Path = ""):
+        self._encoder = encoder
+        self._as_hf = as_hf  # the Hugging Face form, for save_tokenizer_json
         self._tokens = tokens
         self._pieces = pieces
-        self._lock = threading.Lock()  # encode_special_tokens is state on the shared object
         self.special_ids = frozenset(control_ids)
         self.bos_id, self.eos_id = bos_id, eos_id
         self.add_bos = add_bos  # the model's own wish; encode(add_bos=True) honours it
         self._strip_space = strip_space  # undo the space prefix added while encoding
         self.kind = kind  # what it was built from, for `ember info`
+        self._origin = origin or kind  # the file it was read from, for errors
 
     @classmethod
     def from_vocab(cls, spec: VocabSpec, cache_path: Path | None = None,
                    source: str | Path = "GGUF vocabulary") -> Tokenizer:
-        """Convert `spec` (or load the conversion cached at `cache_path`); `source` names
-        the model file in errors."""
+        """A GGUF vocabulary's tokenizer; `source` names the model file in errors.
+
+        SentencePiece-style ("llama") vocabularies are tokenized directly from their scores
+        (models/spm_encoder.py). Others are converted to Hugging Face `tokenizers` once and
+        the conversion cached at `cache_path`."""
         kinds = token_kinds(spec)
-        hf = None
-        if cache_path:
-            hf = load_cache(Path(cache_path), spec.fingerprint, len(spec.tokens))
-        if hf is None:
-            hf = build_hf(spec, kinds, str(source))
-            if cache_path:
-                write_cache(Path(cache_path), spec.fingerprint, hf)
+        origin: str | Path = source
+        if spec.model == "llama":
+            encoder = SpmEncoder(spec.tokens, spec.scores, kinds, unk_id=spec.unk_id,
+                                 add_space_prefix=spec.add_space_prefix,
+                                 rstrip_specials=spec.rstrip_specials,
+                                 keep_space_after=KEEP_SPACE_AFTER)
+            as_hf = partial(build_hf, spec, kinds, str(source))
+        else:
+            hf = load_cache(Path(cache_path), spec.fingerprint, spec.tokens) if cache_path else None
+            if hf is None:
+                hf = build_hf(spec, kinds, str(source))
+                if cache_path:
+                    write_cache(Path(cache_path), spec.fingerprint, hf)
+            else:
+                origin = cache_path
+            release_free_heap()  # parsing leaves its transient allocations in the heap
+            encoder, as_hf = _HfEncoder(hf), lambda: hf
         pieces = _token_pieces(spec.tokens, kinds, byte_level=spec.model == "gpt2")
         control = {i for i, k in enumerate(kinds) if k in (CONTROL, UNUSED)}
         strip = spec.add_space_prefix and spec.model == "llama"
         kind = (f"byte-level BPE, pre-tokenizer {spec.pre or 'default'}" if spec.model == "gpt2"
                 else "SentencePiece-style BPE")
-        return cls(hf, spec.tokens, pieces, control, bos_id=spec.bos_id, eos_id=spec.eos_id,
-                   add_bos=spec.add_bos, strip_space=strip, kind=kind)
+        return cls(encoder, spec.tokens, pieces, control, bos_id=spec.bos_id, eos_id=spec.eos_id,
+                   add_bos=spec.add_bos, strip_space=strip, as_hf=as_hf, kind=kind,
+                   origin=origin)
 
     @classmethod
     def from_tokenizer_json(cls, path: Path) -> Tokenizer:
@@ -109,6 +147,7 @@ class Tokenizer:
         path = Path(path)
         folder, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
         hf, raw = _read_tokenizer_json(file)
+        release_free_heap()
         tok_config, config = (_read_json(folder / n) for n in ("tokenizer_config.json",
                                                                 "config.json"))
         vocab = hf.get_vocab(with_added_tokens=True)
@@ -130,15 +169,15 @@ class Tokenizer:
         pieces = _token_pieces(tokens, kinds, byte_level)
         first = hf.encode("a", add_special_tokens=False).tokens[:1]
         strip = not byte_level and bool(first) and first[0].startswith(SPM_SPACE)
-        return cls(hf, tokens, pieces, control, bos_id=bos, eos_id=eos, add_bos=add_bos,
-                   strip_space=strip)
+        return cls(_HfEncoder(hf), tokens, pieces, control, bos_id=bos, eos_id=eos,
+                   add_bos=add_bos, strip_space=strip, as_hf=lambda: hf, origin=file)
 
     @property
     def vocab_size(self) -> int:
         return len(self._pieces)
 
     def id_of(self, text: str) -> int | None:
-        return self._hf.token_to_id(text)
+        return self._encoder.token_id(text)
 
     def token_text(self, token_id: int) -> str:
         """The token as the vocabulary spells it ("<bos>", "▁Hello", "<0x0A>")."""
@@ -146,13 +185,15 @@ class Tokenizer:
 
     def save_tokenizer_json(self, path: Path) -> None:
         """Write a Hugging Face tokenizer.json that `from_tokenizer_json` reads back."""
-        atomic_write_bytes(path, self._hf.to_str().encode())
+        atomic_write_bytes(path, self._as_hf().to_str().encode())
 
     def encode(self, text: str, add_bos: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids as llama.cpp's llama_tokenize(text, add_special=add_bos, parse_special)."""
-        with self._lock:
-            self._hf.encode_special_tokens = not parse_special
-            ids = self._hf.encode(text, add_special_tokens=False).ids
+        ids = self._encoder.encode(text, parse_special)
+        if ids and max(ids) >= len(self._pieces):  # only a tampered tokenizer gets here
+            raise ModelFormatError(self._origin, f"the tokenizer gave id {max(ids)}, past the "
+                                   f"vocabulary of {len(self._pieces)}: the file is damaged "
+                                   "(a cached conversion: delete it and Ember rebuilds it)")
         if add_bos and self.add_bos and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         return ids

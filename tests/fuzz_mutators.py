@@ -11,7 +11,6 @@ header field lives (counts, string lengths, value types, dimensions, quant types
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
@@ -286,38 +285,6 @@ def replace_value(data: bytearray, layout: GGUFLayout, key: str, vtype: int, val
     data[:] = header + bytes(-len(header) % 32) + body
 
 
-def g_tokenizer_cache(path: Path, rng):
-    """The tokenizer cache Ember wrote for the model (under the user's cache directory), damaged;
-    "resign" also rewrites the sidecar's sha256 so only the parser stands between the damage
-    and the model."""
-    from ember.models.loader import file_fingerprint, open_model
-    from ember.models.gguf_vocab import tokenizer_cache_path
-
-    open_model(path)  # writes the cache
-    cache = tokenizer_cache_path(file_fingerprint(path))
-    meta_path = Path(f"{cache}.meta")
-    data = bytearray(cache.read_bytes())
-    op = rng.choice(["flip", "truncate", "resign", "foreign", "meta"])
-    if op in ("flip", "resign"):
-        _bit_flips(data, rng, len(data))
-    elif op == "truncate":
-        _truncate(data, rng, len(data))
-    elif op == "foreign":  # a valid tokenizer whose ids run past the model's vocabulary
-        tok = json.loads(bytes(data))
-        tok["model"]["vocab"] = {t: i + 10**6 for t, i in tok["model"]["vocab"].items()}
-        data = bytearray(json.dumps(tok).encode())
-    cache.write_bytes(data)
-    if op in ("resign", "foreign"):
-        meta = json.loads(meta_path.read_text())
-        meta["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
-        meta_path.write_text(json.dumps(meta))
-    elif op == "meta":
-        meta_path.write_bytes(rng.choice([b"", b"[]", b"{", b'{"fingerprint": 3}', b"\xff"]))
-
-
-# Mutators that need the model on disk (they run Ember to produce the file they damage).
-GGUF_FILE_MUTATORS = {"tokenizer_cache": g_tokenizer_cache}
-
 GGUF_MUTATORS = {
     "bit_flips": g_bit_flips, "byte_overwrite": g_byte_overwrite, "truncate": g_truncate,
     "huge_count": g_huge_count, "bad_offset": g_bad_offset, "wrong_type": g_wrong_type,
@@ -472,7 +439,7 @@ def _read(folder: Path, name: str) -> tuple[Path, bytearray]:
 
 
 def mutators_for(kind: str) -> list[str]:
-    return sorted([*GGUF_MUTATORS, *GGUF_FILE_MUTATORS] if kind.startswith("gguf") else HF_MUTATORS)
+    return sorted(GGUF_MUTATORS if kind.startswith("gguf") else HF_MUTATORS)
 
 
 def case_for(index: int) -> tuple[str, str, int]:
@@ -490,10 +457,6 @@ def mutate_case(seed_path: Path, kind: str, mutator: str, seed: int, work: Path)
     work.mkdir(parents=True)
     if kind.startswith("gguf"):
         out = work / "model.gguf"
-        if mutator in GGUF_FILE_MUTATORS:
-            shutil.copyfile(seed_path, out)
-            GGUF_FILE_MUTATORS[mutator](out, rng)
-            return out
         data = bytearray(Path(seed_path).read_bytes())
         GGUF_MUTATORS[mutator](data, gguf_layout(bytes(data)), rng)
         out.write_bytes(data)

@@ -2,6 +2,7 @@
 the conversion cache, and streaming decode."""
 
 import dataclasses
+import hashlib
 import json
 import random
 import re
@@ -91,6 +92,39 @@ def test_spm_space_prefix():
     assert pieces(tok, ids) == [b" a", b"b", b"\n\n", b" ", b"cd"]
 
 
+@pytest.mark.parametrize("space_prefix", [False, True])
+def test_spm_encoder_matches_the_hugging_face_conversion(space_prefix):
+    """The direct SentencePiece encoder against `tokenizers` running the converted merges
+    (the route Ember took before, checked against llama.cpp), both split-special modes."""
+    from ember.models.gguf_vocab import build_hf, token_kinds
+
+    spec = tiny_spm_spec(add_space_prefix=space_prefix)
+    ours = Tokenizer.from_vocab(spec)
+    hf = build_hf(spec, token_kinds(spec), "tiny")
+    rng = random.Random(5)
+    alphabet = ["a", "b", "c", "d", "x", "y", " ", "  ", "\n\n", "[x]", "<ctrl>", "<eos>",
+                "<unk>", "\t", "é", "\u3000", "▁"]
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        for special in (False, True):
+            hf.encode_special_tokens = not special
+            theirs = hf.encode(text, add_special_tokens=False).ids
+            assert ours.encode(text, add_bos=False, parse_special=special) == theirs, text
+
+
+def test_spm_specials_swallow_ascii_whitespace_after_them_for_phi3():
+    """llama.cpp's Phi-3 rule on a SentencePiece vocabulary: special tokens take the ASCII
+    whitespace after them (isspace), a user-defined whitespace token included, since the
+    longer token is split out first; other whitespace stays text."""
+    tok = Tokenizer.from_vocab(dataclasses.replace(tiny_spm_spec(), rstrip_specials=True))
+    plain = tok.encode("<ctrl>ab", add_bos=False, parse_special=True)
+    assert plain[0] == 4
+    for gap in (" ", "  \t", "\n\n", " \r\n"):
+        assert tok.encode(f"<ctrl>{gap}ab", add_bos=False, parse_special=True) == plain, gap
+    assert tok.encode("<ctrl>\u3000ab", add_bos=False, parse_special=True) != plain
+    assert tok.encode("[x] ab", add_bos=False) == tok.encode("[x]ab", add_bos=False)
+
+
 def test_parse_special_is_per_call_under_threads(tiny):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -149,34 +183,70 @@ def test_gpt2_unknown_pre_is_rejected():
 # ------------------------------------------------------------ cache and tokenizer.json
 
 def test_cache_round_trip_and_corruption(tmp_path):
-    spec = tiny_spm_spec()
+    spec = tiny_gpt2_spec()
     cache = tmp_path / "tok.json"
-    expected = Tokenizer.from_vocab(spec, cache).encode("abcd a\n\n<ctrl>")
+    text = "hello world<|eos|>"
+    expected = Tokenizer.from_vocab(spec, cache).encode(text)
     meta = Path(f"{cache}.meta")
     assert cache.exists() and spec.fingerprint in meta.read_text()
-    assert Tokenizer.from_vocab(spec, cache).encode("abcd a\n\n<ctrl>") == expected
+    assert Tokenizer.from_vocab(spec, cache).encode(text) == expected
 
     for damage in (b"{not json", b"", cache.read_bytes()[:-10]):
         cache.write_bytes(damage)
-        assert Tokenizer.from_vocab(spec, cache).encode("abcd a\n\n<ctrl>") == expected
+        assert Tokenizer.from_vocab(spec, cache).encode(text) == expected
         assert json.loads(cache.read_text())  # rebuilt and rewritten
 
     meta.write_text("garbage")
-    assert Tokenizer.from_vocab(spec, cache).encode("abcd") == expected[:4]
+    assert Tokenizer.from_vocab(spec, cache).encode(text) == expected
 
     # A different vocabulary must not trust the other vocabulary's cache.
-    other = tiny_spm_spec(add_space_prefix=True)
+    other = tiny_gpt2_spec(pre="llama3")
     assert other.fingerprint != spec.fingerprint
     assert Tokenizer.from_vocab(other, cache).decode(Tokenizer.from_vocab(other).encode("a")) == "a"
     assert other.fingerprint in meta.read_text()
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_cache_whose_ids_are_not_the_vocabularys_is_rebuilt(tmp_path):
+    """A cache that parses and whose sidecar vouches for its bytes, but from an older Ember
+    (no largest id recorded) or with ids that are not the vocabulary's, is not trusted. (The
+    fuzzer found the second: a trusted foreign cache indexed past the embeddings.)"""
+    spec = tiny_gpt2_spec()
+    cache = tmp_path / "tok.json"
+    expected = Tokenizer.from_vocab(spec, cache).encode("hello world")
+    meta_path = Path(f"{cache}.meta")
+    original = cache.read_bytes()
+
+    def sign(data: bytes, **fields):
+        cache.write_bytes(data)
+        meta = json.loads(meta_path.read_text())
+        meta.update(sha256=hashlib.sha256(data).hexdigest(), **fields)
+        meta = {k: v for k, v in meta.items() if v is not None}
+        meta_path.write_text(json.dumps(meta))
+
+    sign(original, max_id=None)  # an older Ember's sidecar
+    assert Tokenizer.from_vocab(spec, cache).encode("hello world") == expected
+    assert "max_id" in json.loads(meta_path.read_text())  # rewritten
+
+    raw = json.loads(original)
+    raw["model"]["vocab"] = {t: i + 10**6 for t, i in raw["model"]["vocab"].items()}
+    sign(json.dumps(raw).encode())  # shifted ids under the old, in-range max_id
+    assert Tokenizer.from_vocab(spec, cache).encode("hello world") == expected
+    assert cache.read_bytes() == original
+
+
+def test_spm_vocabulary_needs_no_conversion_cache(tmp_path):
+    cache = tmp_path / "tok.json"
+    tok = Tokenizer.from_vocab(tiny_spm_spec(), cache)
+    assert tok.decode(tok.encode("abcd")) == "abcd"
+    assert not cache.exists()
+
+
 def test_unwritable_cache_is_not_an_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    tok = Tokenizer.from_vocab(tiny_spm_spec(), blocker / "sub" / "tok.json")
-    assert tok.decode(tok.encode("abcd")) == "abcd"
+    tok = Tokenizer.from_vocab(tiny_gpt2_spec(), blocker / "sub" / "tok.json")
+    assert tok.decode(tok.encode("hello world")) == "hello world"
 
 
 def test_from_tokenizer_json(tmp_path):
@@ -202,7 +272,7 @@ def test_saved_tokenizer_json_stands_alone(tmp_path):
     assert (hf.bos_id, hf.eos_id, hf.add_bos) == (2, 1, True)
     ids = tok.encode("abcd é")
     assert hf.encode("abcd é") == ids
-    assert hf._hf.decode(ids) == "abcd é"  # plain `tokenizers` users decode it too
+    assert hf._encoder.hf.decode(ids) == "abcd é"  # plain `tokenizers` users decode it too
 
 
 def test_from_tokenizer_json_byte_level(tmp_path):
@@ -214,7 +284,7 @@ def test_from_tokenizer_json_byte_level(tmp_path):
     assert (hf.bos_id, hf.eos_id, hf.add_bos) == (spec.bos_id, spec.eos_id, True)
     text = "héllo world\x00 🙂"
     assert hf.decode(hf.encode(text)) == text
-    assert hf._hf.decode(hf.encode(text)) == text
+    assert hf._encoder.hf.decode(hf.encode(text)) == text
     assert hf.token_bytes(hf.id_of("Ġworld")) == b" world"
 
 
@@ -254,7 +324,7 @@ def gemma(gemma_spec, tmp_path_factory):
     t1 = time.perf_counter()
     loaded = Tokenizer.from_vocab(gemma_spec, cache)
     t2 = time.perf_counter()
-    print(f"\ngemma tokenizer: build+cache {t1 - t0:.2f}s, load from cache {t2 - t1:.2f}s")
+    print(f"\ngemma tokenizer: built in {t1 - t0:.2f}s, again in {t2 - t1:.2f}s")
     return built, loaded
 
 
