@@ -40,7 +40,8 @@ class SpmEncoder:
                  add_space_prefix: bool, rstrip_specials: bool = False,
                  keep_space_after: frozenset[str] = frozenset()):
         self._ids = {t: i for i, t in enumerate(tokens)}  # later duplicates win, as in llama.cpp
-        self._scores = [0.0] * len(tokens) if scores is None else [float(s) for s in scores]
+        # Negated once: the merge heap is a min-heap, and the best score merges first.
+        self._neg_scores = [0.0] * len(tokens) if scores is None else [-float(s) for s in scores]
         self._tokens, self._kinds = tokens, kinds
         self._unk_id = unk_id
         self._space_prefix = add_space_prefix
@@ -90,28 +91,26 @@ class SpmEncoder:
         if prefix and self._space_prefix:
             text = SPM_SPACE + text
         n = len(text)
-        ids, scores = self._ids, self._scores
+        ids, neg_scores = self._ids, self._neg_scores
         bytes_only, byte_lengths = self._byte_texts, self._byte_text_lengths
         length = [1] * n  # characters in the symbol starting here; 0 once merged away
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prev = list(range(-1, n - 1))
 
-        def bigram(left: int, right: int):
-            size = length[left] + length[right]
-            token = ids.get(text[left:left + size])
-            if token is None:
-                return None
-            if length[left] in byte_lengths and text[left:left + length[left]] in bytes_only or \
-                    length[right] in byte_lengths and text[right:right + length[right]] in bytes_only:
-                return None
-            # Max score first, then the leftmost; `size` spots pairs that changed since.
-            return (-scores[token], left, right, size)
+        def is_byte_token(start: int) -> bool:
+            return length[start] in byte_lengths and text[start:start + length[start]] in bytes_only
 
-        heap = [b for i in range(n - 1) if (b := bigram(i, i + 1)) is not None]
+        # A heap entry: (-score, left, right, size): max score first, then the leftmost pair;
+        # `size` spots pairs whose sides changed since. The first pairs, one lookup each in C.
+        pair_tokens = map(ids.get, map(str.__add__, text, text[1:]))
+        heap = [(neg_scores[t], i, i + 1, 2) for i, t in enumerate(pair_tokens) if t is not None]
+        if 1 in byte_lengths:  # a vocabulary with one-character byte tokens (none known)
+            heap = [h for h in heap if not is_byte_token(h[1]) and not is_byte_token(h[2])]
         heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            _, left, right, size = heapq.heappop(heap)
+            _, left, right, size = pop(heap)
             if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
                 continue  # one side was merged into something else meanwhile
             length[left], length[right] = size, 0
@@ -119,8 +118,12 @@ class SpmEncoder:
             if after >= 0:
                 prev[after] = left
             for a, b in ((prev[left], left), (left, after)):
-                if a >= 0 and b >= 0 and (new := bigram(a, b)) is not None:
-                    heapq.heappush(heap, new)
+                if a < 0 or b < 0:
+                    continue
+                pair = length[a] + length[b]
+                token = ids.get(text[a:a + pair])
+                if token is not None and not (is_byte_token(a) or is_byte_token(b)):
+                    push(heap, (neg_scores[token], a, b, pair))
 
         i = 0
         while i >= 0:
