@@ -3,6 +3,7 @@
     w = SparseFFNWeights.from_rows(gate, up, down_nm, "relu_glu", dtype="int8")
     out = sparse_ffn(x, w, active_idx)   # x (T, hidden) -> (T, hidden), active neurons only
     out = sparse_ffn(x, w)               # every neuron (the dense FFN, same bundles)
+    out, kept = sparse_ffn_thresholded(x, w, t)  # each token drops neurons with |h| <= t
 
 Semantics (`sparse_ffn_reference`, what the C++ kernel is tested against): for x (T, hidden),
 neuron rows gate, up, down_nm (ffn, hidden) (down_nm: the transpose of the usual (hidden, ffn)
@@ -189,6 +190,38 @@ def sparse_ffn(x: torch.Tensor, weights: SparseFFNWeights,
         out = module.ffn(x2, weights.packed, weights.hidden, idx,
                          activations.code(weights.activation))
     return out if x.dim() == 2 else out.reshape(x.shape)
+
+
+def sparse_ffn_thresholded(x: torch.Tensor, weights: SparseFFNWeights, h_threshold: float,
+                           active_idx: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparse_ffn` with the down projection's input thresholded (issue 18): token t drops
+    neuron i when |h[t, i]| <= h_threshold, and the neuron's down row is read only when some
+    token keeps it. Returns (out (T, hidden), kept (T,) int64: the neurons each token kept).
+    """
+    if not h_threshold >= 0:
+        raise ValueError(f"h_threshold must be >= 0, got {h_threshold}")
+    x2, idx = _as_kernel_input(x, weights.hidden), _as_index(active_idx)
+    module = cpu_extension.load()
+    if module is None or not hasattr(module, "ffn_thresholded"):
+        out, kept = sparse_ffn_thresholded_reference(x2, weights, h_threshold, idx)
+    else:
+        out, kept = module.ffn_thresholded(x2, weights.packed, weights.hidden, idx,
+                                           activations.code(weights.activation),
+                                           float(h_threshold))
+    return (out if x.dim() == 2 else out.reshape(x.shape)), kept
+
+
+def sparse_ffn_thresholded_reference(x: torch.Tensor, weights: SparseFFNWeights,
+                                     h_threshold: float, active_idx: torch.Tensor | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparse_ffn_thresholded` in plain PyTorch: the masked h times the down rows."""
+    x2, idx = _as_kernel_input(x, weights.hidden), _as_index(active_idx)
+    gate, up, down_nm = weights.float_rows(idx)
+    h = activations.activate(weights.activation, None if gate is None else x2 @ gate.t(),
+                             x2 @ up.t())
+    keep = h.abs() > h_threshold
+    return (h * keep) @ down_nm, keep.sum(dim=1)
 
 
 def sparse_ffn_reference(x: torch.Tensor, weights: SparseFFNWeights,

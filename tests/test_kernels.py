@@ -16,7 +16,8 @@ import torch
 from ember.kernels import cpu_extension
 from ember.kernels import sparse_ffn as sparse_ffn_module
 from ember.kernels.ffn_bundles import dequantize_rows_int8, empty_bundles, quantize_rows_int8
-from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn, sparse_ffn_reference
+from ember.kernels.sparse_ffn import (SparseFFNWeights, sparse_ffn, sparse_ffn_reference,
+                                     sparse_ffn_thresholded, sparse_ffn_thresholded_reference)
 from ember.models.activations import NAMES, activate, is_gated
 
 ACTS = NAMES
@@ -91,6 +92,50 @@ def test_many_tokens_and_vector_input(fast):
         x = torch.randn(T, 33, generator=g)
         close(sparse_ffn(x, w, idx), reference(x, w, idx.long()))
     close(sparse_ffn(x[0], w, idx), reference(x[:1], w, idx.long())[0])
+
+
+def _thresholds(x, w, idx):
+    """Thresholds on |h| for `x`: none dropped (0), about half (midway between two sorted
+    |h| values, so float rounding cannot move a neuron across), and all (past the max)."""
+    gate, up, _ = w.float_rows(idx)
+    h = activate(w.activation, None if gate is None else x @ gate.t(), x @ up.t()).abs()
+    values = h.flatten().sort().values
+    everything = [0.0, float(values[-1]) * 2 + 1]
+    if values.numel() < 2:
+        return everything
+    mid = values.numel() // 2 - 1
+    return everything + [float(values[mid] + values[mid + 1]) / 2]
+
+
+@pytest.mark.parametrize("dtype", ("fp32", "int8"))
+@pytest.mark.parametrize("act", ("silu_glu", "gelu_glu", "relu"))
+@pytest.mark.parametrize("hidden,ffn", SIZES)
+def test_thresholded_matches_reference(fast, act, dtype, hidden, ffn):
+    """The down matmul's input thresholded (issue 18): per token, neurons with |h| <= t
+    add nothing, and `kept` counts the rest exactly."""
+    w, g = make(act, hidden, ffn, dtype)
+    for T in (1, 3, 5):
+        x = torch.randn(T, hidden, generator=g)
+        for idx in (None, index_sets(ffn, g)["unsorted"]):
+            if ffn == 1 and idx is not None:
+                continue
+            for thr in _thresholds(x, w, idx):
+                out, kept = sparse_ffn_thresholded(x, w, thr, idx)
+                want, want_kept = sparse_ffn_thresholded_reference(x, w, thr, idx)
+                close(out, want)
+                assert torch.equal(kept, want_kept), (thr, kept, want_kept)
+
+
+def test_thresholded_extremes(fast):
+    w, g = make("silu_glu", 64, 96, "int8", seed=9)
+    x = torch.randn(1, 64, generator=g)
+    out, kept = sparse_ffn_thresholded(x, w, 0.0)
+    close(out, sparse_ffn(x, w))
+    assert kept.tolist() == [96]
+    out, kept = sparse_ffn_thresholded(x, w, 1e9)
+    assert torch.equal(out, torch.zeros(1, 64)) and kept.tolist() == [0]
+    with pytest.raises(ValueError, match="h_threshold"):
+        sparse_ffn_thresholded(x, w, -1.0)
 
 
 def test_thread_counts_agree(fast):

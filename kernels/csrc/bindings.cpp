@@ -13,6 +13,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ffn", &ffn, "sparse (idx) or dense (idx=None) FFN over neuron bundles, fp32 or int8",
         py::arg("x"), py::arg("packed"), py::arg("hidden"), py::arg("idx"), py::arg("act"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("ffn_thresholded", &ffn_thresholded,
+        "ffn dropping each token's neurons with |act(gate, up)| <= h_threshold; (out, kept)",
+        py::arg("x"), py::arg("packed"), py::arg("hidden"), py::arg("idx"), py::arg("act"),
+        py::arg("h_threshold"), py::call_guard<py::gil_scoped_release>());
   m.def("has_avx2", &has_avx2, "built with the AVX2/FMA path");
   m.def("parallel_workers", &parallel_workers, "threads one parallel region runs on");
   m.def("q8_0_matmul", &q8_0_matmul, "x @ W^T with W in GGML Q8_0 blocks",

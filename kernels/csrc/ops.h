@@ -15,6 +15,9 @@
 // sparse_ffn.cpp
 at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
                int64_t act);
+std::tuple<at::Tensor, at::Tensor> ffn_thresholded(at::Tensor x, at::Tensor packed,
+                                                   int64_t hidden, c10::optional<at::Tensor> idx,
+                                                   int64_t act, double h_threshold);
 int64_t parallel_workers();
 bool has_avx2();
 

@@ -212,10 +212,13 @@ Layout layout_of(int64_t H, bool gated, bool quantized) {
   return {nr, round_up(s + 16, 64), s};
 }
 
+// h_threshold >= 0: a token's h = act(gate, up) with |h| <= h_threshold is dropped (the down
+// matmul's input threshold, issue 18); kept[slot * T + t] counts the neurons token t kept.
+// h_threshold < 0: nothing is dropped but exact zeros, which change nothing (kept unused).
 template <typename W>
 void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
          const int64_t* idx, int64_t n, Activation act, float* out, float* scratch, int nslots,
-         std::vector<char>& used) {
+         std::vector<char>& used, float h_threshold, int64_t* kept) {
   const int64_t R = L.row_elems;
   const int64_t ahead_n = std::max<int64_t>(1, std::min<int64_t>(
       8, EMBER_PF_BYTES / std::max<int64_t>(1, R * (int64_t)sizeof(W))));
@@ -267,7 +270,10 @@ void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
         }
         bool any = false;
         for (int64_t t = 0; t < T; ++t) {
-          c[t] = activate(act, gated ? g[t] * gs : 0.f, u[t] * us) * ds;
+          const float h = activate(act, gated ? g[t] * gs : 0.f, u[t] * us);
+          const bool keep = h_threshold < 0.f || std::fabs(h) > h_threshold;
+          c[t] = keep ? h * ds : 0.f;
+          if (kept && keep) ++kept[slot * T + t];
           any |= c[t] != 0.f;
         }
         // Exact zeros (ReLU family) skip the down row: a third of the neuron's bytes.
@@ -292,10 +298,12 @@ void run(const float* x, int64_t T, int64_t H, const W* P, Layout L, bool gated,
 
 }  // namespace
 
-// x (T, H) fp32; packed (F, row_elems) bundles, fp32 or int8 (see Layout); idx optional
-// (None = every neuron, dense).
-at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
-               int64_t act) {
+namespace {
+
+// The shared body of ffn and ffn_thresholded; kept: (T,) int64 counts, or undefined.
+at::Tensor ffn_impl(at::Tensor x, at::Tensor packed, int64_t hidden,
+                    c10::optional<at::Tensor> idx, int64_t act, double h_threshold,
+                    at::Tensor* kept) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be contiguous fp32 (T, hidden)");
   const Activation activation = activation_of(act);
@@ -325,15 +333,46 @@ at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at
   const int nslots = std::max(1, at::get_num_threads());
   auto scratch = at::zeros({std::max(nslots - 1, 0), T, H}, x.options());
   std::vector<char> used(nslots, 0);
+  // Per slot, so threads never share a counter; summed below.
+  std::vector<int64_t> counts(kept ? (size_t)(nslots * T) : 0, 0);
+  const float thr = kept ? (float)h_threshold : -1.f;
   if (n > 0 && T > 0 && H > 0) {
     if (q)
       run<int8_t>(x.data_ptr<float>(), T, H, packed.data_ptr<int8_t>(), L, gated, ip, n,
-                  activation, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
+                  activation, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used,
+                  thr, kept ? counts.data() : nullptr);
     else
       run<float>(x.data_ptr<float>(), T, H, packed.data_ptr<float>(), L, gated, ip, n,
-                 activation, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used);
+                 activation, out.data_ptr<float>(), scratch.data_ptr<float>(), nslots, used,
+                 thr, kept ? counts.data() : nullptr);
+  }
+  if (kept) {
+    *kept = at::zeros({T}, x.options().dtype(at::kLong));
+    int64_t* k = kept->data_ptr<int64_t>();
+    for (int s = 0; s < nslots; ++s)
+      for (int64_t t = 0; t < T; ++t) k[t] += counts[(size_t)(s * T + t)];
   }
   return out;
+}
+
+}  // namespace
+
+// x (T, H) fp32; packed (F, row_elems) bundles, fp32 or int8 (see Layout); idx optional
+// (None = every neuron, dense).
+at::Tensor ffn(at::Tensor x, at::Tensor packed, int64_t hidden, c10::optional<at::Tensor> idx,
+               int64_t act) {
+  return ffn_impl(x, packed, hidden, idx, act, -1.0, nullptr);
+}
+
+// ffn with the down matmul's input thresholded: each token drops the neurons whose
+// |act(gate, up)| <= h_threshold (>= 0). Returns (out (T, H), kept (T,) int64).
+std::tuple<at::Tensor, at::Tensor> ffn_thresholded(at::Tensor x, at::Tensor packed,
+                                                   int64_t hidden, c10::optional<at::Tensor> idx,
+                                                   int64_t act, double h_threshold) {
+  TORCH_CHECK(h_threshold >= 0.0, "h_threshold must be >= 0, got ", h_threshold);
+  at::Tensor kept;
+  at::Tensor out = ffn_impl(x, packed, hidden, idx, act, h_threshold, &kept);
+  return {out, kept};
 }
 
 // How many threads one at::parallel_for region of this extension really runs on (tests check

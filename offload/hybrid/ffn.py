@@ -6,7 +6,9 @@ The cold side is submitted to the CPU worker first, then the calling thread runs
 side, so the two overlap; the partial down-projections are summed on the caller's device.
 A selector picks the cold neurons to compute for a token (None: all of them, the exact
 dense result); prefill chunks (T > 1) always compute every cold neuron, since the union of
-many tokens' active sets is nearly everything.
+many tokens' active sets is nearly everything. GLU layers of a profile with input thresholds
+have no selector: their cold side drops, per token, the neurons whose down input is under the
+profile's threshold, after computing gate and up (`down_threshold`).
 
 Weights are plain attributes, not buffers, so `Transformer.to(device)` (which moves
 attention and norms to their tier) leaves each side where the plan put it.
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
-from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
+from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn, sparse_ffn_thresholded
 from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
@@ -72,6 +74,10 @@ class HybridFFN(nn.Module):
         # Compensation (hidden,) for GLU thresholding: the calibration mean of what the
         # skipped neurons would have added; applied whenever the cold side runs sparse.
         self.bias: torch.Tensor | None = None
+        # A profile's input threshold on the down projection (issue 18), for GLU layers with
+        # no selector: each token's cold neurons with |act(gate) * up| <= it skip their down
+        # row. Applied to every row, as the host's thresholded matmuls are.
+        self.down_threshold: float | None = None
         # Quality evaluation: apply the selector row by row in multi-token passes too (a
         # masked dense computation: the same sums as per-token sparse decoding, batched).
         self.sparse_rows = False
@@ -163,6 +169,11 @@ class HybridFFN(nn.Module):
             return self._compensate(sparse_ffn(x_host, self.cold, active))
         if x_host.shape[0] > 1 and self.sparse_rows and self.selector is not None:
             return self._compensate(masked_rows_ffn(x_host, self.cold, self.selector.mask(x_host)))
+        if self.down_threshold is not None:
+            out, kept = sparse_ffn_thresholded(x_host, self.cold, self.down_threshold)
+            if x_host.shape[0] == 1:
+                self.counters.cold_computed += int(kept[0])
+            return out
         if x_host.shape[0] == 1:
             self.counters.cold_computed += len(self.cold_idx)
         return sparse_ffn(x_host, self.cold)  # no index list: every cold neuron

@@ -79,6 +79,9 @@ class HybridModel:
             # Per layer, mean ms per decode token: hot side, cold side, the caller's wait.
             "layer_timing_ms": [layer.counters.timing_ms() for layer in self.layers],
             "sparsity": None if not known else round(1 - sum(known) / len(known), 4),
+            # Per layer, the profile's input threshold on the cold side's down input (None:
+            # the cold side computes every neuron it is given).
+            "cold_down_thresholds": [layer.down_threshold for layer in self.layers],
             "tier_attention_weights": attention_summary(self.attention),
         }
 

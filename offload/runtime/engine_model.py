@@ -47,15 +47,14 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     profile, path = _find_profile(loaded, options)
     quality = None if profile is None else _profile_quality(profile)
     input_sparsity, hybrid = None, None
-    if use_input_thresholds(profile, blocks, options):
+    thresholded = use_input_thresholds(profile, blocks, options)
+    if thresholded and options.gpu_budget is None:
         # GLU models: the profile thresholds matmul inputs rather than predicting neurons
-        input_sparsity = apply_input_sparsity(blocks, applied_thresholds(profile, options),
-                                              profile.meta.get("input_layout", "tiles"))
-        # the engine's thresholds are fixed: the tiles replace the file's copies of those
-        # matmuls, which need not stay resident beside them
-        input_sparsity.release_file_copies()
+        input_sparsity = _threshold_inputs(blocks, applied_thresholds(profile, options), profile)
     else:
         hybrid = _split_ffn(loaded, options, device, kv_plan, profile, blocks)
+        if thresholded and hybrid is not None:
+            _threshold_split(hybrid, profile)
     if blocks is not None:
         if hybrid is not None:
             blocks.use_ffns(hybrid.layers)
@@ -155,10 +154,32 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
 
 
 def use_input_thresholds(profile, blocks, options) -> bool:
-    """A profile with input thresholds runs them on the file-blocks runtime when no GPU tier
-    is asked for (the split's cold side takes predictors) and the FFNs are not forced dense."""
+    """A profile with input thresholds runs them on the file-blocks runtime unless the FFNs
+    are forced dense; with a GPU tier they compose with the split (`_threshold_split`)."""
     return (profile is not None and blocks is not None and "input_thresholds" in profile.meta
-            and options.gpu_budget is None and options.ffn_mode != "dense")
+            and options.ffn_mode != "dense")
+
+
+def _threshold_inputs(blocks: QuantModel, thresholds, profile):
+    """Run `thresholds` on the host's input-major tiles."""
+    runtime = apply_input_sparsity(blocks, thresholds, profile.meta.get("input_layout", "tiles"))
+    # the engine's thresholds are fixed: the tiles replace the file's copies of those matmuls,
+    # which need not stay resident beside them
+    runtime.release_file_copies()
+    return runtime
+
+
+def _threshold_split(hybrid: HybridModel, profile) -> None:
+    """Input thresholds beside a GPU-tier split (issue 18): each split layer's cold side
+    takes its down threshold and skips the down rows of the cold neurons it drops. It always
+    applies (whatever `input_pays` says of the host's tiles): the skip happens inside the
+    bundles' one stream, so it only removes reads and work. Layers with nothing hot run dense
+    on the file's blocks; attention's slots stay dense (a split model runs attention through
+    its own C++ call, which has no thresholded matmuls yet)."""
+    for layer, slots in zip(hybrid.layers, profile.meta["input_thresholds"]):
+        if slots.get("down") is not None and layer.cold is not None and layer.hot is not None \
+                and layer.selector is None:
+            layer.down_threshold = float(slots["down"])
 
 
 def applied_thresholds(profile, options) -> list[dict[str, float]]:
