@@ -82,12 +82,18 @@ class QTensor:
 class WeightStore:
     """Canonical tensor name -> QTensor, with errors that name the file and the tensor."""
 
-    def __init__(self, path: Path, tensors: dict[str, QTensor], in_ram: bool = False):
+    def __init__(self, path: Path, tensors: dict[str, QTensor], in_ram: bool = False,
+                 mapped: bool = False):
         self.path = Path(path)
         self._tensors = tensors
         # Where a file's bytes live: False, the memory map (the page cache's pages); True, a
         # copy in RAM on huge pages (GGUFFile.read_into_ram). Either way the file's blocks.
         self.in_ram = in_ram
+        # Whether the tensors are views of a file's memory map, whose pages the OS may take
+        # back and read again from the file (page_advice: released copies). False for a RAM
+        # copy and for tensors a library read into memory (safetensors' get_tensor): their
+        # released pages would read as zeros.
+        self.mapped = mapped
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -122,7 +128,7 @@ class WeightStore:
                 tensors.pop(name, None)
             else:
                 tensors[name] = tensor
-        return WeightStore(self.path, tensors, in_ram=self.in_ram)
+        return WeightStore(self.path, tensors, in_ram=self.in_ram, mapped=self.mapped)
 
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors.values())
@@ -133,4 +139,4 @@ class WeightStore:
             name: QTensor(torch.from_numpy(np.asarray(gguf.raw(name))), info.qtype, info.shape)
             for name, info in gguf.tensors.items()
         }
-        return cls(gguf.path, tensors, in_ram=gguf.in_ram)
+        return cls(gguf.path, tensors, in_ram=gguf.in_ram, mapped=not gguf.in_ram)

@@ -99,9 +99,12 @@ def _print_hybrid(hybrid: dict) -> None:
     print(f"ember: {hybrid['hot_fraction']:.1%} of FFN neurons hot on the GPU tier "
           f"({hybrid['gpu_tier_device']}, {hybrid['gpu_bytes'] / 2**20:.1f} MiB{of}){measured}",
           file=sys.stderr)
+    released = hybrid.get("file_bytes_released") or 0
+    let_go = "" if not released else \
+        f"; {released / 2**20:.1f} MiB of the mapped file's FFN pages let go"
     print(f"ember: cold FFN rows {hybrid['host_ffn_bytes'] / 2**20:.1f} MiB in host RAM "
           f"({hybrid['host_ffn_dtype']}); down made neuron-major for the split: "
-          f"{hybrid['down_neuron_major_bytes'] / 2**20:.1f} MiB of both sides' rows",
+          f"{hybrid['down_neuron_major_bytes'] / 2**20:.1f} MiB of both sides' rows{let_go}",
           file=sys.stderr)
     tier = [f"{kind} " + "/".join(f"{fmt} x{n}" for fmt, n in f["formats"].items())
             + f" (error {f['error_max']:.2%} at most)"

@@ -126,9 +126,10 @@ class InputSparsity:
 
         Only a memory-mapped file's pages are released: whoever else reads them (a second
         engine on the same loaded model, the self-drafter's layers, a float reference built
-        later) gets them back from the file. The pages of a copy in RAM would read as zeros
-        to those readers, so that copy is left whole (the tiles then cost their bytes again)."""
-        if getattr(self.model._file, "in_ram", False):
+        later) gets them back from the file. The pages of a copy in RAM (or of tensors a
+        library read into memory) would read as zeros to those readers, so that copy is left
+        whole (the tiles then cost their bytes again)."""
+        if not getattr(self.model._file, "mapped", False):
             return 0
         for key in self.layouts:
             if key not in self.released and self.thresholds[key[0]].get(key[1]) is not None:

@@ -29,6 +29,7 @@ from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn, sparse_ffn_th
 from ember.models.transformer import activate
 
 from .cpu_worker import CpuWorker
+from .file_cold import FileColdFFN
 from ..body.ffn_rows import as_rows
 from .tier_dtypes import TierChoice
 from .tier_transfer import TierTransfer
@@ -65,11 +66,12 @@ class LayerCounters:
 class HybridFFN(nn.Module):
     def __init__(self, layer: int, ffn_size: int, hot_idx: np.ndarray, cold_idx: np.ndarray,
                  hot: HotFFNWeights | None, cold: SparseFFNWeights | None, worker: CpuWorker,
-                 selector: Selector | None = None):
+                 selector: Selector | None = None, cold_file: FileColdFFN | None = None):
         super().__init__()
         self.layer, self.ffn_size = layer, ffn_size
         self.hot_idx, self.cold_idx = hot_idx, cold_idx
         self.hot, self.cold, self.worker = hot, cold, worker
+        self.cold_file = cold_file  # the cold side on the file's blocks, instead of bundles
         self.selector = selector
         # Compensation (hidden,) for GLU thresholding: the calibration mean of what the
         # skipped neurons would have added; applied whenever the cold side runs sparse.
@@ -111,10 +113,15 @@ class HybridFFN(nn.Module):
             if tier is not None:
                 formats, half = tier.formats(*rows.types()), tier.half
             hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu, formats, half)
+        cold_file = None
         if cold_idx.size and (bundles or hot_idx.size or selector is not None):
-            gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
-            cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation, cold_dtype)
-        return cls(layer, size, hot_idx, cold_idx, hot, cold, worker, selector)
+            if cold_dtype == "file" and FileColdFFN.fits(rows, selector is not None):
+                cold_file = FileColdFFN(rows, cold_idx)
+            else:  # bundles; "file" where the file's blocks cannot serve: int8 ones
+                gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
+                cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation,
+                                                  "int8" if cold_dtype == "file" else cold_dtype)
+        return cls(layer, size, hot_idx, cold_idx, hot, cold, worker, selector, cold_file)
 
     # -- the per-token path -------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,7 +133,7 @@ class HybridFFN(nn.Module):
             if x.shape[0] == 1:
                 self.counters.cold_computed += len(self.cold_idx)
             return dense(x.to("cpu")).to(x.device)
-        if self.cold is not None:
+        if self.has_cold_side:
             x_host = x if x.device.type == "cpu" else x.to("cpu")
             active = self.selector(x_host) if self.selector is not None and x.shape[0] == 1 else None
             pending = self.worker.submit(self._cold_side, x_host, active)
@@ -163,7 +170,16 @@ class HybridFFN(nn.Module):
             self.counters.cold_s += time.perf_counter() - t0
         return out
 
+    @property
+    def has_cold_side(self) -> bool:
+        return self.cold is not None or self.cold_file is not None
+
     def _cold_rows(self, x_host: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        if self.cold_file is not None:
+            out, kept = self.cold_file(x_host, self.down_threshold)
+            if x_host.shape[0] == 1:
+                self.counters.cold_computed += int(kept[0])
+            return out
         if active is not None:
             self.counters.cold_computed += int(active.numel())
             return self._compensate(sparse_ffn(x_host, self.cold, active))
@@ -205,6 +221,8 @@ class HybridFFN(nn.Module):
         return 0 if self.hot is None else self.hot.nbytes()
 
     def host_bytes(self) -> int:
+        if self.cold_file is not None:
+            return self.cold_file.nbytes
         return 0 if self.cold is None else self.cold.nbytes()
 
     def down_nm_bytes(self) -> int:
@@ -213,6 +231,8 @@ class HybridFFN(nn.Module):
         bundles' int8 rows and scales or fp32 rows)."""
         hot = 0 if self.hot is None else self.hot.down_nbytes()
         cold = 0 if self.cold is None else self.cold.nbytes() // self.cold.nrows
+        if self.cold_file is not None:
+            cold = self.cold_file.down.nbytes  # the file's down as tiles, hot columns too
         return hot + cold
 
 

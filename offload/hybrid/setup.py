@@ -18,22 +18,28 @@ from dataclasses import dataclass
 import torch
 
 from ember.kernels import q8_matmul
+from ember.models.errors import ConfigError
+from ember.models.heap import release_free_heap
 from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
+from ..body.input_sparsity import release_pages
 from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 from .tier_dtypes import TierChoice, dtype_name
 
-COLD_DTYPES = ("fp32", "int8")
+COLD_DTYPES = ("fp32", "int8", "file")  # "file": GLU layers on the file's blocks (file_cold.py)
 COLD_CHOICES = ("auto",) + COLD_DTYPES
 
 
 def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
     """"auto": int8 bundles (a quarter of the float32 bytes) when the C++ kernels are built
     and --weights is not fp32; fp32 bundles when the float32 reference is asked for or there
-    are no kernels."""
+    are no kernels. "file": GLU layers' cold rows stay in the file's blocks (file_cold.py)."""
+    if choice == "file" and weights == "fp32":
+        raise ConfigError("--cold-dtype file keeps the cold rows in the file's blocks, which "
+                          "--weights fp32 does not run on; use --cold-dtype fp32 or int8")
     if choice != "auto":
         return choice
     return "int8" if weights != "fp32" and q8_matmul.available() else "fp32"
@@ -48,10 +54,11 @@ class HybridModel:
     layers: list[HybridFFN]
     worker: CpuWorker
     gpu: torch.device  # the GPU tier's device (the CPU when there is no GPU)
-    cold_dtype: str = "fp32"  # the cold bundles' rows: "fp32" or "int8"
+    cold_dtype: str = "fp32"  # the cold side's rows: "fp32" or "int8" bundles, or "file"
     # Per layer, attention's weights on the tier (kernels/tier_attention.py), when the
     # file-blocks runtime moved them there (QuantModel.use_tier_attention)
     attention: list | None = None
+    file_bytes_released: int = 0  # mapped file pages the cold side's copies replaced
 
     @property
     def attention_device(self) -> torch.device:
@@ -60,6 +67,14 @@ class HybridModel:
     def reset_counters(self) -> None:
         for layer in self.layers:
             layer.counters.reset()
+
+    def cold_kinds(self) -> str:
+        """What the cold sides hold: "file", "int8" or "fp32", or several joined by "+"
+        (`--cold-dtype file` keeps bundles where the file's blocks cannot serve: a layer a
+        predictor gates, a plain MLP, a type the tiles lack)."""
+        kinds = sorted({"file" if layer.cold_file is not None else layer.cold.dtype
+                        for layer in self.layers if layer.has_cold_side})
+        return "+".join(kinds) if kinds else self.cold_dtype
 
     def report(self) -> dict:
         """The plan plus what the layers computed since the last reset."""
@@ -71,7 +86,7 @@ class HybridModel:
             "gpu_ffn_bytes": sum(layer.gpu_bytes() for layer in self.layers),
             "gpu_ffn_bytes_per_layer": [layer.gpu_bytes() for layer in self.layers],
             "host_ffn_bytes": sum(layer.host_bytes() for layer in self.layers),
-            "host_ffn_dtype": self.cold_dtype,
+            "host_ffn_dtype": self.cold_kinds(),
             "gpu_ffn_formats": tier_summary(self.layers),
             # Of both sides' bytes: down made neuron-major (derived from the file, not a view).
             "down_neuron_major_bytes": sum(layer.down_nm_bytes() for layer in self.layers),
@@ -82,6 +97,8 @@ class HybridModel:
             # Per layer, the profile's input threshold on the cold side's down input (None:
             # the cold side computes every neuron it is given).
             "cold_down_thresholds": [layer.down_threshold for layer in self.layers],
+            # The mapped file's FFN pages let go where the cold side holds the file's blocks.
+            "file_bytes_released": self.file_bytes_released,
             "tier_attention_weights": attention_summary(self.attention),
         }
 
@@ -154,7 +171,7 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                ungated: list[bool] | None = None, tier: TierChoice | None = None,
                attention_movable: bool = True, attention_dtype: torch.dtype | None = None,
                extras_movable: bool = True, need_attention: str | None = None,
-               host_reads=None) -> HybridModel:
+               host_reads=None, release_file_pages: bool = False) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
     shared: `ffns` are per layer float FeedForwards or row sources (offload/body/ffn_rows.py, e.g.
     the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
@@ -166,11 +183,11 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
     False: the LM head and predictors stay on the host. `need_attention`: the flag that
     asked for attention on the tier, an error (naming it) when the budget cannot hold it;
     `host_reads` (host_reads.HostReads): attention moves only where it pays.
+    `release_file_pages`: a layer whose cold side holds the file's blocks (`--cold-dtype
+    file`) lets the mapped file's pages of its FFN go once split (not for a copy in RAM).
 
     The LM head is charged at fp32 (what a GPU tier would hold)."""
     if cold_dtype not in COLD_CHOICES:
-        from ember.models.errors import ConfigError
-
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "
                           f"{', '.join(COLD_CHOICES)}")
     cold_dtype = resolve_cold_dtype(cold_dtype)
@@ -185,7 +202,7 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
     if need_attention and not plan.attention_on_gpu:
         _no_room_for_attention(plan, need_attention)
     worker = CpuWorker()
-    layers = []
+    layers, released = [], 0
     for i, ffn in enumerate(ffns):
         rows = as_rows(ffn)
         try:  # one layer's derived rows at a time (the file's down, made neuron-major)
@@ -194,14 +211,21 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                                      bundles=ungated is None or not ungated[i], tier=tier)
         finally:
             rows.release()
+            # The split passed through float rows (the file's down dequantized: 180 MB a
+            # layer on a 7B): freed, but glibc would keep that heap resident, layer after
+            # layer, for the whole session.
+            release_free_heap()
+        if release_file_pages and hybrid.cold_file is not None and hybrid.hot is not None:
+            # Both sides hold copies of the file's rows now: let the OS take back the mapped
+            # pages, layer by layer (a reader who needs them again gets them from the file).
+            released += sum(release_pages(t.raw) for t in (*rows.gate_up, rows.down))
         # A plain attribute, not a submodule: `.to(device)` never moves the dense twin.
         object.__setattr__(hybrid, "source", rows.dense)
         layers.append(hybrid)
-    return HybridModel(plan, layers, worker, gpu, cold_dtype)
+    return HybridModel(plan, layers, worker, gpu, cold_dtype, file_bytes_released=released)
 
 
 def _no_room_for_attention(plan: MemoryPlan, flag: str):
-    from ember.models.errors import ConfigError
     from ember.models.sizes import format_size
 
     s = plan.sizes

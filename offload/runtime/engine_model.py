@@ -145,7 +145,10 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
                             attention_movable=attention is not None, attention_dtype=attention,
                             extras_movable=False,
                             need_attention=f"--tier-attention {options.tier_attention}"
-                            if named else None, **how)
+                            if named else None,
+                            # only a map's pages: a copy's would read as zeros
+                            release_file_pages=getattr(blocks._file, "mapped", False),
+                            **how)
     else:
         hybrid = build_hybrid(loaded.model, budget, device, kv_bytes, **how)
     if sparse:
@@ -177,7 +180,7 @@ def _threshold_split(hybrid: HybridModel, profile) -> None:
     on the file's blocks; attention's slots stay dense (a split model runs attention through
     its own C++ call, which has no thresholded matmuls yet)."""
     for layer, slots in zip(hybrid.layers, profile.meta["input_thresholds"]):
-        if slots.get("down") is not None and layer.cold is not None and layer.hot is not None \
+        if slots.get("down") is not None and layer.has_cold_side and layer.hot is not None \
                 and layer.selector is None:
             layer.down_threshold = float(slots["down"])
 

@@ -121,9 +121,13 @@ def builds_float_model(source: ModelSource, options, device: torch.device) -> bo
     return not runs_on_file_blocks(options, device)
 
 
+FFN_MATRICES = (".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight")
+
+
 def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     """Host RAM a hybrid split on the file's blocks adds, at most: every neuron's cold bundle
-    (derived rows, memory_plan.cold_neuron_bytes) plus, when the GPU tier is this CPU, its
+    (derived rows, memory_plan.cold_neuron_bytes; with --cold-dtype file, the file's FFN
+    bytes: its cold rows copied and its down as tiles) plus, when the GPU tier is this CPU, its
     hot rows (within --gpu-budget; bounded by float32 rows), or the whole budget when
     `--tier-attention` puts attention there too. 0 without a split."""
     from ..hybrid.setup import resolve_cold_dtype
@@ -133,8 +137,13 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
         return 0
     cfg = source.config
     neurons = cfg.n_layers * cfg.ffn_size
-    cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated,
-                                       resolve_cold_dtype(options.cold_dtype, options.weights))
+    cold_dtype = resolve_cold_dtype(options.cold_dtype, options.weights)
+    if cold_dtype == "file" and cfg.gated:  # the file's gate/up rows and down tiles
+        cold = sum(source.weights.get(n).nbytes for n in source.weights.names()
+                   if n.startswith("blk.") and n.endswith(FFN_MATRICES))
+    else:  # bundles ("file" on a plain MLP falls back to int8 ones)
+        cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated,
+                                           "int8" if cold_dtype == "file" else cold_dtype)
     hot = 0
     if device.type == "cpu" and options.gpu_budget is not None:
         hot = min(options.gpu_budget, neurons * neuron_bytes(cfg.hidden_size, cfg.gated))
