@@ -154,6 +154,18 @@ def test_plan_order_attention_then_head_then_ffn(tiny_models):
     assert plan_memory(cfg, BIG, sizes).placement.total_hot_fraction() == 1.0
 
 
+def test_a_placement_with_nothing_hot_is_no_preference(tiny_models):
+    """A profile made without a budget places nothing hot (input-threshold profiles always):
+    with a budget at run time the FFN share is spread as with no profile, not left unused."""
+    cfg = tiny_models["gemma3"][0]
+    sizes = _sizes(cfg)
+    budget = workspace_bytes(cfg) + 60_000
+    cold = Placement.uniform((cfg.ffn_size,) * cfg.n_layers, 0.0)
+    with_it = plan_memory(cfg, budget, sizes, preferred=cold).placement
+    without = plan_memory(cfg, budget, sizes).placement
+    assert with_it.total_hot_fraction() == without.total_hot_fraction() > 0
+
+
 def test_impossible_budgets_are_clear_errors(tiny_models):
     cfg = tiny_models["gemma3"][0]
     with pytest.raises(ConfigError, match="below the minimum"):

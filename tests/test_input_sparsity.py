@@ -364,17 +364,16 @@ def test_payoff_keeps_the_slots_that_beat_dense_and_applies_only_those():
 
 @needs_native
 def test_thresholds_compose_with_a_gpu_tier_split(capsys, tmp_path, tiny_models, text_file):
-    """A threshold profile's down thresholds on a GPU-tier split's cold side: the cold
-    neurons whose act(gate) * up is at or under the threshold skip their down row, hot
-    neurons stay whole, and decoding realizes it in the report. (The split is the even one:
-    on this tiny model the profile's placement solver keeps every layer dense.)"""
+    """`--gpu-budget` with a threshold profile (made without a budget: it places nothing hot)
+    splits every layer by the budget, and each split layer's cold side takes the profile's
+    down threshold: the cold neurons whose act(gate) * up is at or under it skip their down
+    row, hot neurons stay whole, and decoding realizes it in the report."""
     from ember.app.cli import main
     from ember.kernels.hot_ffn import hot_ffn
     from ember.kernels.sparse_ffn import sparse_ffn_thresholded_reference
     from ember.offload.decode.sampler import GREEDY
     from ember.offload.hybrid.memory_plan import workspace_bytes
     from ember.offload.runtime.engine import Engine
-    from ember.offload.runtime.engine_model import _threshold_split
     from ember.offload.runtime.engine_options import EngineOptions
     from ember.offload.runtime.profile_file import load_profile
 
@@ -385,34 +384,38 @@ def test_thresholds_compose_with_a_gpu_tier_split(capsys, tmp_path, tiny_models,
     capsys.readouterr()
     loaded = load_model(path)
     profile = load_profile(out, loaded.config, loaded.source.fingerprint)
+    assert profile.placement.total_hot_fraction() == 0
     downs = [layer.get("down") for layer in profile.meta["input_thresholds"]]
     assert any(downs), "the profile should threshold some layer's down input"
     budget = workspace_bytes(loaded.config) + 60_000  # some neurons hot, most cold
-    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget))
-    try:
-        layers = engine.hybrid.layers
-        assert all(layer.hot is not None and layer.cold is not None for layer in layers)
-        _threshold_split(engine.hybrid, profile)
-        assert [layer.down_threshold for layer in layers] == downs
-        layer = next(layer for layer in layers if layer.down_threshold)
-        x = torch.randn(3, loaded.config.hidden_size, generator=torch.Generator().manual_seed(4))
-        cold, kept = sparse_ffn_thresholded_reference(x, layer.cold, layer.down_threshold)
-        assert 0 < int(kept.sum()) < 3 * len(layer.cold_idx)
-        torch.testing.assert_close(layer(x), hot_ffn(x, layer.hot) + cold, rtol=1e-4, atol=1e-5)
-        engine.generate(engine.encode("the cat"), sampling=GREEDY, max_tokens=6, ignore_eos=True)
-        report = engine.hybrid_report()
-        assert report["cold_down_thresholds"] == downs
-        assert all(f < 1.0 for f, t in zip(report["computed_fraction_per_layer"], downs) if t)
-    finally:
-        engine.close()
-    # Through the engine's options: thresholds reach split layers only, never with dense FFNs.
-    for mode in ("sparse", "dense"):
+    for cold_dtype in ("int8", "file"):
         engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget,
-                                              profile=str(out), ffn_mode=mode))
+                                              profile=str(out), ffn_mode="sparse",
+                                              cold_dtype=cold_dtype))
         try:
-            for layer in engine.hybrid.layers:
-                split = layer.hot is not None and layer.cold is not None
-                want = downs[layer.layer] if split and mode == "sparse" else None
-                assert layer.down_threshold == want
+            layers = engine.hybrid.layers
+            assert all(layer.hot is not None and layer.has_cold_side for layer in layers)
+            assert [layer.down_threshold for layer in layers] == downs
+            layer = next(layer for layer in layers if layer.down_threshold)
+            if cold_dtype == "int8":  # the bundles' side against its plain reference
+                x = torch.randn(3, loaded.config.hidden_size,
+                                generator=torch.Generator().manual_seed(4))
+                cold, kept = sparse_ffn_thresholded_reference(x, layer.cold,
+                                                              layer.down_threshold)
+                assert 0 < int(kept.sum()) < 3 * len(layer.cold_idx)
+                torch.testing.assert_close(layer(x), hot_ffn(x, layer.hot) + cold, rtol=1e-4,
+                                           atol=1e-5)
+            engine.generate(engine.encode("the cat"), sampling=GREEDY, max_tokens=6,
+                            ignore_eos=True)
+            report = engine.hybrid_report()
+            assert report["cold_down_thresholds"] == downs
+            assert report["host_ffn_dtype"] == cold_dtype
+            assert all(f < 1.0 for f, t in zip(report["computed_fraction_per_layer"], downs) if t)
         finally:
             engine.close()
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget,
+                                         profile=str(out), ffn_mode="dense"))
+    try:
+        assert all(layer.down_threshold is None for layer in dense.hybrid.layers)
+    finally:
+        dense.close()

@@ -250,7 +250,8 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
 
     Args:
         preferred: hot neurons a profile asks for (used as is when it fits the FFN share,
-            else cut down hottest-first); None spreads the FFN share evenly over layers.
+            else cut down hottest-first); None, or one with nothing hot (a profile made
+            without a budget), spreads the FFN share evenly over layers.
         neuron_order: per layer, neurons hottest first (from a profile) for cutting down.
         choose: (room in bytes, per-layer bytes of a hot neuron) -> Placement (a solver
             over a profile's statistics); takes precedence over `preferred` under split "auto".
@@ -305,7 +306,9 @@ def _hot_neurons(ffn_sizes, sizes: ComponentBytes, room: int, split: str,
     if split == "gpu-only":
         fits = sum(sizes.hot_bytes(i, n) for i, n in enumerate(ffn_sizes)) <= room
         return Placement.uniform(ffn_sizes, 1.0 if fits else 0.0)
-    if preferred is not None:
+    # A profile made without a GPU budget places nothing hot (an input-threshold profile
+    # always): that is no preference, and the budget is spread as below, hottest first.
+    if preferred is not None and preferred.total_hot_fraction() > 0:
         if preferred.ffn_sizes != ffn_sizes:
             raise ConfigError(f"the placement is for FFN sizes {preferred.ffn_sizes[:3]}..., "
                               f"this model has {ffn_sizes[:3]}...")
