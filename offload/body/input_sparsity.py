@@ -12,14 +12,13 @@ decoding (not an offline estimate), and the bytes a token reads follow from them
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass, field
 
 import torch
 
 from ember.kernels import input_sparse as isp
 from ember.kernels import tile_layout as tl
-from ember.kernels.page_advice import DONTNEED, madvise
+from ember.kernels.page_advice import release_pages
 from ember.kernels.decoder_step import DecoderLayer
 from ember.models import quants
 from ember.models.errors import ConfigError
@@ -160,18 +159,6 @@ class InputSparsity:
                     header, run = tl.header_and_run_bytes(w.qtype, *w.shape)
                     sparse += header + run * w.shape[1] * int(st[0]) / int(st[1])
         return int(dense), int(sparse)
-
-
-def release_pages(t: torch.Tensor) -> int:
-    """madvise(MADV_DONTNEED) the whole pages inside tensor `t`'s bytes; returns how many
-    bytes that covered (0 where the platform has no madvise)."""
-    page = mmap.PAGESIZE
-    start = t.data_ptr()
-    lo = -(-start // page) * page
-    hi = (start + t.numel() * t.element_size()) // page * page
-    if hi <= lo or not madvise(lo, hi - lo, DONTNEED):
-        return 0
-    return hi - lo
 
 
 def _check_types(model, thresholds: Thresholds) -> None:

@@ -41,7 +41,6 @@ class FileColdFFN:
         self.cold_idx = idx
         self.gate_up = [t.select_rows(idx) for t in rows.gate_up]  # verbatim row bytes
         self.down = isp.relayout(rows.down)  # (hidden, ffn) input-major: every neuron's column
-        self.stats = torch.zeros(2, dtype=torch.int64)  # [inputs kept, seen] over calls
 
     @staticmethod
     def fits(rows, has_selector: bool) -> bool:

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from ember.kernels import q8_matmul
+from ember.kernels.page_advice import release_pages
 from ember.models.errors import ConfigError
 from ember.models.heap import release_free_heap
 from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
-from ..body.input_sparsity import release_pages
 from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 from .tier_dtypes import TierChoice, dtype_name

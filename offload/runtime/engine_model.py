@@ -175,10 +175,12 @@ def _threshold_inputs(blocks: QuantModel, thresholds, profile):
 def _threshold_split(hybrid: HybridModel, profile) -> None:
     """Input thresholds beside a GPU-tier split (issue 18): each split layer's cold side
     takes its down threshold and skips the down rows of the cold neurons it drops. It always
-    applies (whatever `input_pays` says of the host's tiles): the skip happens inside the
-    bundles' one stream, so it only removes reads and work. Layers with nothing hot run dense
-    on the file's blocks; attention's slots stay dense (a split model runs attention through
-    its own C++ call, which has no thresholded matmuls yet)."""
+    applies (whatever `input_pays` says of the host's matmuls): on bundles the skip happens
+    inside each neuron's one stream, and the file cold side reads its down tiles input-sparse
+    anyway (the hot inputs are skipped), so either way it only removes reads and work.
+    Layers with nothing hot run dense on the file's blocks; attention's slots stay dense (a
+    split model runs attention through its own C++ call, which has no thresholded matmuls
+    yet)."""
     for layer, slots in zip(hybrid.layers, profile.meta["input_thresholds"]):
         if slots.get("down") is not None and layer.has_cold_side and layer.hot is not None \
                 and layer.selector is None:
