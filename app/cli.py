@@ -60,9 +60,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "profile calibrated), auto (sparse when a profile is found; on GLU "
                         "models only the thresholds its timing found to speed decoding up)")
     p.add_argument("--cold-dtype", default="auto", choices=("auto", "fp32", "int8", "file"),
-                   help="host-side FFN rows of a split or sparse FFN: fp32 (exact), int8 (a "
-                        "quarter of the bytes), file (GLU layers keep the file's own blocks: "
-                        "no second copy at 8.5 bits) or auto (int8 unless --weights fp32)")
+                   help="host-side FFN rows of a split or sparse FFN: file (GLU layers no "
+                        "predictor gates keep the file's own blocks, the others int8 "
+                        "bundles), int8 bundles, fp32 bundles (exact), or auto (file unless "
+                        "--weights fp32)")
     # Checked by EngineOptions, which says what to use instead of a removed choice (q8).
     p.add_argument("--weights", default="auto", metavar="{auto,fp32}",
                    help="auto: the file's own blocks, as stored (the float32 model is "

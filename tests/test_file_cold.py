@@ -79,8 +79,10 @@ def test_a_split_layer_with_the_file_cold_side_adds_up_to_the_dense_ffn(tiny_q4_
     worker = CpuWorker()
     try:
         for hot in (np.arange(0, rows.ffn_size, 3), np.arange(0, rows.ffn_size, 7)):
-            split = HybridFFN.split(rows, 1, hot, CPU, worker, "file")
+            split = HybridFFN.split(rows, 1, hot, CPU, worker, "file", bundles=False)
             assert split.cold_file is not None and split.cold is None
+            gated = HybridFFN.split(rows, 1, hot, CPU, worker, "file")  # a selector may come
+            assert gated.cold_file is None and gated.cold.dtype == "int8"
             want = dense(x)
             err = (split(x) - want).abs().max() / want.abs().max()
             assert err < 0.03, err
@@ -93,7 +95,8 @@ def test_an_engine_with_the_file_cold_side(tiny_q4_k_m):
     want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
                                   PROMPT, 8)
     budget = workspace_bytes(loaded.config) + 300_000  # every layer has hot and cold neurons
-    bundles = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget))
+    bundles = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
+                                           cold_dtype="int8"))
     options = EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget, cold_dtype="file")
     engine = Engine(loaded, options)
     try:

@@ -290,8 +290,9 @@ def test_generate_with_gpu_budget_reports_the_split(capsys, tiny_gemma_gguf):
     assert len(hybrid["hot_fraction_per_layer"]) == 6 and 0 < hybrid["hot_fraction"] < 1
     assert hybrid["gpu_bytes"] <= 1_000_000
     assert result["token_ids"] == dense["token_ids"] and dense["hybrid"] is None
-    # What the split derived from the file: the cold bundles, and down made neuron-major.
-    assert hybrid["host_ffn_bytes"] > 0 and hybrid["host_ffn_dtype"] in ("int8", "fp32")
+    # What the split holds on the host: the cold side (on a GLU model, by default the
+    # file's blocks), and down made neuron-major.
+    assert hybrid["host_ffn_bytes"] > 0 and hybrid["host_ffn_dtype"] in ("file", "int8", "fp32")
     assert 0 < hybrid["down_neuron_major_bytes"] < hybrid["host_ffn_bytes"] + hybrid["gpu_bytes"]
 
 
@@ -339,10 +340,14 @@ def test_batched_sparse_evaluation_equals_token_by_token_decoding(tiny_models):
         restore_dense(model)
 
 
-def test_cold_rows_default_to_int8_unless_the_body_is_float32():
+def test_cold_rows_default_to_the_files_blocks_unless_the_body_is_float32():
     from ember.kernels import q8_matmul
+    from ember.offload.hybrid.ffn import bundle_dtype
     from ember.offload.hybrid.setup import resolve_cold_dtype
 
-    assert resolve_cold_dtype("auto", "auto") == ("int8" if q8_matmul.available() else "fp32")
+    assert resolve_cold_dtype("auto", "auto") == ("file" if q8_matmul.available() else "fp32")
     assert resolve_cold_dtype("auto", "fp32") == "fp32"
     assert resolve_cold_dtype("fp32", "auto") == "fp32" and resolve_cold_dtype("int8", "fp32") == "int8"
+    assert bundle_dtype("file") == "int8" and bundle_dtype("fp32") == "fp32"
+    with pytest.raises(ConfigError, match="--cold-dtype file"):
+        resolve_cold_dtype("file", "fp32")

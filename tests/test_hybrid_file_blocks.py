@@ -118,7 +118,9 @@ def test_a_hybrid_split_runs_on_the_file_blocks(tiny_q4_k_m):
     loaded = load_model(tiny_q4_k_m[2])
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
     want_tokens, gaps = greedy_with_gaps(dense, PROMPT, 8)
-    options = EngineOptions(device="cpu", n_ctx=64, gpu_budget=_split_budget(loaded.config))
+    # The int8 bundles' cold side (the default, the file's blocks, is tests/test_file_cold.py's)
+    options = EngineOptions(device="cpu", n_ctx=64, gpu_budget=_split_budget(loaded.config),
+                            cold_dtype="int8")
     assert not builds_float_model(loaded.source, options, CPU)
     assert split_rows_bytes(loaded.source, options, CPU) > 0  # charged by the memory check
     hybrid = Engine(loaded, options)
@@ -205,14 +207,21 @@ def test_a_sparse_profile_runs_on_the_file_blocks(tmp_path, tiny_q4_k_m):
     # A selective one computes fewer cold neurons (layer 0 has no predictor: dense), and
     # still decodes the tokens its own T-row passes agree with.
     some = _profile(loaded, 0.5).save(tmp_path / "some.safetensors")
-    eng = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, profile=str(some),
-                                       gpu_budget=_split_budget(loaded.config)))
-    try:
-        _greedy(eng)
-        computed = eng.hybrid_report()["computed_fraction_per_layer"]
-        assert computed[0] == 1.0 and all(c < 1.0 for c in computed[1:])
-    finally:
-        eng.close()
+    for cold_dtype in ("int8", "file"):
+        eng = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, profile=str(some),
+                                           gpu_budget=_split_budget(loaded.config),
+                                           cold_dtype=cold_dtype))
+        try:
+            _greedy(eng)
+            computed = eng.hybrid_report()["computed_fraction_per_layer"]
+            assert computed[0] == 1.0 and all(c < 1.0 for c in computed[1:])
+            # Predictors gate bundles: "file" keeps the file's blocks only where none gates.
+            layers = eng.hybrid.layers
+            assert all(layer.selector is not None and layer.cold is not None
+                       for layer in layers[1:])
+            assert (layers[0].cold_file is not None) == (cold_dtype == "file")
+        finally:
+            eng.close()
     assert loaded._model is None  # the float32 model was never built
 
 

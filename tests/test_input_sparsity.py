@@ -419,3 +419,37 @@ def test_thresholds_compose_with_a_gpu_tier_split(capsys, tmp_path, tiny_models,
         assert all(layer.down_threshold is None for layer in dense.hybrid.layers)
     finally:
         dense.close()
+
+
+def test_an_input_threshold_profile_splits_nothing(tmp_path, tiny_models):
+    """A profile of input thresholds runs on the unsplit model: it leaves the RAM copy and
+    the memory check as without a profile; a predictor profile splits (read from the
+    header alone; an unreadable file says nothing and counts as splitting)."""
+    from ember.models.loader import open_model
+    from ember.offload.runtime.engine_options import EngineOptions
+    from ember.offload.runtime.profile_file import Profile, thresholds_inputs
+    from ember.offload.runtime.resources import gated_by_predictors, splits_ffns
+    from ember.placement.layout import Placement
+
+    source = open_model(tiny_models["llama-silu_glu"][2])
+    cfg = source.config
+
+    def profile(meta: dict, name: str):
+        return Profile(source.fingerprint, cfg.name, cfg.n_layers, cfg.hidden_size,
+                       cfg.ffn_size, [torch.ones(cfg.ffn_size) for _ in range(cfg.n_layers)],
+                       Placement.uniform((cfg.ffn_size,) * cfg.n_layers, 0.0), {},
+                       meta).save(tmp_path / name)
+
+    inputs = profile({"input_thresholds": [{"down": 0.1}] * cfg.n_layers}, "inputs.st")
+    predictors = profile({"activation_thresholds": [0.0] * cfg.n_layers}, "predictors.st")
+    junk = tmp_path / "junk.st"
+    junk.write_bytes(b"\xff" * 64)
+    assert (thresholds_inputs(inputs), thresholds_inputs(predictors),
+            thresholds_inputs(junk), thresholds_inputs(tmp_path / "none")) == \
+        (True, False, None, None)
+    options = EngineOptions(device="cpu", profile=str(inputs))
+    assert not splits_ffns(source, options) and not gated_by_predictors(source, options)
+    assert splits_ffns(source, EngineOptions(device="cpu", profile=str(inputs), gpu_budget=1 << 30))
+    for path in (predictors, junk):
+        options = EngineOptions(device="cpu", profile=str(path))
+        assert splits_ffns(source, options) and gated_by_predictors(source, options)

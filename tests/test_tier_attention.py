@@ -363,10 +363,11 @@ def test_the_memory_check_counts_the_whole_budget_when_attention_shares_it(tiny_
     source = open_model(tiny_q4_k_m[2])
     cfg, cpu, budget = source.config, torch.device("cpu"), 1 << 30
     neurons = cfg.n_layers * cfg.ffn_size
-    cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated, resolve_cold_dtype("auto"))
+    cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated, resolve_cold_dtype("int8"))
 
     def extra(tier):
-        opts = EngineOptions(device="cpu", gpu_budget=budget, tier_attention=tier)
+        opts = EngineOptions(device="cpu", gpu_budget=budget, tier_attention=tier,
+                             cold_dtype="int8")
         return resources.split_rows_bytes(source, opts, cpu)
 
     assert extra("host") == cold + neurons * neuron_bytes(cfg.hidden_size, cfg.gated) < budget

@@ -19,7 +19,7 @@ def run(args) -> int:
     s["memory"]["weights_in"] = _weights_in(source)
     plan = _gpu_plan(source.config, args, source)
     if plan is not None:
-        rows, dtype = _host_rows(source.config, plan)
+        rows, dtype = _host_rows(source, plan)
         s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
                          "tier_conversion_error": _tier_errors(source.config, source, plan),
                          "attention_conversion_error": _attention_errors(source, plan)}
@@ -58,7 +58,7 @@ def run(args) -> int:
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
           "--weights fp32 or a GPU device)")
     if plan is not None:
-        print("\n".join("  " + line for line in plan.describe(_host_rows(source.config, plan))))
+        print("\n".join("  " + line for line in plan.describe(_host_rows(source, plan))))
         err = s["gpu_plan"]["tier_conversion_error"]
         print(f"    conversion error against the file's rows (64 rows of the first, middle and "
               f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
@@ -114,13 +114,29 @@ def _chat_formats(source) -> dict:
             "why": why, "available": [f for f in CHAT_FORMATS if f != "auto" and works(f)]}
 
 
-def _host_rows(cfg, plan) -> tuple[int, str]:
-    """(bytes, dtype) of the cold FFN bundles an engine with default options derives: int8
-    with the C++ kernels (asking whether they are built would build them, and `info` must
-    stay quick)."""
+def _host_rows(source, plan) -> tuple[int, str]:
+    """(bytes, kind) of the host side an engine with default options holds beside the file,
+    assuming the C++ kernels are built (asking would build them, and `info` must stay quick):
+    on a GLU model each split layer's cold gate/up rows in the file's blocks and its down as
+    tiles ("file"); else int8 bundles of the cold neurons."""
+    from ember.models.errors import ModelFormatError
     from ember.offload.hybrid.memory_plan import host_ffn_bytes
 
-    return host_ffn_bytes(cfg, plan.placement, "int8"), "int8"
+    cfg, placement = source.config, plan.placement
+    bundles = host_ffn_bytes(cfg, placement, "int8"), "int8"
+    if not cfg.gated:
+        return bundles
+    total = 0
+    try:
+        for i in range(cfg.n_layers):
+            size, hot = placement.ffn_sizes[i], placement.hot_count(i)
+            if 0 < hot < size:  # a split layer (one with nothing hot runs on the file itself)
+                nbytes = {n: source.weights.get(f"blk.{i}.ffn_{n}.weight").nbytes
+                          for n in ("gate", "up", "down")}
+                total += (nbytes["gate"] + nbytes["up"]) * (size - hot) // size + nbytes["down"]
+    except ModelFormatError:  # a fused gate/up (Phi-3): count bundles, the larger
+        return bundles
+    return total, "file"
 
 
 def _gpu_plan(cfg, args, source=None):

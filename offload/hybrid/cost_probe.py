@@ -21,7 +21,7 @@ from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
 from ember.models.transformer import FeedForward
 
 from .cpu_worker import CpuWorker
-from .setup import resolve_cold_dtype
+from .setup import bundle_dtype, resolve_cold_dtype
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,11 @@ def measure_costs(ffn: FeedForward, gpu: torch.device, reps: int = 15,
         "down": ffn.down.contiguous(),
     }
     x = torch.randn(1, rows["up"].shape[1])
+    # Bundles, as the layers predictors gate hold them (int8 for "file", whose ungated
+    # layers the solver prices alike: an approximation on the cautious side, as the file's
+    # blocks read fewer bytes).
     cold = SparseFFNWeights.from_rows(rows["gate"], rows["up"], rows["down"], ffn.activation,
-                                      resolve_cold_dtype(cold_dtype))
+                                      bundle_dtype(resolve_cold_dtype(cold_dtype)))
     t = {n: _median_ms(lambda n=n: sparse_ffn(x, cold, torch.arange(n)), reps) for n in (lo, hi)}
     cpu_slope, cpu_base = _line(lo, t[lo], hi, t[hi])
 

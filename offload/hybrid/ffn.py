@@ -39,6 +39,11 @@ from .tier_transfer import TierTransfer
 Selector = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
+def bundle_dtype(cold_dtype: str) -> str:
+    """The cold bundles' type under --cold-dtype (the layers "file" cannot serve get int8)."""
+    return "int8" if cold_dtype == "file" else cold_dtype
+
+
 @dataclass
 class LayerCounters:
     """What one layer computed, for the sparsity report."""
@@ -97,9 +102,11 @@ class HybridFFN(nn.Module):
         weights on the host) or a row source (offload/body/ffn_rows.py: the file's blocks).
         `tier`: the hot rows' formats by file type (None: float32).
 
-        bundles=False: no cold bundles when nothing is hot, for a layer no selector will
-        gate; it runs its dense twin (`source`) and the bundles would be derived bytes
-        never read."""
+        bundles=False: a layer no selector will gate. With nothing hot it gets no cold side
+        (it runs its dense twin, `source`, and bundles would be derived bytes never read);
+        with cold_dtype "file" its cold side may keep the file's blocks (file_cold.py),
+        which compute every cold neuron. A layer a selector gates, now or later, keeps
+        bundles, which compute the selected neurons only."""
         rows = as_rows(ffn)
         size = rows.ffn_size
         hot_idx = np.asarray(hot_idx, dtype=np.int64)
@@ -115,12 +122,13 @@ class HybridFFN(nn.Module):
             hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu, formats, half)
         cold_file = None
         if cold_idx.size and (bundles or hot_idx.size or selector is not None):
-            if cold_dtype == "file" and FileColdFFN.fits(rows, selector is not None):
+            if cold_dtype == "file" and not bundles and \
+                    FileColdFFN.fits(rows, selector is not None):
                 cold_file = FileColdFFN(rows, cold_idx)
             else:  # bundles; "file" where the file's blocks cannot serve: int8 ones
                 gate, up, down_nm = rows.neuron_rows(torch.from_numpy(cold_idx))
                 cold = SparseFFNWeights.from_rows(gate, up, down_nm, rows.activation,
-                                                  "int8" if cold_dtype == "file" else cold_dtype)
+                                                  bundle_dtype(cold_dtype))
         return cls(layer, size, hot_idx, cold_idx, hot, cold, worker, selector, cold_file)
 
     # -- the per-token path -------------------------------------------------------------

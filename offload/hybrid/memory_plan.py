@@ -220,7 +220,8 @@ class MemoryPlan:
 
     def describe(self, host_ffn: tuple[int, str] | None = None) -> list[str]:
         """Human-readable lines for `ember info --gpu-budget` and `generate --verbose`;
-        `host_ffn`: (bytes, dtype) of the cold bundles, when known, for one more line."""
+        `host_ffn`: (bytes, kind: "file" or the bundles' type) of the host side, when known,
+        for one more line."""
         lines = [f"GPU tier budget {format_size(self.budget)} ({self.split}): "
                  f"{format_size(self.gpu_bytes)} planned"]
         for name, n in self.charges().items():
@@ -236,7 +237,11 @@ class MemoryPlan:
                               for kind, c in self.format_counts().items())
             lines.append(f"  hot rows held as {kinds} (layers); "
                          f"{self.hot_parameters / 1e9:.2f}B FFN parameters on the tier")
-        if host_ffn is not None:
+        if host_ffn is not None and host_ffn[1] == "file":
+            lines.append(f"  cold FFN rows in host RAM: {format_size(host_ffn[0])} in the "
+                         "file's blocks (cold gate/up rows copied, down as input-major "
+                         "tiles), the mapped file's pages of those tensors let go")
+        elif host_ffn is not None:
             lines.append(f"  cold FFN rows in host RAM: {format_size(host_ffn[0])} of "
                          f"{host_ffn[1]} bundles, derived from the file (down made "
                          "neuron-major), beside its mapped weights")

@@ -25,7 +25,7 @@ from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
-from .ffn import HybridFFN, Selector
+from .ffn import HybridFFN, Selector, bundle_dtype
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 from .tier_dtypes import TierChoice, dtype_name
 
@@ -34,15 +34,17 @@ COLD_CHOICES = ("auto",) + COLD_DTYPES
 
 
 def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
-    """"auto": int8 bundles (a quarter of the float32 bytes) when the C++ kernels are built
-    and --weights is not fp32; fp32 bundles when the float32 reference is asked for or there
-    are no kernels. "file": GLU layers' cold rows stay in the file's blocks (file_cold.py)."""
+    """"file": GLU layers no predictor gates keep their cold rows in the file's blocks
+    (file_cold.py), the others int8 bundles. "auto": "file" when the C++ kernels are built
+    and --weights is not fp32 (less RAM and faster: see the README's hybrid section); fp32
+    bundles when the float32 reference is asked for or there are no kernels."""
     if choice == "file" and weights == "fp32":
         raise ConfigError("--cold-dtype file keeps the cold rows in the file's blocks, which "
                           "--weights fp32 does not run on; use --cold-dtype fp32 or int8")
     if choice != "auto":
         return choice
-    return "int8" if weights != "fp32" and q8_matmul.available() else "fp32"
+    return "file" if weights != "fp32" and q8_matmul.available() else "fp32"
+
 
 
 UNLIMITED = 1 << 62  # "no GPU-tier budget": everything the plan wants fits

@@ -33,6 +33,10 @@ VERSION = 1
 META_KEY = "ember_profile"
 
 
+# A profile's safetensors header (its JSON metadata and tensor table) is far below this.
+MAX_HEADER_BYTES = 64 << 20
+
+
 def default_profile_path(fingerprint: str) -> Path:
     """Where `ember profile` writes by default and `--profile auto` looks."""
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
@@ -72,6 +76,21 @@ class Profile:
         data = save(tensors, metadata={META_KEY: json.dumps(header)})
         atomic_write_bytes(path, data)
         return Path(path)
+
+
+def thresholds_inputs(path: str | Path) -> bool | None:
+    """Whether the profile at `path` thresholds matmul inputs (GLU models, no predictors)
+    rather than gating neurons by predictors, read from its header alone; None when the file
+    cannot say (missing or malformed: `load_profile` then names the fault)."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= MAX_HEADER_BYTES:
+                return None
+            meta = json.loads(f.read(n)).get("__metadata__") or {}
+        return "input_thresholds" in json.loads(meta.get(META_KEY, ""))
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
+        return None
 
 
 def load_profile(path: str | Path, cfg: ModelConfig, fingerprint: str) -> Profile:

@@ -24,6 +24,7 @@ from ember.models.summary import summarize
 
 from .device import resolve_device
 from .engine_model import kv_value_bytes
+from .profile_file import default_profile_path, thresholds_inputs
 from ..kv.plan import plan_kv
 from ..body.quant_model import runs_on_file_blocks
 
@@ -78,14 +79,26 @@ def check_memory(source: ModelSource, options, device: torch.device) -> None:
 
 
 def splits_ffns(source: ModelSource, options) -> bool:
-    """Whether an engine with `options` splits its FFNs (a GPU-tier budget or split, or a
-    profile, given or found for this model)."""
-    from .profile_file import default_profile_path
+    """Whether an engine with `options` splits its FFNs: a GPU-tier budget or split, or a
+    predictor profile, given or found for this model (an input-threshold profile runs on the
+    unsplit model)."""
+    return (options.gpu_budget is not None or options.split != "auto"
+            or gated_by_predictors(source, options))
 
+
+def gated_by_predictors(source: ModelSource, options) -> bool:
+    """Whether the engine's profile (given or found) may gate neurons by predictors, whose
+    layers keep int8 bundles on their cold side whatever --cold-dtype says."""
+    profile = _profile_path(source, options)
+    return profile is not None and thresholds_inputs(profile) is not True
+
+
+def _profile_path(source: ModelSource, options):
     profile = options.profile
     if profile == "auto":
-        profile = profile if default_profile_path(source.fingerprint).is_file() else None
-    return options.gpu_budget is not None or options.split != "auto" or profile is not None
+        found = default_profile_path(source.fingerprint)
+        return found if found.is_file() else None
+    return profile
 
 
 # `--mmap auto` copies the file into RAM only when it takes at most this share of the RAM
@@ -130,7 +143,7 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     bytes: its cold rows copied and its down as tiles) plus, when the GPU tier is this CPU, its
     hot rows (within --gpu-budget; bounded by float32 rows), or the whole budget when
     `--tier-attention` puts attention there too. 0 without a split."""
-    from ..hybrid.setup import resolve_cold_dtype
+    from ..hybrid.setup import bundle_dtype, resolve_cold_dtype
     from ..hybrid.memory_plan import cold_neuron_bytes, neuron_bytes
 
     if not splits_ffns(source, options):
@@ -138,12 +151,12 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     cfg = source.config
     neurons = cfg.n_layers * cfg.ffn_size
     cold_dtype = resolve_cold_dtype(options.cold_dtype, options.weights)
-    if cold_dtype == "file" and cfg.gated:  # the file's gate/up rows and down tiles
+    if cold_dtype == "file" and cfg.gated and not gated_by_predictors(source, options):
+        # the file's gate/up rows and down tiles
         cold = sum(source.weights.get(n).nbytes for n in source.weights.names()
                    if n.startswith("blk.") and n.endswith(FFN_MATRICES))
-    else:  # bundles ("file" on a plain MLP falls back to int8 ones)
-        cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated,
-                                           "int8" if cold_dtype == "file" else cold_dtype)
+    else:  # bundles ("file" falls back to int8 ones on a plain MLP or under predictors)
+        cold = neurons * cold_neuron_bytes(cfg.hidden_size, cfg.gated, bundle_dtype(cold_dtype))
     hot = 0
     if device.type == "cpu" and options.gpu_budget is not None:
         hot = min(options.gpu_budget, neurons * neuron_bytes(cfg.hidden_size, cfg.gated))
