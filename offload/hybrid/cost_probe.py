@@ -21,7 +21,8 @@ from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn
 from ember.models.transformer import FeedForward
 
 from .cpu_worker import CpuWorker
-from .setup import bundle_dtype, resolve_cold_dtype
+from .ffn import bundle_dtype
+from .setup import resolve_cold_dtype
 
 
 @dataclass(frozen=True)

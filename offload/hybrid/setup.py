@@ -25,7 +25,7 @@ from ember.models.transformer import FeedForward, Transformer
 
 from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
-from .ffn import HybridFFN, Selector, bundle_dtype
+from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 from .tier_dtypes import TierChoice, dtype_name
 

@@ -143,7 +143,8 @@ def split_rows_bytes(source: ModelSource, options, device: torch.device) -> int:
     bytes: its cold rows copied and its down as tiles) plus, when the GPU tier is this CPU, its
     hot rows (within --gpu-budget; bounded by float32 rows), or the whole budget when
     `--tier-attention` puts attention there too. 0 without a split."""
-    from ..hybrid.setup import bundle_dtype, resolve_cold_dtype
+    from ..hybrid.ffn import bundle_dtype
+    from ..hybrid.setup import resolve_cold_dtype
     from ..hybrid.memory_plan import cold_neuron_bytes, neuron_bytes
 
     if not splits_ffns(source, options):
