@@ -58,20 +58,22 @@ def measure_payoff(model, runtime, thresholds: Thresholds, prompt: list[int],
     `runtime` (the model's InputSparsity) with no thresholds set. -> the report, whose "pays"
     lists the slots the engine should threshold by default."""
     present = [s for s in SLOTS if any(s in layer for layer in thresholds)]
-    seconds: dict[str, list[float]] = {"dense": []} | {s: [] for s in present}
     none: Thresholds = [{} for _ in thresholds]
-    for _ in range(rounds):
-        for name in seconds:
-            runtime.set_thresholds(none if name == "dense" else only(thresholds, [name]))
-            seconds[name].append(decode_seconds(model, prompt, tokens, runtime))
+
+    def timed(sets: dict[str, Thresholds]) -> dict[str, list[float]]:
+        """Seconds per token of each threshold set, the sets interleaved round by round."""
+        seconds: dict[str, list[float]] = {name: [] for name in sets}
+        for _ in range(rounds):
+            for name, chosen in sets.items():
+                runtime.set_thresholds(chosen)
+                seconds[name].append(decode_seconds(model, prompt, tokens, runtime))
+        return seconds
+
+    seconds = timed({"dense": none} | {s: only(thresholds, [s]) for s in present})
     pays = decide(seconds)
     together = None
     if len(pays) > 1:  # each paying alone need not pay together: check the set
-        both = {"dense": [], "together": []}
-        for _ in range(rounds):
-            for name in both:
-                runtime.set_thresholds(none if name == "dense" else only(thresholds, pays))
-                both[name].append(decode_seconds(model, prompt, tokens, runtime))
+        both = timed({"dense": none, "together": only(thresholds, pays)})
         together = 1 / min(both["together"])
         if min(both["together"]) >= min(both["dense"]) * (1 - MARGIN):
             pays = []
