@@ -101,7 +101,8 @@ def _input_summary(report) -> None:
     pay = glu.get("payoff")
     if pay is not None:
         alone = ", ".join(f"{s} {v['speedup']:.2f}x" if v["timed"] else
-                          f"{s} not timed (its matmuls save {v['matmul_saving']:.1%} of a token)"
+                          f"{s} not timed (it skips {v['bytes_skipped']:.1%} of a token's bytes, "
+                          f"its matmuls save {v['matmul_saving']:.1%} of its time)"
                           for s, v in pay["slots"].items())
         runs = ", ".join(pay["pays"]) if pay["pays"] else "none: decoding stays dense"
         print(f"  payoff          decode {pay['dense_tok_s']} tok/s dense; each slot thresholded "

@@ -8,17 +8,19 @@ one on the file's blocks. So `ember profile` times greedy decoding of the model 
 dense, then each slot kind ("qkv", "o", "gate_up", "down") thresholded alone over every layer,
 interleaved over several rounds and compared by their best round (a busy spell on a shared
 machine slows some rounds of each, and two processes that each want every core can make one
-round many times slower), then the paying ones together. A slot pays when its decode is faster than dense by `MARGIN`; the
-set pays only if together they are faster too. The artifact records the list ("input_pays");
+round many times slower), then the paying ones together. A slot pays when its decode is
+faster than dense by `MARGIN`; the set pays only if together they are faster too. The artifact records the list ("input_pays");
 an engine with `--ffn-mode auto` applies only those slots, `--ffn-mode sparse` all of them.
 
-Only what can pay is timed: a slot's decode can beat dense by no more than its matmuls save,
-so first each kind's matmuls alone are timed, dense (the file's blocks) against thresholded
-(its tiles), one row per call as decoding runs them, over every layer at its threshold, on
-rows of the calibration sample (milliseconds). A kind whose matmuls save less than `MARGIN` of
-a dense token's time cannot pay and its decode is not timed. On the machines measured so far
-(bench/memory_skip.py: skipping 1-3 KiB runs of memory pays little) no kind passes, and the
-stage costs a few dense decodes instead of one per slot kind.
+Only what can pay is timed. A slot's decode can beat dense by no more than the share of a
+token's weight bytes its thresholds skip (decoding reads every weight once a token), nor by
+more than its matmuls save. So first both bounds: the bytes from the calibration sample, and
+each kind's matmuls alone timed, dense (the file's blocks) against thresholded (its tiles),
+one row per call as decoding runs them, over every layer at its threshold (milliseconds). A
+kind under `MARGIN` by either cannot pay and its decode is not timed. The bytes bound is also
+immune to a busy machine, where a matmul can look 5% faster by chance. On the default model
+at its 3% budget no kind skips 2% of a token's bytes (the LM head is 72% of them), so
+the stage costs a few dense decodes instead of one per slot kind.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ def decide(seconds: dict[str, list[float]], margin: float = MARGIN) -> list[str]
     """The slots whose best seconds per token beat dense's best by `margin`, in SLOTS order."""
     dense = min(seconds["dense"])
     return [s for s in SLOTS if s in seconds and min(seconds[s]) < dense * (1 - margin)]
+
+
+def bytes_skipped(model, thresholds: Thresholds, stats) -> dict[str, float]:
+    """Per thresholded slot kind: the share of a dense token's weight bytes its thresholds
+    skip (each layer's slot bytes times the share of its calibration sample at or under its
+    threshold): the most its decode can gain, were skipping bytes free."""
+    total = model.weight_bytes_per_token()
+    out: dict[str, float] = {}
+    for i, layer in enumerate(model.layers):
+        for slot, threshold in thresholds[i].items():
+            dropped = float((stats[(i, slot)].sample <= threshold).float().mean())
+            nbytes = sum(w.nbytes for w in slot_weights(layer, slot))
+            out[slot] = out.get(slot, 0.0) + nbytes * dropped / total
+    return out
 
 
 def matmul_savings(model, runtime, thresholds: Thresholds, stats, rounds: int = ROUNDS,
@@ -112,9 +128,11 @@ def measure_payoff(model, runtime, thresholds: Thresholds, prompt: list[int], st
         return seconds
 
     runtime.set_thresholds(none)
+    ideal = bytes_skipped(model, thresholds, stats)
     saved = matmul_savings(model, runtime, thresholds, stats, rounds)
     seconds = timed({"dense": none})
-    candidates = [s for s in present if saved[s] > MARGIN * min(seconds["dense"])]
+    candidates = [s for s in present
+                  if ideal[s] > MARGIN and saved[s] > MARGIN * min(seconds["dense"])]
     if candidates:  # timed again beside them, so that dense shares their rounds
         seconds = timed({"dense": none} | {s: only(thresholds, [s]) for s in candidates})
     pays = decide(seconds)
@@ -128,7 +146,8 @@ def measure_payoff(model, runtime, thresholds: Thresholds, prompt: list[int], st
     dense_s = min(seconds["dense"])
     report = {"tokens": tokens, "rounds": rounds, "margin": MARGIN,
               "dense_tok_s": round(1 / dense_s, 2),
-              "slots": {s: {"matmul_saving": round(saved[s] / dense_s, 4),
+              "slots": {s: {"bytes_skipped": round(ideal[s], 4),
+                            "matmul_saving": round(saved[s] / dense_s, 4),
                             "timed": s in seconds,
                             "tok_s": round(1 / min(seconds[s]), 2) if s in seconds else None,
                             "speedup": (round(dense_s / min(seconds[s]), 3) if s in seconds
@@ -138,7 +157,8 @@ def measure_payoff(model, runtime, thresholds: Thresholds, prompt: list[int], st
               "pays": pays}
     if log is not None:
         log(f"decode {report['dense_tok_s']} tok/s dense; " + "; ".join(
-            f"{s}: matmuls save {v['matmul_saving']:.1%} of a token"
+            f"{s}: skips {v['bytes_skipped']:.1%} of a token's bytes, its matmuls save "
+            f"{v['matmul_saving']:.1%} of its time"
             + (f", decode {v['tok_s']} tok/s ({v['speedup']:.2f}x)" if v["timed"] else
                f" (under {MARGIN:.0%}: not timed)")
             for s, v in report["slots"].items()) + f"; pays: {', '.join(pays) or 'none'}")
