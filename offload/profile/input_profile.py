@@ -94,7 +94,7 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
     from ember.predictors.passes import score
 
     from ..runtime.engine import Engine, EngineOptions
-    from ..decode.sampler import GREEDY
+    from ..options.sampling import GREEDY
 
     bos = loaded.tokenizer.bos_id
     length = segment_length(loaded.config, options)
