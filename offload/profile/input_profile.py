@@ -51,8 +51,8 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
         model, runtime, alloc.thresholds, prompt, cal.stats, log=lambda msg: say("payoff", msg)))
     report.glu = {"method": "input thresholds", "allocation": "global greedy on the KL added "
                   "over each layer's floor (threshold 0), measured at "
-                  + "/".join(f"{p:.0%}" for p in PROBES) + " on the probed layers, "
-                  "interpolated in depth between them",
+                  + "/".join(f"{p:.0%}" for p in PROBES) + " on the probed layers (the "
+                  "layers between interpolated in depth)",
                   "probed_layers": probed_layers(cfg.n_layers),
                   "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
                   "search_tokens": cal.search_tokens,
