@@ -459,3 +459,22 @@ def test_an_input_threshold_profile_splits_nothing(tmp_path, tiny_models):
     for path in (predictors, junk):
         options = EngineOptions(device="cpu", profile=str(path))
         assert splits_ffns(source, options) and gated_by_predictors(source, options)
+
+
+@needs_native
+def test_payoff_bounds_a_slot_by_the_bytes_its_thresholds_skip(tiny_models):
+    """The bytes bound: each layer's slot bytes times the share of its calibration sample at
+    or under its threshold, over a dense token's weight bytes (LM head included)."""
+    from ember.offload.profile.input_payoff import bytes_skipped
+
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    stats = collect_slot_stats(model, [(5 * t + 1) % 200 + 3 for t in range(120)], 2, 64)
+    n = len(model.layers)
+    thresholds = [{"down": stats[(i, "down")].threshold(0.5)} for i in range(n)]
+    thresholds[0]["o"] = stats[(0, "o")].threshold(0.25)
+    got = bytes_skipped(model, thresholds, stats)
+    total = model.weight_bytes_per_token()
+    down = sum(model.layers[i].down.nbytes for i in range(n))
+    assert set(got) == {"down", "o"}
+    assert got["down"] == pytest.approx(0.5 * down / total, rel=0.02)
+    assert got["o"] == pytest.approx(0.25 * model.layers[0].wo.nbytes / total, rel=0.05)
