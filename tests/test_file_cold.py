@@ -13,9 +13,9 @@ from ember.kernels.block_matmul import block_matmul_reference
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model
 from ember.models.transformer import activate
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.body.ffn_rows import FileFFNRows
-from ember.offload.body.quant_model import QuantModel
+from ember.offload.body.file_blocks_model import FileBlocksModel
 from ember.offload.decode.sampler import GREEDY
 from ember.offload.hybrid.cpu_worker import CpuWorker
 from ember.offload.hybrid.ffn import HybridFFN
@@ -29,12 +29,12 @@ from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 CPU = torch.device("cpu")
 
-pytestmark = pytest.mark.skipif(not (quant_model.applies() and isp.available()),
+pytestmark = pytest.mark.skipif(not (file_blocks_model.applies() and isp.available()),
                                 reason="C++ kernels not built on this machine")
 
 
 def _layer_rows(path, i: int = 1) -> FileFFNRows:
-    layer = QuantModel(load_model(path).source).layers[i]
+    layer = FileBlocksModel.plain(load_model(path).source).layers[i]
     return FileFFNRows(layer.gate_up, layer.down, layer.activation)
 
 

@@ -118,7 +118,7 @@ class SlotStats:
 
 @contextlib.contextmanager
 def reference_passes(model, matmul: Callable):
-    """While inside, `model` (a QuantModel) runs its passes through the Python reference
+    """While inside, `model` (a FileBlocksModel) runs its passes through the Python reference
     chain with `matmul(layer, slot, x, weights)` computing every matmul."""
     saved = model._run
     model._run = functools.partial(decoder_step_reference, model.layers, matmul=matmul)
@@ -242,7 +242,7 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
                      budget: float, length: int, log: Callable[[str], None] = lambda m: None,
                      steps: int = 6, layout: str = "tiles", method: str = "global"
                      ) -> tuple[InputCalibration, InputSparsity]:
-    """Thresholds for `model` (a QuantModel) at the highest target sparsity whose perplexity
+    """Thresholds for `model` (a FileBlocksModel) at the highest target sparsity whose perplexity
     on calibration text set aside (`carve`) stays within 1 + budget of the dense model's;
     returns them with the runtime (left applied to the model at the chosen thresholds).
     `held_out` is scored at each step for the record only."""

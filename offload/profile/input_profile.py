@@ -22,7 +22,7 @@ from .input_allocation import PROBES
 from .input_calibration import calibrate_inputs, realized_means
 from .input_payoff import measure_payoff
 from ..runtime.profile_file import Profile
-from ..body.quant_model import QuantModel, applies
+from ..body.file_blocks_model import FileBlocksModel, applies
 
 
 def input_thresholds_apply(loaded, options) -> bool:
@@ -39,7 +39,7 @@ def run_input_profile(loaded, out: str | Path, options, text, stage, say, report
     from .profiler import segment_length
 
     cfg = loaded.config
-    model = QuantModel(loaded.source)
+    model = FileBlocksModel.plain(loaded.source)
     length = segment_length(cfg, options)
     cal, runtime = stage("input thresholds", lambda: calibrate_inputs(
         model, text.train, text.held_out, loaded.tokenizer.bos_id, options.quality_budget,

@@ -17,7 +17,7 @@ from ..speculative.token_tree import parse_tree
 DEFAULT_CTX = 4096
 FFN_MODES = ("auto", "dense", "sparse")
 MMAP_CHOICES = ("auto", "on", "off")
-# --weights: "auto" the file's own blocks (QuantModel) where the kernels are built, "fp32" the
+# --weights: "auto" the file's own blocks (FileBlocksModel) where the kernels are built, "fp32" the
 # float32 reference (what perplexity comparisons are made against).
 WEIGHT_CHOICES = ("auto", "fp32")
 # Choices that once selected the requantized Q8_0 copies of the float32 model (issue 21).
