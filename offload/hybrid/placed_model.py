@@ -94,6 +94,7 @@ def build_placed_model(file: FileLayers, hybrid, fmt: str | None,
             runs.append(LayerRun(w, ffn))
     hybrid.attention = held or None
     hybrid.layer_modes = placed.modes
+    hybrid.whole_layers = tuple(run.ffn is None for run in runs)
     head = None
     if placed.lm_head_on_tier and fmt is not None and not native:
         head = tier_head(file, device, fmt, half)

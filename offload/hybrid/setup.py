@@ -61,8 +61,10 @@ class HybridModel:
     # file-blocks runtime moved them there (offload/body/tier_layers.py)
     attention: list | None = None
     file_bytes_released: int = 0  # mapped file pages the cold side's copies replaced
-    # Per layer "gpu", "split" or "cpu" as the file-blocks model was built (placed_model.py)
+    # Per layer "gpu", "split" or "cpu" as the file-blocks model was built (placed_model.py),
+    # and whether it runs whole there (every neuron, not through its HybridFFN)
     layer_modes: tuple[str, ...] | None = None
+    whole_layers: tuple[bool, ...] | None = None
 
     @property
     def attention_device(self) -> torch.device:
@@ -82,7 +84,9 @@ class HybridModel:
 
     def report(self) -> dict:
         """The plan plus what the layers computed since the last reset."""
-        computed = [layer.computed_fraction() for layer in self.layers]
+        whole = self.whole_layers or (False,) * len(self.layers)
+        computed = [1.0 if w else layer.computed_fraction()
+                    for w, layer in zip(whole, self.layers)]
         known = [c for c in computed if c is not None]
         return {
             **self.plan.to_dict(),
