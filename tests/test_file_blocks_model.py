@@ -13,7 +13,7 @@ from ember.models.tree_rows import TreeRows
 from ember.offload.body import file_blocks_model, file_layers
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.body.file_blocks_model import FileBlocksModel
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 
@@ -103,7 +103,7 @@ def test_one_call_matches_its_python_chain(tiny_models, tiny_q4_k_m):
     for path in (tiny_models["gemma3"][2], tiny_q4_k_m[2]):
         model = FileBlocksModel.plain(open_model(path))
         native = _logits(model, PROMPT)
-        model._run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
+        model.whole.run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
         assert torch.equal(native, _logits(model, PROMPT))
 
 

@@ -22,7 +22,7 @@ from ember.offload.body.file_blocks_model import FileBlocksModel
 from ember.offload.body.file_layers import FileLayers
 from ember.offload.body.layer_runs import LayerRun
 from ember.offload.runtime.resources import builds_float_model, split_rows_bytes
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 from ember.offload.speculative.token_tree import TokenTree
 from ember.placement.layout import Placement
 from ember.predictors.mlp import Predictor, PredictorSet

@@ -21,7 +21,7 @@ from ember.offload.body import file_blocks_model
 from ember.offload.body.file_layers import FileLayers
 from ember.offload.body.protocol import BodyModel
 from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.hybrid.placed_model import read_layer_modes
 from ember.offload.hybrid.setup import tier_formats

@@ -9,4 +9,4 @@ thresholds; `protocol` is what the runner asks of a model. The float32 `Transfor
 (models/transformer.py) is the reference it is tested against, and what `--weights fp32`
 and a GPU device without a budget run as is.
 
-Imports no other room."""
+Imports only `options`."""

@@ -28,7 +28,7 @@ from ember.models.rotary import layer_rotaries
 from ember.models.tree_rows import TreeRows
 
 from .file_layers import BlockLMHead, FileLayers
-from .layer_runs import LayerRun, PassRows, segments
+from .layer_runs import LayerRun, NativeRun, PassRows, segments
 
 CPU = torch.device("cpu")
 
@@ -89,10 +89,10 @@ class FileBlocksModel:
         # a T-row pass computes every cold neuron where one row computes the predicted ones)
         # or tier attention (a masked SDPA): tree rows then go through one at a time.
         self.batch_invariant = self.runs is None
-        if self.runs is None:
-            self._run = decoder_step.decoder_step(self.layers)
-        else:
-            self._segments = segments(self.runs, self.layers)
+        # The one-call pass over every layer (`whole.run`), or the segments of a placement
+        self.whole = NativeRun(list(range(len(self.layers))), self.layers) \
+            if self.runs is None else None
+        self._segments = None if self.runs is None else segments(self.runs, self.layers)
 
     @classmethod
     def plain(cls, source: ModelSource) -> "FileBlocksModel":
@@ -107,8 +107,8 @@ class FileBlocksModel:
         """The C++ DecoderStep that runs every pass (offload/body/input_sparsity.py thresholds its
         matmuls); ValueError when layers are placed otherwise or the step is the Python
         reference."""
-        step = getattr(getattr(self, "_run", None), "__self__", None)
-        if self.runs is not None or step is None or not hasattr(step, "set_input_sparse"):
+        step = None if self.whole is None else getattr(self.whole.run, "__self__", None)
+        if step is None or not hasattr(step, "set_input_sparse"):
             raise ValueError("input thresholds need the C++ decoder step on an unsplit model")
         return step
 
@@ -139,8 +139,8 @@ class FileBlocksModel:
             cache.reserve(T)
         rows = PassRows(start, T, cache, tree, self.rotary, self.windows)
         x, pools = self.embed(ids), cache.pools()
-        if self.runs is None:
-            x = self._run(x, *pools, *rows.host(range(len(self.layers))))
+        if self.whole is not None:
+            x = self.whole.run(x, *pools, *rows.host(self.whole.idx))
         else:
             for segment in self._segments:
                 x = segment(x.to(segment.device), pools, rows)

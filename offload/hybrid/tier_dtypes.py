@@ -36,14 +36,11 @@ from ember.kernels.tier_weights import (FORMATS, INT4_GROUP, conversion_error, h
 from ember.models.errors import ConfigError
 from ember.models.quants import type_name
 
+from ..options.choices import ATTENTION_CHOICES, FILE, TIER_CHOICES
+
 # GGML types the tier keeps as the file's blocks (the ones the kernels read; a file's other
 # types are requantized to Q8_0 at load, offload/body/file_layers.py:readable)
 BLOCK_TYPE_NAMES = frozenset(type_name(t) for t in NATIVE_TYPES)
-
-FILE = "file"
-TIER_CHOICES = ("auto", FILE) + FORMATS
-ATTENTION_FORMATS = (FILE, "int8", "int4", "bf16", "fp16", "fp32")
-ATTENTION_CHOICES = ("auto", "host") + ATTENTION_FORMATS
 _ATTENTION_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TIER_KV_DTYPE = torch.float16  # K/V on the tier beside attention in the file's blocks or codes
 _INT4_TYPES = ("Q4", "IQ4", "Q2", "Q3", "IQ1", "IQ2", "IQ3", "TQ")

@@ -120,12 +120,12 @@ class SlotStats:
 def reference_passes(model, matmul: Callable):
     """While inside, `model` (a FileBlocksModel) runs its passes through the Python reference
     chain with `matmul(layer, slot, x, weights)` computing every matmul."""
-    saved = model._run
-    model._run = functools.partial(decoder_step_reference, model.layers, matmul=matmul)
+    saved = model.whole.run
+    model.whole.run = functools.partial(decoder_step_reference, model.layers, matmul=matmul)
     try:
         yield model
     finally:
-        model._run = saved
+        model.whole.run = saved
 
 
 @torch.inference_mode()
