@@ -33,15 +33,14 @@ def _split_options(p: argparse.ArgumentParser) -> None:
                         "cpu-only (none hot) or gpu-only (all hot)")
     p.add_argument("--tier-dtype", default="auto",
                    choices=choices.TIER_CHOICES,
-                   help="hot FFN rows on the GPU tier: auto (by each tensor's file type and the "
-                        "device: int4 for Q4-family rows where PyTorch's int4 matmul runs, int8 "
-                        "for Q5/Q6/Q8, fp16 for float files) or one type for all")
+                   help="FFN rows on the GPU tier: auto = file (the file's own blocks, its bytes "
+                        "and values), or one re-quantized type for all (ember info shows each "
+                        "type's bits per weight and error)")
     p.add_argument("--tier-attention", default="auto",
                    choices=choices.ATTENTION_CHOICES,
-                   help="attention weights and the KV pool under --gpu-budget: auto (on a GPU "
-                        "tier in bf16, fp16 before Ampere, when the budget holds them; on the "
-                        "host's file blocks otherwise), host, or that type on the tier (on any "
-                        "device, the CPU too)")
+                   help="attention, its KV pool and the LM head under --gpu-budget: auto (on "
+                        "the tier in the file's blocks where the plan puts them), host, or that "
+                        "format on the tier (on any device, the CPU too)")
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from ember.models.default_model import default_model_path
 from ember.models.loader import load_model
 from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity
-from ember.offload.body.quant_model import QuantModel
+from ember.offload.body.file_blocks_model import FileBlocksModel
 from ember.offload.profile import input_calibration as ic
 from ember.offload.profile.input_allocation import KL_TOKENS, PROBE_EVERY, PROBES
 from ember.predictors.passes import score
@@ -79,7 +79,7 @@ def main() -> None:
     args = p.parse_args()
 
     loaded = load_model(args.model or default_model_path())
-    model, bos = QuantModel(loaded.source), loaded.tokenizer.bos_id
+    model, bos = FileBlocksModel.plain(loaded.source), loaded.tokenizer.bos_id
     train, held = texts(loaded, args)
     out = {"calibration_tokens": len(train), "held_out_tokens": len(held)}
     stats = ic.collect_slot_stats(model, ic.spread(train, ic.STATS_TOKENS, LENGTH - 1), bos,

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from ember.models.loader import load_model
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity, slot_weights
-from ember.offload.body.quant_model import QuantModel
+from ember.offload.body.file_blocks_model import FileBlocksModel
 from ember.offload.profile.input_allocation import cost_curve, probed_layers, slot_costs
 from ember.offload.profile.input_calibration import (LEVELS, SlotStats, carve, realized_means,
                                                      spread)
 
-needs_native = pytest.mark.skipif(not quant_model.applies(),
+needs_native = pytest.mark.skipif(not file_blocks_model.applies(),
                                   reason="C++ kernels not built on this machine")
 
 
@@ -106,7 +106,7 @@ def test_carve_sets_aside_spread_runs_that_the_rest_never_holds():
 
 @needs_native
 def test_realized_means_count_each_matmul_once_and_by_bytes(tiny_models):
-    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
     n = len(model.layers)
     runtime = apply_input_sparsity(model, [{"down": 1e9} for _ in range(n)])  # drop all of down
     cache = model.new_cache(32)
@@ -153,7 +153,7 @@ def test_a_probe_re_runs_from_its_layer_with_the_bits_of_the_whole_pass(tiny_mod
     thresholded: skipping the layers before it changes nothing but the time."""
     from ember.offload.profile.layer_chain import LayerChain
 
-    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
     n = len(model.layers)
     runtime = apply_input_sparsity(model, [{} for _ in range(n)])
     chain = LayerChain(model, runtime)

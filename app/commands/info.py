@@ -22,6 +22,10 @@ def run(args) -> int:
     s["memory"]["weights_in"] = _weights_in(source)
     plan = _gpu_plan(source.config, args, context.tokens, source)
     if plan is not None:
+        from ember.offload.hybrid.tier_dtypes import format_table
+
+        s["tier_formats"] = format_table(source.weights)
+    if plan is not None:
         rows, dtype = _host_rows(source, plan)
         s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
                          "tier_conversion_error": _tier_errors(source.config, source, plan),
@@ -68,10 +72,13 @@ def run(args) -> int:
               f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
         att = s["gpu_plan"]["attention_conversion_error"]
         if att is not None:
-            print(f"    attention as {plan.attention_type()} (the same rows): q/k/v "
-                  f"{att['qkv']:.2%}, output {att['o']:.2%}; planned as a CUDA engine "
-                  "places it (on a CPU tier it stays on the file's blocks unless "
-                  "--tier-attention names a type)")
+            print(f"    attention and the LM head as {plan.attention_type()} (the same rows): "
+                  f"q/k/v {att['qkv']:.2%}, output {att['o']:.2%}")
+        print("  tier formats    bits a weight / error against the file, per type in the file "
+              "(64 rows of its first tensor):")
+        for kind, row in s["tier_formats"].items():
+            print(f"    {kind:<6} " + ", ".join(
+                f"{fmt} {f['bits']:.2f}/{f['error']:.2%}" for fmt, f in row["formats"].items()))
     return 0
 
 
@@ -165,22 +172,29 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
     from ember.models.sizes import parse_size
     from ember.offload.hybrid.host_reads import HostReads
-    from ember.offload.hybrid.tier_dtypes import TierChoice, attention_dtype
+    from ember.offload.body.file_layers import FileLayers
+    from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
+    from ember.offload.hybrid.tier_dtypes import TierChoice, attention_format, attention_kv_dtype
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
     device = resolve_device(getattr(args, "device", "auto"))
     tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"), device)
     choice = getattr(args, "tier_attention", "auto")
-    attention = attention_dtype(choice, device, gpu=True)
+    fmt = attention_format(choice, device)
+    attention = None if fmt is None else attention_kv_dtype(fmt)
     # The KV pool at attention's type on the tier, else the host runtime's float16.
     kv = plan_kv(cfg, n_ctx, value_bytes=2 if attention is None else attention.itemsize)
     # auto: attention moves where it spares the host more reads than hot rows would
     reads = HostReads.of_file(cfg, source.weights, n_ctx) if choice == "auto" else None
+    moved = {}
+    if fmt is not None:  # attention and the LM head in their tier format, to the byte
+        file = FileLayers.read(source)
+        moved = dict(attention_format=fmt, attention=tier_attention_bytes(file, fmt, tier.half),
+                     lm_head=tier_head_bytes(file, fmt, tier.half))
     sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
                                     formats=layer_formats(cfg, source, tier), half=tier.half,
                                     attention_movable=attention is not None,
-                                    attention_dtype=attention, extras_movable=False,
-                                    host_reads=reads)
+                                    attention_dtype=attention, host_reads=reads, **moved)
     return plan_memory(cfg, budget, sizes, args.split)
 
 
@@ -191,7 +205,7 @@ def _attention_errors(source, plan) -> dict[str, float] | None:
     if plan.attention_type() is None:
         return None
     return sampled_attention_error(source.weights, source.config.n_layers,
-                                   plan.sizes.attention_dtype)
+                                   plan.attention_type())
 
 
 def _tier_errors(cfg, source, plan) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Input thresholds at run time: each thresholded matmul of a `QuantModel` reads only the
+"""Input thresholds at run time: each thresholded matmul of a `FileBlocksModel` reads only the
 weight columns of inputs with |x| > its threshold (kernels/input_sparse.py).
 
 A layer has four matmul slots, each with one input: "qkv" (the attention-normed hidden state,
@@ -60,9 +60,9 @@ def check_thresholds(thresholds, n_layers: int) -> Thresholds:
 
 @dataclass
 class InputSparsity:
-    """Thresholds applied to one QuantModel, with the layouts they read and their counters."""
+    """Thresholds applied to one FileBlocksModel, with the layouts they read and their counters."""
 
-    model: object  # QuantModel
+    model: object  # FileBlocksModel
     thresholds: Thresholds
     layout: str = "tiles"
     layouts: dict[tuple[int, str], list[isp.InputMajor]] = field(default_factory=dict)
@@ -137,7 +137,7 @@ class InputSparsity:
         later) gets them back from the file. The pages of a copy in RAM (or of tensors a
         library read into memory) would read as zeros to those readers, so that copy is left
         whole (the tiles then cost their bytes again)."""
-        if not getattr(self.model._file, "mapped", False):
+        if not getattr(self.model.file.weights, "mapped", False):
             return 0
         for key in self.layouts:
             if key not in self.released and self.thresholds[key[0]].get(key[1]) is not None:
@@ -183,7 +183,7 @@ def _check_types(model, thresholds: Thresholds) -> None:
 
 
 def apply_input_sparsity(model, thresholds: Thresholds, layout: str = "tiles") -> InputSparsity:
-    """Threshold `model`'s (a QuantModel's) matmul inputs as `thresholds` says, over
+    """Threshold `model`'s (a FileBlocksModel's) matmul inputs as `thresholds` says, over
     input-major tiles of the file's blocks (`layout`: one of LAYOUTS, all meaning the tiles)."""
     thresholds = check_thresholds(thresholds, len(model.layers))
     if layout not in LAYOUTS:

@@ -64,25 +64,29 @@ class ComponentBytes:
     attention_dtype: torch.dtype = torch.float32  # what attention's tensors take on the tier
     extras_movable: bool = True  # False: the LM head and predictors stay on the host
     host_reads: HostReads | None = None  # given: attention moves only where it pays
+    attention_format: str | None = None  # the tier format attention takes (None: its dtype's)
 
     @classmethod
     def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int | None = None,
                  predictors: int = 0, formats: list[tuple[str, str]] | None = None,
                  half: torch.dtype = torch.bfloat16, attention_movable: bool = True,
                  attention_dtype: torch.dtype | None = None, extras_movable: bool = True,
-                 host_reads: HostReads | None = None) -> "ComponentBytes":
+                 host_reads: HostReads | None = None, attention_format: str | None = None,
+                 attention: int | None = None) -> "ComponentBytes":
         """lm_head None: the float32 head a GPU tier would hold. formats None: float32 hot
         rows in every layer. attention_dtype None: the float32 model's attention (its
-        layers and the final norm); else the tier copies `QuantModel.use_tier_attention`
-        makes, to the byte. `kv_pool`: the device pool's bytes at the K/V type's width."""
+        layers and the final norm); else the tier copies `tier_layers.tier_attention_weights`
+        makes, to the byte. `kv_pool`: the device pool's bytes at the K/V type's width.
+        `attention` (with `attention_format`): the exact bytes of every layer's tier copies in
+        that format (offload/body/tier_layers.py:tier_attention_bytes), given by the caller."""
         if lm_head is None:
             lm_head = cfg.vocab_size * cfg.hidden_size * FP32
         hd, h = cfg.head_dim, cfg.hidden_size
-        if attention_dtype is None:
+        if attention is None and attention_dtype is None:
             proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
             norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
             attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
-        else:
+        elif attention is None:
             attention = cfg.n_layers * attention_bytes(
                 h, cfg.n_heads * hd, cfg.n_kv_heads * hd, hd, attention_dtype, cfg.qkv_bias,
                 cfg.qk_norm, cfg.sandwich_norms)
@@ -90,7 +94,7 @@ class ComponentBytes:
         per_neuron = tuple(neuron_bytes(h, cfg.gated, f, half) for f in formats)
         return cls(attention, kv_pool, lm_head, predictors, per_neuron, formats, h, cfg.gated,
                    half, attention_movable, attention_dtype or torch.float32, extras_movable,
-                   host_reads)
+                   host_reads, attention_format)
 
     def hot_bytes(self, layer: int, n: int) -> int:
         """Exact tier bytes of n hot neurons in `layer` (what its HotFFNWeights will take)."""
@@ -202,7 +206,9 @@ class MemoryPlan:
         cannot move (the host's file blocks run them)."""
         from .tier_dtypes import dtype_name
 
-        return dtype_name(self.sizes.attention_dtype) if self.sizes.attention_movable else None
+        if not self.sizes.attention_movable:
+            return None
+        return self.sizes.attention_format or dtype_name(self.sizes.attention_dtype)
 
     def _where(self, name: str, n: int) -> str:
         """Where a component of `charges()` sits, for `describe`."""

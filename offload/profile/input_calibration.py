@@ -122,14 +122,14 @@ class SlotStats:
 
 @contextlib.contextmanager
 def reference_passes(model, matmul: Callable):
-    """While inside, `model` (a QuantModel) runs its passes through the Python reference
+    """While inside, `model` (a FileBlocksModel) runs its passes through the Python reference
     chain with `matmul(layer, slot, x, weights)` computing every matmul."""
-    saved = model._run
-    model._run = functools.partial(decoder_step_reference, model.layers, matmul=matmul)
+    saved = model.whole.run
+    model.whole.run = functools.partial(decoder_step_reference, model.layers, matmul=matmul)
     try:
         yield model
     finally:
-        model._run = saved
+        model.whole.run = saved
 
 
 @torch.inference_mode()
@@ -252,7 +252,7 @@ def calibrate_inputs(model, train: list[int], bos: int | None, budget: float, le
                      steps: int = 6, layout: str = "tiles", method: str = "global",
                      stage: Stage = lambda name, fn: fn(), probe_every: int = PROBE_EVERY
                      ) -> tuple[InputCalibration, InputSparsity]:
-    """Thresholds for `model` (a QuantModel) at the highest target sparsity whose perplexity
+    """Thresholds for `model` (a FileBlocksModel) at the highest target sparsity whose perplexity
     on calibration text set aside (`carve`) stays within 1 + budget of the dense model's;
     returns them with the runtime (left applied to the model at the chosen thresholds). Three
     stages, each run through

@@ -41,7 +41,7 @@ SAMPLE_ROWS = 4  # calibration rows per layer whose matmuls are timed, each as o
 
 
 def decode_seconds(model, prompt: list[int], n: int, runtime=None) -> float:
-    """Seconds per greedy token of `model` (a QuantModel) over `n` tokens after a prefill of
+    """Seconds per greedy token of `model` (a FileBlocksModel) over `n` tokens after a prefill of
     `prompt`; `runtime`'s counters (an InputSparsity) cover the decode only."""
     cache = model.new_cache(len(prompt) + n + 1)
     hidden = model.hidden(torch.tensor(prompt), cache)

@@ -23,7 +23,7 @@ from .input_calibration import calibrate_inputs, realized_means
 from .input_payoff import measure_payoff
 from .profile_options import segment_length
 from ..runtime.profile_file import Profile
-from ..body.quant_model import QuantModel, applies
+from ..body.file_blocks_model import FileBlocksModel, applies
 
 
 def input_thresholds_apply(loaded, options) -> bool:
@@ -38,7 +38,7 @@ def input_thresholds_apply(loaded, options) -> bool:
 def run_input_profile(loaded, out: str | Path, options, text, stage, say, report) -> None:
     """Fill `report` (profiler.ProfileReport) and write the artifact to `out`."""
     cfg = loaded.config
-    model = QuantModel(loaded.source)
+    model = FileBlocksModel.plain(loaded.source)
     length = segment_length(cfg, options)
     cal, runtime = calibrate_inputs(model, text.train, loaded.tokenizer.bos_id,
                                     options.quality_budget, length,

@@ -4,7 +4,7 @@ i.. (on the default model's 18 layers, half the body on average).
 Each layer gets a one-layer C++ DecoderStep (kernels/decoder_step.py) running the same
 attention and FFN code as the whole body's step, so the chain gives the dense pass bit for bit
 and keeps what enters each layer; a slot's threshold set on layer i's step applies there
-alone. A QuantModel's own step is left as it was (its input thresholds included).
+alone. A FileBlocksModel's own step is left as it was (its input thresholds included).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from ember.kernels import decoder_step
 from ember.kernels.fused_ops import rms_norm
 
 from ..body.input_sparsity import SLOTS, InputSparsity
+from ..body.layer_runs import PassRows
 
 
 class LayerChain:
     def __init__(self, model, runtime: InputSparsity):
-        """`model`: a QuantModel; `runtime`: its InputSparsity, whose input-major tiles the
+        """`model`: a FileBlocksModel; `runtime`: its InputSparsity, whose input-major tiles the
         probes read (derived here for every slot not yet tiled)."""
         self.model, self.runtime = model, runtime
         self.steps = [decoder_step.decoder_step([layer]).__self__ for layer in model.layers]
@@ -63,7 +64,9 @@ class LayerChain:
         cache.truncate(0)
         cache.reserve(T)
         # each layer's pool rows and rotary tables, as the model's own pass computes them
-        slots, cos, sin = self.model._row_inputs(0, T, cache, None)
+        m = self.model
+        slots, cos, sin = PassRows(0, T, cache, None, m.rotary, m.windows).host(
+            list(range(len(self.steps))))
         k_pool, v_pool = cache.pools()
         for i in range(first, end):
             x = self.steps[i].run(x, k_pool, v_pool, slots[i: i + 1], cos[i: i + 1],
