@@ -39,6 +39,7 @@ from ember.models.errors import ConfigError
 from ember.placement.layout import Placement
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
+from .decode_costs import ModelBytes
 from .host_reads import HostReads
 from ember.models.sizes import format_size
 
@@ -64,6 +65,9 @@ class ComponentBytes:
     attention_dtype: torch.dtype = torch.float32  # what attention's tensors take on the tier
     extras_movable: bool = True  # False: the LM head and predictors stay on the host
     host_reads: HostReads | None = None  # given: attention moves only where it pays
+    # Given: every tensor can sit on the tier in the file's bytes, and the plan chooses per
+    # layer "gpu", "split" or "cpu" and the LM head (layer_plan.py)
+    model: ModelBytes | None = None
 
     @classmethod
     def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int | None = None,
@@ -92,8 +96,22 @@ class ComponentBytes:
                    half, attention_movable, attention_dtype or torch.float32, extras_movable,
                    host_reads)
 
+    @classmethod
+    def of_file_blocks(cls, cfg: ModelConfig, weights, n_ctx: int,
+                       kv_pool: int) -> "ComponentBytes":
+        """Every tensor on the tier in the file's own bytes (contract of issue 30): attention
+        and norms as stored, the KV pool (`kv_pool` bytes at the KV type's width), the output
+        layer, hot FFN neurons as their rows and whole blocks of down (`LayerBytes.hot`)."""
+        model = ModelBytes.of_file(cfg, weights, n_ctx, kv_pool)
+        return cls(sum(l.attention for l in model.layers), kv_pool, model.head, 0,
+                   tuple(l.gate_up + l.down for l in model.layers),
+                   (("file", "file"),) * cfg.n_layers, cfg.hidden_size, cfg.gated,
+                   extras_movable=False, model=model)
+
     def hot_bytes(self, layer: int, n: int) -> int:
         """Exact tier bytes of n hot neurons in `layer` (what its HotFFNWeights will take)."""
+        if self.model is not None:
+            return self.model.layers[layer].hot(n)
         if not self.formats:  # sizes made by hand (tests): the per-neuron cost alone
             return n * self.neuron[layer]
         return hot_ffn_bytes(n, self.hidden, self.gated, self.formats[layer], self.half)
@@ -101,7 +119,7 @@ class ComponentBytes:
     def slack(self, layer: int) -> int:
         """Bytes beyond n * neuron[layer] that hot_bytes may add (int4 padding, int8's
         per-layer row scales): kept free when a solver places neurons by the marginal cost."""
-        if not self.formats:
+        if not self.formats or self.model is not None:
             return 0
         g = granule(self.formats[layer])
         return max(0, self.hot_bytes(layer, 1) - self.neuron[layer]) + (g - 1) * self.neuron[layer]
@@ -148,6 +166,10 @@ class MemoryPlan:
     lm_head_on_gpu: bool
     placement: Placement  # hot neurons per layer
     sizes: ComponentBytes
+    # A whole-model plan (sizes.model given): per layer "gpu", "split" or "cpu"; () for a
+    # plan of FFN rows alone (attention all on one side: attention_on_gpu)
+    layer_modes: tuple[str, ...] = ()
+    forecast: dict | None = None  # the whole-model plan's predicted time and its card
 
     @property
     def ffn_bytes(self) -> int:
@@ -168,8 +190,29 @@ class MemoryPlan:
                 out[kind][fmt] = out[kind].get(fmt, 0) + 1
         return out
 
+    def tier_layers(self) -> list[int]:
+        """Layers whose attention and KV sit on the tier."""
+        if self.layer_modes:
+            return [i for i, m in enumerate(self.layer_modes) if m != "cpu"]
+        return list(range(self.placement.n_layers)) if self.attention_on_gpu else []
+
+    def host_weight_bytes(self) -> int:
+        """Weight bytes the host reads per token, every cold neuron counted (whole-model
+        plans; None otherwise)."""
+        from .decode_costs import host_weight_bytes
+
+        hot = [self.placement.hot_count(i) for i in range(self.placement.n_layers)]
+        return host_weight_bytes(self.sizes.model, self.layer_modes, hot, self.lm_head_on_gpu)
+
     def charges(self) -> dict[str, int]:
         s = self.sizes
+        if self.layer_modes:
+            layers = [s.model.layers[i] for i in self.tier_layers()]
+            return {"workspace": self.workspace,
+                    "attention": sum(l.attention for l in layers),
+                    "kv_pool": sum(l.kv for l in layers), "predictors": 0,
+                    "lm_head": s.lm_head if self.lm_head_on_gpu else 0,
+                    "ffn_hot": self.ffn_bytes}
         return {
             "workspace": self.workspace,
             "attention": s.attention if self.attention_on_gpu else 0,
@@ -195,13 +238,18 @@ class MemoryPlan:
                                "attention_bytes": self.sizes.attention,
                                "kv_pool_bytes": self.sizes.kv_pool},
             **self.placement.summary(),
+            **({"layer_modes": list(self.layer_modes),
+                "host_weight_bytes_per_token": self.host_weight_bytes(),
+                "forecast": self.forecast} if self.layer_modes else {}),
         }
 
     def attention_type(self) -> str | None:
-        """bf16/fp16/fp32: the type attention and K/V take on the tier; None where they
+        """file/bf16/fp16/fp32: the type attention and K/V take on the tier; None where they
         cannot move (the host's file blocks run them)."""
         from .tier_dtypes import dtype_name
 
+        if self.sizes.model is not None:
+            return "file"
         return dtype_name(self.sizes.attention_dtype) if self.sizes.attention_movable else None
 
     def _where(self, name: str, n: int) -> str:
@@ -225,8 +273,12 @@ class MemoryPlan:
         lines = [f"GPU tier budget {format_size(self.budget)} ({self.split}): "
                  f"{format_size(self.gpu_bytes)} planned"]
         for name, n in self.charges().items():
-            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}  "
-                         f"{self._where(name, n)}")
+            where = "" if self.layer_modes else "  " + self._where(name, n)
+            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}{where}")
+        if self.layer_modes:
+            from .layer_plan import layer_lines
+
+            lines += layer_lines(self)
         fractions = [self.placement.hot_fraction(i) for i in range(self.placement.n_layers)]
         per_layer = (f"{fractions[0]:.0%} in every layer" if len(set(fractions)) <= 1 else
                      "per layer " + " ".join(f"{f:.0%}" for f in fractions))
@@ -250,7 +302,7 @@ class MemoryPlan:
 
 def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str = "auto",
                 preferred: Placement | None = None, neuron_order=None,
-                choose=None) -> MemoryPlan:
+                choose=None, speeds=None, activity=None) -> MemoryPlan:
     """Plan the GPU tier for `budget` bytes.
 
     Args:
@@ -260,6 +312,10 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
         neuron_order: per layer, neurons hottest first (from a profile) for cutting down.
         choose: (room in bytes, per-layer bytes of a hot neuron) -> Placement (a solver
             over a profile's statistics); takes precedence over `preferred` under split "auto".
+        speeds: with `sizes.model` (a whole-model plan), the card and host it is priced
+            for (decode_costs.DecodeSpeeds; None: layer_plan.plan_speeds(budget)).
+        activity: with `sizes.model`, per layer each neuron's firing probability, where a
+            predictor lets the host skip cold neurons (None: dense).
     """
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -272,6 +328,8 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
                           f"{format_size(space)} (working space for a "
                           f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk); raise it")
     left = budget - space
+    if sizes.model is not None:
+        return _plan_layers(cfg, budget, space, sizes, split, neuron_order, speeds, activity)
     attention = sizes.attention_movable and sizes.attention + sizes.kv_pool <= left
     if attention and sizes.host_reads is not None:
         attention = _moving_attention_pays(ffn_sizes, sizes, left, split, preferred,
@@ -300,6 +358,24 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
         raise ConfigError(f"--split gpu-only needs every FFN neuron on the GPU tier: at least "
                           f"{format_size(need)}, but --gpu-budget is {format_size(budget)}")
     if plan.gpu_bytes > budget:  # a bug, not user input: the rules above must prevent it
+        raise RuntimeError(f"memory plan over budget: {plan.gpu_bytes} > {budget}")
+    return plan
+
+
+def _plan_layers(cfg: ModelConfig, budget: int, space: int, sizes: ComponentBytes, split: str,
+                 order, speeds, activity) -> MemoryPlan:
+    """The whole-model plan: the ILP's modes and hot counts (hottest first by `order`)."""
+    from .layer_plan import forecast_entry, plan_speeds, solve_modes
+
+    speeds = speeds or plan_speeds(budget)
+    solved = solve_modes(sizes.model, budget - space, speeds, split, activity)
+    placement = Placement.from_counts((cfg.ffn_size,) * cfg.n_layers,
+                                      [o.hot for o in solved.choice], order)
+    plan = MemoryPlan(budget, split, space, any(m != "cpu" for m in solved.modes), False,
+                      solved.head_on_gpu,
+                      placement, sizes, solved.modes,
+                      forecast_entry(sizes.model, speeds, solved))
+    if plan.gpu_bytes > budget:  # a bug, not user input
         raise RuntimeError(f"memory plan over budget: {plan.gpu_bytes} > {budget}")
     return plan
 
