@@ -60,6 +60,9 @@ def run(args) -> int:
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source, plan))))
         err = s["gpu_plan"]["tier_conversion_error"]
+        if plan.sizes.model is not None:
+            print("    every tensor on the tier in the file's own blocks: nothing converted")
+            return 0
         print(f"    conversion error against the file's rows (64 rows of the first, middle and "
               f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
         att = s["gpu_plan"]["attention_conversion_error"]

@@ -47,13 +47,12 @@ def solve_modes(model: ModelBytes, room: int, speeds: DecodeSpeeds, split: str,
                 activity=None) -> ModelPlan:
     """The plan for `room` tier bytes; `split` "gpu-only" that cannot hold every layer
     whole is the user's error."""
-    plan = solve_layers(layer_problem(model, speeds, room, activity, split))
-    if split == "gpu-only" and plan.counts()["gpu"] < len(model.layers):
-        need = sum(l.attention + l.kv + l.ffn for l in model.layers)
+    need = sum(l.attention + l.kv + l.ffn for l in model.layers)
+    if split == "gpu-only" and need > room:
         raise ConfigError(f"--split gpu-only needs every layer on the GPU tier: "
                           f"{format_size(need)} beside the working space, but "
                           f"{format_size(max(room, 0))} is left of --gpu-budget")
-    return plan
+    return solve_layers(layer_problem(model, speeds, room, activity, split))
 
 
 def plan_forecast(model: ModelBytes, speeds: DecodeSpeeds, modes, hot, head_on_gpu: bool,
@@ -100,7 +99,7 @@ def layer_lines(plan: "MemoryPlan") -> list[str]:
     lines = [f"  layers      {_runs(modes)}  ({counts['gpu']} whole on the tier, "
              f"{counts['split']} split, {counts['cpu']} on the host)",
              f"  attention   {len(on_tier)} of {n} layers on the tier, in the file's blocks",
-             f"  KV pool     {len(on_tier)} of {n} layers' on the tier",
+             f"  KV pool     {len(on_tier)} of {n} layers on the tier, float16",
              f"  FFN         {counts['gpu']} layers whole on the tier"
              + (f", {counts['split']} split (hot rows on the tier, cold on the host)"
                 if counts["split"] else ""),
@@ -108,8 +107,10 @@ def layer_lines(plan: "MemoryPlan") -> list[str]:
              f"  host weight bytes per token: {format_size(plan.host_weight_bytes())}"
              + (" (the embedding's one row aside)" if not plan.host_weight_bytes() else "")]
     if f:
-        lines.append(f"  forecast    {f['ms_per_token']:.1f} ms/token on {card.get('name')} "
-                     f"({card.get('gbps')} GB/s, PCIe {card.get('pcie_gen')}.0 "
-                     f"x{card.get('pcie_lanes')}), decode step replayed from a CUDA graph "
-                     f"({f['eager_ms_per_token']:.1f} launched eagerly)")
+        link = (f"PCIe {card['pcie_gen']}.0 x{card['pcie_lanes']}" if card["pcie_gen"]
+                else "no link")
+        lines.append(f"  forecast    {f['ms_per_token']:.1f} ms/token on {card['name']} "
+                     f"({card['gbps']:.0f} GB/s, {link}; host {f['host_gbps']:.0f} GB/s), "
+                     f"decode step replayed from a CUDA graph ({f['eager_ms_per_token']:.1f} "
+                     "launched eagerly)")
     return lines

@@ -183,6 +183,8 @@ class MemoryPlan:
                               for kind, c in self.format_counts().items())
             lines.append(f"  hot rows held as {kinds} (layers); "
                          f"{self.hot_parameters / 1e9:.2f}B FFN parameters on the tier")
+        if host_ffn is not None and not host_ffn[0] and self.layer_modes:
+            host_ffn = None  # a whole-model plan splits no layer: no cold rows to tell of
         if host_ffn is not None and host_ffn[1] == "file":
             lines.append(f"  cold FFN rows in host RAM: {format_size(host_ffn[0])} in the "
                          "file's blocks (cold gate/up rows copied, down as input-major "
