@@ -21,17 +21,17 @@ layer's own round trip to the host is inside its option's time). Exactly:
 
 Options a layer would never take are pruned first: on the tier side, one with more bytes and
 no less time than another. (The host side has one option, and a tier option slower than it
-may still pay by sparing two crossings, so the two sides are never compared.)
+may still pay by sparing two crossings, so the two sides are never compared.) The solvers:
+the ILP (layer_modes_ilp.py), a chain DP on a priced budget (layer_modes_dp.py) that the ILP
+starts from, and the greedy baseline here (llama.cpp's order: whole layers from the last).
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, replace
 
 MODES = ("gpu", "split", "cpu")
-_MIB = float(1 << 20)
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class ModelPlan:
     head_on_gpu: bool
     ms: float  # `total_ms` of the choice
     nbytes: int
-    status: str  # "fits" (the whole model), "optimal", "time_limit", "fallback" (the greedy
-    # plan) or "greedy"
+    status: str  # "fits" (the whole model), "optimal", "time_limit", "fallback" (the DP's
+    # or the greedy plan: CBC found nothing better) or "greedy"
     solve_s: float = 0.0
 
     @property
@@ -104,48 +104,7 @@ def pruned(options, budget: int) -> list[LayerOption]:
     return host + tier
 
 
-def solve_layers(problem: ModelProblem, time_limit_s: float = 5.0,
-                 gap_rel: float = 5e-3, whole_first: bool = True) -> ModelPlan:
-    """The cheapest plan within the budget (CBC through PuLP); never worse than the greedy
-    plan, which is the answer when CBC finds nothing better (status "fallback").
-
-    gap_rel: CBC stops within this fraction of the optimum. The relaxation's gap on the
-    Llama-2 shapes is 0.02-0.3% (the budget's last layer or granule cannot be filled
-    exactly); proving the last 0.1% took CBC over 30 s on two cores, for a difference far
-    below the cost model's own error. 0 proves optimality (the tests' small problems).
-    whole_first: the whole model on the tier whenever it fits (`_whole_model`), unsolved."""
-    import pulp  # lazily: `ember --help` should not pay for it
-
-    t0 = time.perf_counter()
-    whole = _whole_model(problem) if whole_first else None
-    if whole is not None:
-        return replace(whole, solve_s=time.perf_counter() - t0)
-    fallback = replace(solve_greedy(problem), status="fallback")
-    layers = [pruned(opts, problem.budget) for opts in problem.layers]
-    with warnings.catch_warnings():  # PuLP 3 announces its 4.0 API on every variable
-        warnings.simplefilter("ignore", DeprecationWarning)
-        model, xs, head = _build(problem, layers, pulp)
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(float(time_limit_s), 0.01),
-                                   gapRel=gap_rel)
-        try:
-            model.solve(solver)
-            status = {pulp.LpSolutionOptimal: "optimal",
-                      pulp.LpSolutionIntegerFeasible: "time_limit"}.get(model.sol_status)
-        except pulp.PulpSolverError:
-            status = None
-    best = fallback
-    if status is not None:
-        choice = [next((o for o, x in zip(opts, vs) if (x.value() or 0) > 0.5), None)
-                  for opts, vs in zip(layers, xs)]
-        on = (head.value() or 0) > 0.5
-        if None not in choice and tier_bytes(problem, choice, on) <= problem.budget:
-            plan = _plan(problem, choice, on, status)
-            if plan.ms <= fallback.ms:
-                best = plan
-    return replace(best, solve_s=time.perf_counter() - t0)
-
-
-def _whole_model(problem: ModelProblem) -> ModelPlan | None:
+def whole_model(problem: ModelProblem) -> ModelPlan | None:
     """Every layer "gpu" and the head on the tier, when that fits (status "fits"): then
     the host reads no weights and its threads stay free. (On the slowest cards the cost
     model would have the host take a few percent of the FFN rows beside the tier, for a
@@ -158,46 +117,10 @@ def _whole_model(problem: ModelProblem) -> ModelPlan | None:
         choice.append(whole[0])
     if tier_bytes(problem, choice, True) > problem.budget:
         return None
-    return _plan(problem, choice, True, "fits")
+    return make_plan(problem, choice, True, "fits")
 
 
-def _build(problem: ModelProblem, layers, pulp):
-    model = pulp.LpProblem("ember_layer_modes", pulp.LpMinimize)
-    head = pulp.LpVariable("head", 0, 1, cat="Integer")
-    objective = [(head, problem.head_gpu_ms - problem.head_cpu_ms)]
-    budget = [(head, problem.head_bytes / _MIB)]
-    xs, sides = [], []
-    for l, opts in enumerate(layers):
-        v = [pulp.LpVariable(f"x_{l}_{i}", 0, 1, cat="Integer") for i in range(len(opts))]
-        model.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression([(x, 1.0) for x in v]),
-                                              pulp.LpConstraintEQ, rhs=1.0), f"one_{l}")
-        objective += [(x, o.ms) for x, o in zip(v, opts)]
-        budget += [(x, o.nbytes / _MIB) for x, o in zip(v, opts) if o.nbytes]
-        sides.append([(x, 1.0) for x, o in zip(v, opts) if o.on_tier])
-        xs.append(v)
-    # The chain's sides as lists of (variable, coefficient); the two ends are the host (0).
-    chain = [[], *sides, [(head, 1.0)], []]
-    cs = []
-    for j in range(1, len(chain)):
-        c = pulp.LpVariable(f"c_{j}", 0, 1)
-        cs.append((c, 1.0))
-        objective.append((c, problem.cross_ms))
-        for a, b in ((chain[j], chain[j - 1]), (chain[j - 1], chain[j])):
-            expr = pulp.LpAffineExpression([(c, 1.0)] + [(x, -k) for x, k in a]
-                                           + [(x, k) for x, k in b])
-            model.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintGE, rhs=0.0))
-    # Valid for whole plans, and what makes the relaxation tight: a chain that starts and
-    # ends on the host and visits the tier anywhere crosses at least twice.
-    for node in chain[1:-1]:
-        expr = pulp.LpAffineExpression(cs + [(x, -2.0 * k) for x, k in node])
-        model.addConstraint(pulp.LpConstraint(expr, pulp.LpConstraintGE, rhs=0.0))
-    model += pulp.LpAffineExpression(objective)
-    model.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(budget), pulp.LpConstraintLE,
-                                          rhs=problem.budget / _MIB), "budget")
-    return model, xs, head
-
-
-def _plan(problem: ModelProblem, choice, head_on_gpu: bool, status: str) -> ModelPlan:
+def make_plan(problem: ModelProblem, choice, head_on_gpu: bool, status: str) -> ModelPlan:
     choice = tuple(choice)
     return ModelPlan(choice, head_on_gpu, total_ms(problem, choice, head_on_gpu),
                      tier_bytes(problem, choice, head_on_gpu), status)
@@ -221,7 +144,7 @@ def solve_greedy(problem: ModelProblem) -> ModelPlan:
         choice[l] = whole[0]
         left -= whole[0].nbytes
     head = all(o.mode == "gpu" for o in choice) and problem.head_bytes <= left
-    plan = _plan(problem, choice, head, "greedy")
+    plan = make_plan(problem, choice, head, "greedy")
     if plan.ms > total_ms(problem, host, False):  # nothing on the tier beats that plan
-        plan = _plan(problem, host, False, "greedy")
+        plan = make_plan(problem, host, False, "greedy")
     return replace(plan, solve_s=time.perf_counter() - t0)

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from ember.placement.layer_modes import (LayerOption, ModelProblem, crossings, pruned,
-                                         solve_greedy, solve_layers, tier_bytes, total_ms)
+                                         solve_greedy, tier_bytes, total_ms)
+from ember.placement.layer_modes_dp import lagrange_plan
+from ember.placement.layer_modes_ilp import solve_layers
 
 
 def _random_problem(seed: int, n_layers: int, splits: int = 3) -> ModelProblem:
@@ -101,3 +103,22 @@ def test_eighty_layers_solve_in_seconds():
     assert plan.status in ("optimal", "time_limit", "fallback")
     assert plan.ms <= solve_greedy(problem).ms + 1e-9
     assert plan.nbytes <= problem.budget
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_chain_dp_fits_and_comes_close(seed):
+    """The ILP's starting answer: within the budget, and near the optimum (a priced budget
+    leaves a little unspent on small problems; the greedy upgrades take most of it)."""
+    problem = _random_problem(seed, n_layers=4)
+    layers = [pruned(opts, problem.budget) for opts in problem.layers]
+    choice, head = lagrange_plan(problem, layers)
+    assert tier_bytes(problem, choice, head) <= problem.budget
+    assert total_ms(problem, choice, head) <= 1.25 * _brute_force(problem) + 1e-9
+
+
+def test_the_chain_dp_is_within_a_few_percent_on_a_llama_sized_problem():
+    problem = _random_problem(11, n_layers=40, splits=40)
+    layers = [pruned(opts, problem.budget) for opts in problem.layers]
+    choice, head = lagrange_plan(problem, layers)
+    best = solve_layers(problem, gap_rel=1e-4, time_limit_s=30, whole_first=False)
+    assert total_ms(problem, choice, head) <= 1.03 * best.ms

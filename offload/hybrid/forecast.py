@@ -18,7 +18,8 @@ from dataclasses import replace
 import numpy as np
 
 from ember.models.errors import ConfigError
-from ember.placement.layer_modes import solve_greedy, solve_layers
+from ember.placement.layer_modes import solve_greedy
+from ember.placement.layer_modes_ilp import solve_layers
 
 from .decode_costs import DecodeSpeeds, host_weight_bytes, layer_problem
 from .gpu_cards import GpuCard, card_for_budget, check_budget

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from ember.models.errors import ConfigError
 from ember.models.sizes import format_size
-from ember.placement.layer_modes import ModelPlan, crossings, solve_layers
+from ember.placement.layer_modes import ModelPlan, crossings
+from ember.placement.layer_modes_ilp import solve_layers
 
 from .decode_costs import (DecodeSpeeds, LayerPrice, ModelBytes, head_ms, host_weight_bytes,
                            layer_problem)
