@@ -17,7 +17,7 @@ from ember.kernels.tier_attention import (AttendRows, TierAttentionWeights, atte
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model, open_model
 from ember.offload.body import quant_model
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.hybrid.tier_dtypes import attention_dtype
 from ember.offload.kv.plan import plan_kv
@@ -300,7 +300,7 @@ def _info_plan(source, budget, tier_attention="auto"):
 
     args = argparse.Namespace(gpu_budget=budget, ctx_size=4096, split="auto", tier_dtype="auto",
                               tier_attention=tier_attention, device="cpu")
-    return _gpu_plan(source.config, args, source)
+    return _gpu_plan(source.config, args, min(4096, source.config.context_length), source)
 
 
 @pytest.mark.skipif(not SEVEN_B.is_file(), reason="no 7B-shaped file")

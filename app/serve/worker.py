@@ -20,7 +20,7 @@ from typing import Callable
 
 from ember.models.errors import EmberError
 from ember.offload.decode.events import DoneEvent
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 
 from .sessions import SessionPicker
 
@@ -35,6 +35,7 @@ class Job:
     deliver: Callable[[object], None]  # called on the worker thread, in order
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    dropped_messages: int = 0  # the conversation's oldest messages left out to fit the context
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -44,6 +45,7 @@ class Finished:
     done: DoneEvent
     cached_tokens: int  # prompt tokens whose KV cache was reused rather than prefilled
     queued_s: float  # time spent waiting for the engine
+    dropped_messages: int = 0  # the conversation's oldest messages left out to fit the context
 
 
 @dataclass
@@ -70,12 +72,12 @@ class WorkerStats:
 
 class EngineWorker:
     def __init__(self, engine, max_queue: int = 8, max_sessions: int = 16):
-        """`engine`: an Engine (stream(), runner). `max_queue`: jobs that may wait while one
+        """`engine`: an Engine (its stream() and conversations). `max_queue`: jobs that may wait while one
         runs; `max_sessions`: conversations whose KV cache is kept for reuse."""
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.engine = engine
-        self.sessions = SessionPicker(engine.runner.tokens, engine.runner.reset, max_sessions)
+        self.sessions = SessionPicker(engine.conversation_tokens, engine.forget, max_sessions)
         self.stats = WorkerStats()
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -137,17 +139,16 @@ class EngineWorker:
                 self.stats.record(time.perf_counter() - start)
 
     def _run(self, job: Job, queued_s: float) -> None:
-        session, cached = None, None  # cached: read once prefill has run, at the first event
+        session = None
         try:
             session = self.sessions.pick(job.prompt_ids)
             for event in self.engine.stream(job.prompt_ids, sampling=job.sampling,
                                             max_tokens=job.max_tokens, stop=job.stop,
                                             ignore_eos=job.ignore_eos, cancel=job.cancel,
                                             session=session):
-                if cached is None:
-                    cached = len(job.prompt_ids) - self.engine.runner.last_prefill_tokens
                 if isinstance(event, DoneEvent):
-                    event = Finished(event, max(cached, 0), queued_s)
+                    event = Finished(event, event.timings.cached_tokens, queued_s,
+                                     job.dropped_messages)
                     if event.done.finish_reason == "cancelled":
                         self.stats.cancelled += 1
                     else:

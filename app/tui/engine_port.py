@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Protocol
 
 from ember.models.chat_format import ChatMessage
 from ember.offload.decode.events import DoneEvent, TokenEvent
+from ember.offload.options.engine_options import EngineOptions
 
 from .settings import ChatSettings
 
@@ -50,7 +51,9 @@ class EnginePort(Protocol):
         - "speculate": the drafter asked for ("off", "self", ...), "speculation": the last
           reply's `SpecStats.to_dict()` (acceptance), None before one or when off;
         - "chat_format": how the latest reply's conversation was written for the model
-          ("transcript", ...; before one, the engine's default).
+          ("transcript", ...; before one, the engine's default);
+        - "dropped_messages": how many of the conversation's oldest messages the latest
+          reply's prompt left out to fit the context (Engine.fit_chat).
 
         Keys the engine does not have are left out.
         """
@@ -59,24 +62,23 @@ class EnginePort(Protocol):
 class EngineBackend:
     """The real engine behind the port: loads lazily, so the UI is up before torch is."""
 
-    def __init__(self, model_path: str | Path | None = None, device: str = "auto",
-                 n_ctx: int = 4096, threads: int | None = None, **options):
-        """`options`: further `EngineOptions` fields (kv_budget, gpu_budget, speculate, ...)."""
+    def __init__(self, model_path: str | Path | None = None,
+                 options: EngineOptions = EngineOptions()):
         self.name = Path(model_path).name if model_path else "Gemma 3 270M (default)"
         self._model_path = model_path
-        self._options = dict(device=device, n_ctx=n_ctx, threads=threads, **options)
+        self.options = options
         self._engine = None
         self._chat_format: str | None = None  # the format of the latest reply's prompt
+        self._dropped = 0  # the latest reply's oldest messages left out to fit the context
 
     @property
     def n_ctx(self) -> int:
         return self._engine.n_ctx if self._engine is not None else 0
 
     def load(self, progress: Callable[[float, str], None] | None = None) -> None:
-        from ember.offload.runtime.engine import Engine, EngineOptions
+        from ember.offload.runtime.engine import Engine
 
-        self._engine = Engine.load(self._model_path, EngineOptions(**self._options),
-                                   progress=progress)
+        self._engine = Engine.load(self._model_path, self.options, progress=progress)
 
     def stats(self) -> dict:
         engine = self._engine
@@ -85,14 +87,17 @@ class EngineBackend:
         return {"kv": engine.kv_usage(), "lm_head": engine.lm_head,
                 "hybrid": engine.hybrid_report(), "speculate": engine.options.speculate,
                 "speculation": engine.speculation,
-                "chat_format": self._chat_format or engine.chat_format.name}
+                "chat_format": self._chat_format or engine.chat_format.name,
+                "dropped_messages": self._dropped}
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         # Each turn re-encodes the whole conversation; the engine's session for it keeps the
         # KV cache of the shared prefix (swapped to host RAM while another conversation runs),
         # so only the new turn is prefilled.
-        prompt_ids = self._engine.encode_chat(messages, settings.chat_format or None)
+        prompt_ids = self._engine.fit_chat(messages, settings.max_tokens,
+                                           settings.chat_format or None)
         self._chat_format = prompt_ids.format.name
+        self._dropped = prompt_ids.dropped_messages
         return self._engine.stream(prompt_ids, sampling=settings.sampling(),
                                    max_tokens=settings.max_tokens, cancel=cancel,
                                    session=session)

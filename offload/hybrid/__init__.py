@@ -9,4 +9,4 @@ head) prices its choices with `decode_costs` for a card of `gpu_cards`; `forecas
 against llama.cpp's layer offload (`llama_offload`) on `paper_shapes` before anything is
 loaded.
 
-May import `body` and `kv`."""
+May import `body`, `kv` and `options`."""

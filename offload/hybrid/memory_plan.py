@@ -43,11 +43,10 @@ from ember.models.sizes import format_size
 from ember.placement.layout import Placement
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
+from ..options.choices import SPLITS
 # What the tier's parts take: defined beside, named here too (callers import them from here)
 from .component_bytes import (ComponentBytes, cold_neuron_bytes, host_ffn_bytes,  # noqa: F401
                               neuron_bytes, workspace_bytes)
-
-SPLITS = ("auto", "cpu-only", "gpu-only")
 
 
 @dataclass(frozen=True)

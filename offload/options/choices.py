@@ -1,0 +1,38 @@
+"""Each engine flag's choices and defaults, defined once.
+
+The CLI's flags, `EngineOptions`, the chat app's settings and the server read them from here;
+the rooms that act on a choice (hybrid, speculative, kv) import the same tuples.
+"""
+
+from __future__ import annotations
+
+# The context a benchmark gives both engines it compares, unless told otherwise (an engine's
+# own default is the model's trained length, capped by RAM: EngineOptions.n_ctx).
+BENCH_CTX = 4096
+# Tokens `ember generate` writes unless --max-tokens says otherwise; a chat reply's default is
+# longer (a conversation's answers run longer than a continuation).
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_CHAT_MAX_TOKENS = 512
+# Tokens per block of the paged KV cache.
+DEFAULT_BLOCK_SIZE = 16
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+# --weights: "auto" the file's own blocks, "fp32" the float32 reference (what perplexity
+# comparisons are made against).
+WEIGHT_CHOICES = ("auto", "fp32")
+# Choices that once selected the requantized Q8_0 copies of the float32 model (issue 21).
+REMOVED_WEIGHTS = {"q8": "removed: the default runtime (--weights auto) reads the file's own "
+                         "blocks; --weights fp32 runs the float32 reference"}
+MMAP_CHOICES = ("auto", "on", "off")
+# --split under --gpu-budget: hot neurons fill the budget, none hot, or every one hot.
+SPLITS = ("auto", "cpu-only", "gpu-only")
+# Hot FFN rows on the GPU tier: "auto" picks by file type and device (offload/hybrid/tier_dtypes.py).
+TIER_FORMATS = ("int4", "int8", "fp16", "bf16", "fp32")
+TIER_CHOICES = ("auto",) + TIER_FORMATS
+# Attention and its KV pool under --gpu-budget.
+ATTENTION_CHOICES = ("auto", "host", "bf16", "fp16", "fp32")
+# Host-side FFN rows of a split: "file" keeps GLU layers on the file's blocks.
+COLD_DTYPES = ("fp32", "int8", "file")
+COLD_CHOICES = ("auto",) + COLD_DTYPES
+FFN_MODES = ("auto", "dense", "sparse")
+SPECULATE_CHOICES = ("off", "self", "lookup", "model")
