@@ -99,8 +99,9 @@ def test_the_7b_plan_holds_3x_the_float32_plans_ffn_parameters():
     source = open_model(SEVEN_B)
 
     def plan(tier):
+        # attention on the host: the plan of FFN rows in their tier formats
         args = argparse.Namespace(gpu_budget="4GiB", ctx_size=4096, split="auto",
-                                  tier_dtype=tier, device="cpu")
+                                  tier_dtype=tier, tier_attention="host", device="cpu")
         return _gpu_plan(source.config, args, min(4096, source.config.context_length), source)
 
     quantized, float32 = plan("auto"), plan("fp32")

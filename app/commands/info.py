@@ -164,7 +164,7 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     if args.gpu_budget is None:
         return None
     if _whole_model(args):
-        return _layer_plan(cfg, args, source)
+        return _layer_plan(cfg, args, n_ctx, source)
     from ember.offload.runtime.device import resolve_device
     from ember.offload.kv.plan import plan_kv
     from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
@@ -196,7 +196,7 @@ def _whole_model(args) -> bool:
             and getattr(args, "tier_dtype", "auto") in ("auto", "file"))
 
 
-def _layer_plan(cfg, args, source):
+def _layer_plan(cfg, args, n_ctx: int, source):
     """The whole-model plan, priced for `--gpu NAME`, this machine's CUDA device, or the
     first card of the table with the budget's memory."""
     from ember.models.sizes import parse_size
@@ -212,7 +212,6 @@ def _layer_plan(cfg, args, source):
     speeds = plan_speeds(budget, card(named) if named else None,
                          device if device.type == "cuda" else None)
     check_budget(speeds.tier, budget)
-    n_ctx = min(args.ctx_size, cfg.context_length)
     kv = plan_kv(cfg, n_ctx, value_bytes=2)  # float16 K and V
     sizes = ComponentBytes.of_file_blocks(cfg, source.weights, n_ctx,
                                           kv.device_blocks * kv.block_bytes)
