@@ -43,6 +43,15 @@ def _split_options(p: argparse.ArgumentParser) -> None:
                         "format on the tier (on any device, the CPU too)")
 
 
+def _gpu_option(p: argparse.ArgumentParser) -> None:
+    from ember.offload.hybrid.gpu_cards import CARDS  # a plain table: no torch behind it
+
+    p.add_argument("--gpu", choices=tuple(CARDS), metavar="NAME",
+                   help="the card a --gpu-budget plan is priced for: "
+                        f"{', '.join(CARDS)} (default: this machine's CUDA device, else "
+                        "the table's first card with the budget's memory)")
+
+
 def _engine_options(p: argparse.ArgumentParser) -> None:
     _model_options(p)
     p.add_argument("--device", default="auto", choices=choices.DEVICE_CHOICES,
@@ -173,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context used for the KV-cache estimate (default: what an engine would "
                         "get: the model's trained length, capped by free RAM)")
     _split_options(p)
+    _gpu_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="info")
 
@@ -233,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = bench.add_parser("placement", help="hot/cold placement: ILP vs greedy on a 70B-shaped "
                          "problem, or with --shape Ember's split vs whole-layer offload")
     b.add_argument("--shape", choices=("llama2-7b", "llama2-13b", "llama2-70b"),
-                   help="forecast this paper shape: Ember's neuron split and llama.cpp-style "
+                   help="forecast this paper shape: Ember's whole-model plan and llama.cpp's "
                         "whole-layer offload, predicted ms/token at --gpu-budget")
     b.add_argument("--quant", default="Q4_K_M", choices=("Q4_K_M", "Q4_0", "Q8_0", "F16"),
                    help="the file's quant mix (with --shape)")
@@ -241,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU memory for both plans (with --shape; default 24GiB)")
     b.add_argument("--ctx", type=int, default=choices.BENCH_CTX, metavar="N",
                    help="context the KV cache is sized for (with --shape)")
+    _gpu_option(b)
     b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
     b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
     b.add_argument("--group-size", type=int, metavar="N",

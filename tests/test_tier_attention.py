@@ -311,7 +311,9 @@ def test_speculation_through_tier_attention_is_lossless(tiny_q4_k_m, drafter):
 
 # -- what `ember info` plans ----------------------------------------------------------------
 
-def _info_plan(source, budget, tier_attention="auto"):
+def _info_plan(source, budget, tier_attention="bf16"):
+    """The FFN-rows plan with attention in bf16 (`auto` now asks for the whole-model plan in
+    the file's bytes: tests/test_layer_plan.py)."""
     from ember.app.commands.info import _gpu_plan
 
     args = argparse.Namespace(gpu_budget=budget, ctx_size=4096, split="auto", tier_dtype="auto",

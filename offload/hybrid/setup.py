@@ -291,7 +291,7 @@ def profile_predictors(profile, cfg) -> LayerPredictors:
 def profile_chooser(profile, predictors: LayerPredictors | None, sparse: bool, cfg):
     """room -> Placement solved from the profile's statistics and measured costs (None when
     the profile has no costs: its own placement is then cut to the room hottest-first)."""
-    from .cost_probe import SideCosts
+    from .side_costs import SideCosts
     from .placement_solver import chooser
 
     if "costs" not in profile.meta:
