@@ -256,17 +256,18 @@ class QuantModel:
                                 *self._tier_inputs(start, T, cache, tree))
         else:
             slots, cos, sin = self._row_inputs(start, T, cache, tree)
+            positions = torch.arange(start, start + T) if tree is None else tree.positions
             run = self._run if self.ffns is None else self._layer_by_layer
-            x = run(self.embed(ids), *cache.pools(), slots, cos, sin)
+            x = run(self.embed(ids), *cache.pools(), slots, positions, cos, sin)
         if tree is None:
             cache.commit(T)
         return rms_norm(x, self.output_norm, self.cfg.rms_eps)
 
-    def _layer_by_layer(self, x, k_pool, v_pool, slots, cos, sin) -> torch.Tensor:
+    def _layer_by_layer(self, x, k_pool, v_pool, slots, positions, cos, sin) -> torch.Tensor:
         """The split model's pass: per layer, attention in C++ then the layer's own FFN and
         the residual step (what DecoderStep does after its own FFN)."""
         for i, (layer, ffn) in enumerate(zip(self.layers, self.ffns)):
-            mid, h = self._attention(i, x, k_pool, v_pool, slots[i], cos[i], sin[i])
+            mid, h = self._attention(i, x, k_pool, v_pool, slots[i], positions, cos[i], sin[i])
             x = residual_norm(mid, ffn(h).contiguous(), layer.post_ffn_norm, None,
                               layer.eps)[0]
         return x
