@@ -12,14 +12,16 @@ from ember.offload.profile.perplexity import PerplexityResult, windows
 
 
 class LlamaCpp:
-    def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False):
+    def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False,
+                 flash_attn: bool = False):
         try:
             from llama_cpp import Llama
         except ImportError:
             raise EmberError("the llama.cpp baseline is not installed: pip install -e '.[baseline]' "
                              "(README: build flags for these CPUs)") from None
         self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
-                         n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False)
+                         n_ctx=n_ctx, n_batch=512, logits_all=logits_all,
+                         flash_attn=flash_attn, verbose=False)
 
     def decode_speed(self, ids: list[int], gen: int) -> dict:
         """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase, and the tokens."""

@@ -179,6 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt: a sentence repeated (default) or a paragraph of prose")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_decode")
+    b = bench.add_parser("context", help="prefill and decode after long prompts of source code "
+                                         "(optionally vs llama.cpp, flash attention off and on)")
+    _engine_options(b)
+    b.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 1024, 3072, 6144, 12288],
+                   metavar="N", help="prompt lengths (default: 128 1024 3072 6144 12288)")
+    b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
+    b.add_argument("--runs", type=int, default=1, metavar="N")
+    b.add_argument("--against", choices=("llama.cpp",),
+                   help="also measure llama.cpp with flash attention off and on, interleaved")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_context")
     b = bench.add_parser("sparsity", help="decode tokens/s dense vs input-thresholded (GLU "
                                           "sparsity), interleaved, with the ideal from bytes")
     _model_options(b)

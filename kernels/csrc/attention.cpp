@@ -48,6 +48,7 @@ struct Portable {
         for (int i = 0; i < nq; ++i)
             for (int x = x0; x < x1; ++x) s[i * lds + x] = dot(q[i], k[x], hd) * scale;
     }
+    static float max_of(const float* s, int a, int b) { return *std::max_element(s + a, s + b); }
     static float exp_sum(const float* s, float* p, int a, int b, float m) {
         float acc[LANES] = {};
         for (int x = a; x < b; ++x) acc[x % LANES] += p[x] = exp_neg(s[x] - m);
@@ -251,7 +252,7 @@ class Attention {
                 float* p = sc.p.data() + qi * lds_;
                 if (r_.softcap > 0.f)
                     for (int x = sp.a; x < sp.b; ++x) s[x] = softcapped(s[x], r_.softcap);
-                const float m = *std::max_element(s + sp.a, s + sp.b);
+                const float m = K::max_of(s, sp.a, sp.b);
                 const float l = K::exp_sum(s, p, sp.a, sp.b, m);
                 sc.pp[qi] = p;
                 const int64_t state = sp.t * r_.n_heads + head;

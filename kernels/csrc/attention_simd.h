@@ -23,6 +23,10 @@
 #define EMBER_ATTENTION_AVX512 1
 #endif
 
+// The tile kernels keep their accumulators in registers only when every helper is inlined
+// (a helper taking them by pointer put them on the stack, zeroed, each tile).
+#define EMBER_INLINE inline __attribute__((always_inline))
+
 namespace ember_attention {
 
 #ifdef EMBER_ATTENTION_AVX2
@@ -59,18 +63,27 @@ struct Avx2 {
         const __m256 mv = _mm256_set1_ps(m);
         return {exp_neg8(_mm256_sub_ps(x.lo, mv)), exp_neg8(_mm256_sub_ps(x.hi, mv))};
     }
-    // x's lanes i with a <= g + i < b, zeros elsewhere
-    static T keep(T x, int g, int a, int b) {
+    // lanes i of each half with a <= g + i < b
+    static T lanes_in(int g, int a, int b) {
         const __m256i i = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(g));
         const __m256i i8 = _mm256_add_epi32(i, _mm256_set1_epi32(8));
+        const __m256i av = _mm256_set1_epi32(a), bv = _mm256_set1_epi32(b);
         auto in = [&](__m256i j) {
-            return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(a), j),
-                                                           _mm256_cmpgt_epi32(_mm256_set1_epi32(b), j)));
+            return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(av, j), _mm256_cmpgt_epi32(bv, j)));
         };
-        return {_mm256_and_ps(x.lo, in(i)), _mm256_and_ps(x.hi, in(i8))};
+        return {in(i), in(i8)};
+    }
+    static T keep(T x, int g, int a, int b) {
+        const T m = lanes_in(g, a, b);
+        return {_mm256_and_ps(x.lo, m.lo), _mm256_and_ps(x.hi, m.hi)};
+    }
+    static T keep_or(T x, int g, int a, int b, float other) {
+        const T m = lanes_in(g, a, b);
+        const __m256 o = _mm256_set1_ps(other);
+        return {_mm256_blendv_ps(o, x.lo, m.lo), _mm256_blendv_ps(o, x.hi, m.hi)};
     }
     // The sums (tree16) of n <= 8 accumulators, in order, into out[0..n).
-    static void sums(const T* acc, int n, float* out) {
+    static EMBER_INLINE void sums(const T* acc, int n, float* out) {
         __m256 s[8];
         for (int i = 0; i < 8; ++i) s[i] = i < n ? _mm256_add_ps(acc[i].lo, acc[i].hi) : _mm256_setzero_ps();
         __m256 z[4], w[2];
@@ -87,6 +100,14 @@ struct Avx2 {
         alignas(32) float tmp[8];
         _mm256_store_ps(tmp, ordered);
         for (int i = 0; i < n; ++i) out[i] = tmp[i];
+    }
+    static T max(T a, T b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+    static float lane_max(T x) {
+        alignas(32) float a[16];
+        _mm256_store_ps(a, x.lo), _mm256_store_ps(a + 8, x.hi);
+        float m = a[0];
+        for (int i = 1; i < 16; ++i) m = a[i] > m ? a[i] : m;
+        return m;
     }
     static float lane_tree(T x) {
         alignas(32) float a[16];
@@ -131,13 +152,18 @@ struct Avx512 {
         const __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
         return _mm512_maskz_mov_ps(ok, _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e)));
     }
-    static T keep(T x, int g, int a, int b) {
+    static __mmask16 lanes_in(int g, int a, int b) {
         const int lo = a > g ? a - g : 0, hi = b - g < 16 ? b - g : 16;
-        const unsigned bits = ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-        return _mm512_maskz_mov_ps(static_cast<__mmask16>(bits), x);
+        return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
     }
+    static T keep(T x, int g, int a, int b) { return _mm512_maskz_mov_ps(lanes_in(g, a, b), x); }
+    static T keep_or(T x, int g, int a, int b, float other) {
+        return _mm512_mask_mov_ps(_mm512_set1_ps(other), lanes_in(g, a, b), x);
+    }
+    static T max(T a, T b) { return _mm512_max_ps(a, b); }
+    static float lane_max(T x) { return _mm512_reduce_max_ps(x); }
     // The sums (tree16) of n <= 16 accumulators, in order, into out[0..n).
-    static void sums(const T* acc, int n, float* out) {
+    static EMBER_INLINE void sums(const T* acc, int n, float* out) {
         __m512 x[16], y[8], z[4], w[2];
         for (int i = 0; i < 16; ++i) x[i] = i < n ? acc[i] : _mm512_setzero_ps();
         for (int i = 0; i < 8; ++i)  // 8 apart: 256-bit halves
@@ -186,7 +212,7 @@ struct SimdKernels {
 
     // Scores of QN query vectors against KN keys, times scale: out[i * KN + j].
     template <int QN, int KN>
-    static void tile(const float* const* q, const float* const* k, int64_t hd, float scale, float* out) {
+    static EMBER_INLINE void tile(const float* const* q, const float* const* k, int64_t hd, float scale, float* out) {
         T acc[QN * KN];
         for (int i = 0; i < QN * KN; ++i) acc[i] = V::zero();
         for (int64_t d = 0; d < hd; d += LANES) {
@@ -233,6 +259,13 @@ struct SimdKernels {
         }
     }
 
+    // max of s[a..b) (exact in any order)
+    static float max_of(const float* s, int a, int b) {
+        T best = V::bcast(-INFINITY);
+        for (int g = a & ~(LANES - 1); g < b; g += LANES) best = V::max(best, V::keep_or(V::load(s + g), g, a, b, -INFINITY));
+        return V::lane_max(best);
+    }
+
     // p[x] = exp(s[x] - m) for a <= x < b (zeros around it, within its 16-aligned groups);
     // returns their sum (lane per position mod 16, then tree16).
     static float exp_sum(const float* s, float* p, int a, int b, float m) {
@@ -248,7 +281,7 @@ struct SimdKernels {
     // NH heads of one row, columns col..col + 16 W: o = sum over a <= x < b of p[h][x] v[x],
     // joined into O[h] as f[h] says.
     template <int W, int NH>
-    static void value_block(const float* const* p, const float* const* v, int a, int b, int64_t col,
+    static EMBER_INLINE void value_block(const float* const* p, const float* const* v, int a, int b, int64_t col,
                             float* const* O, const Fold* f) {
         T acc[NH][W];
         for (int h = 0; h < NH; ++h)
