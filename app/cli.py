@@ -50,6 +50,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="device KV-cache pool, e.g. 256MB (default: one full context)")
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
+    p.add_argument("--kv-type", default="f16", choices=("f16", "q8_0"),
+                   help="KV cache values: f16 (default) or q8_0 (blocks of 32 int8 and a "
+                        "scale: 0.53x the memory and bytes read; perplexity cost in "
+                        "docs/long-context.md)")
     _split_options(p)
     p.add_argument("--profile", default="auto", metavar="PATH",
                    help="profile artifact from `ember profile` (default: auto = the one made for "
@@ -161,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(p)
     p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
                    help="context used for the KV-cache estimate")
+    p.add_argument("--kv-type", default="f16", choices=("f16", "q8_0"),
+                   help="KV cache values the estimate counts (as the engines' --kv-type)")
     _split_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="info")

@@ -33,8 +33,11 @@ def available() -> bool:
     return module is not None and hasattr(module, "attend")
 
 
-def q8_0_row_bytes(head_dim: int) -> int:
-    """Bytes of one KV head's head_dim values in a Q8_0 pool; ValueError unless whole blocks."""
+def kv_row_values(dtype: torch.dtype, head_dim: int) -> int:
+    """Elements of `dtype` one KV head's head_dim values take in a pool row: head_dim, or the
+    bytes of its Q8_0 blocks for a uint8 pool (ValueError unless whole blocks)."""
+    if dtype != torch.uint8:
+        return head_dim
     if head_dim % Q8_0_VALUES:
         raise ValueError(f"a Q8_0 KV cache needs a head dim that is a multiple of "
                          f"{Q8_0_VALUES}, not {head_dim}")

@@ -63,6 +63,18 @@ def _time_attend(q, k_pool, v_pool, keys: int, repeats: int = 9) -> float:
     return statistics.median(times)
 
 
+def _pool(values, dtype):
+    """Random K or V values (S, n_kv, hd) as a pool of the engine's type (uint8: Q8_0)."""
+    import torch
+
+    from ember.kernels.q8_matmul import q8_0_quantize
+
+    if dtype != torch.uint8:
+        return values.to(dtype)
+    s, n_kv, hd = values.shape
+    return q8_0_quantize(values.reshape(-1, hd)).reshape(s, n_kv, -1)
+
+
 def attention_report(engine, n: int, copy_bps: float) -> dict:
     """Decode attention per token after n tokens, timed on the kernel with the model's shapes
     and the engine's KV type, against max(KV bytes / copy bandwidth, multiply-adds / the same
@@ -71,15 +83,13 @@ def attention_report(engine, n: int, copy_bps: float) -> dict:
 
     cfg = engine.loaded.config
     hd, n_kv, n_heads = cfg.head_dim, cfg.n_kv_heads, cfg.n_heads
-    dtype = engine.kv_dtype
     longest = max(_attention_layers(cfg, n))
-    k_pool = torch.randn(longest, n_kv, hd).to(dtype)
-    v_pool = torch.randn(longest, n_kv, hd).to(dtype)
+    k_pool, v_pool = (_pool(torch.randn(longest, n_kv, hd), engine.kv_dtype) for _ in "kv")
     q = torch.randn(1, n_heads, hd)
     per_keys = {keys: _time_attend(q, k_pool, v_pool, keys) for keys in set(_attention_layers(cfg, n))}
     seconds = sum(per_keys[k] for k in _attention_layers(cfg, n))
     keys_total = sum(_attention_layers(cfg, n))
-    kv_bytes = keys_total * 2 * n_kv * hd * k_pool.element_size()
+    kv_bytes = keys_total * 2 * k_pool[0].nbytes
     macs = keys_total * 2 * n_heads * hd  # q.k and p.v
     small = min(256, longest)
     peak = small * 2 * n_heads * hd / _time_attend(q, k_pool, v_pool, small, repeats=31)

@@ -39,7 +39,8 @@ def load_engine(args):
                             tree=getattr(args, "tree", None),
                             draft_model=getattr(args, "draft_model", None),
                             chat_format=getattr(args, "chat_format", "auto"),
-                            mmap=getattr(args, "mmap", "auto"))
+                            mmap=getattr(args, "mmap", "auto"),
+                            kv_type=getattr(args, "kv_type", "f16"))
     print("ember: loading model…", file=sys.stderr, flush=True)
     # Erased once loaded: the command's own output follows.
     with progress_bar("loading", getattr(args, "json", False), leave=False) as bar:

@@ -14,7 +14,7 @@ def run(args) -> int:
     from ember.models.summary import summarize
 
     source = open_model(model_path(args))
-    s = summarize(source, args.ctx_size)
+    s = summarize(source, args.ctx_size, args.kv_type)
     s["chat_format"] = _chat_formats(source)
     s["memory"]["weights_in"] = _weights_in(source)
     plan = _gpu_plan(source.config, args, source)
@@ -53,7 +53,7 @@ def run(args) -> int:
     where = ("read into RAM on huge pages; --mmap on maps them" if m["weights_in"] == "ram"
              else "memory-mapped; --mmap off reads them into RAM")
     print(f"  memory (max)    {_mib(m['total_bytes'])} = the file's weights "
-          f"{_mib(m['weights_bytes'])} ({where}) + KV cache (float16) "
+          f"{_mib(m['weights_bytes'])} ({where}) + KV cache ({m['kv_type']}) "
           f"{_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
           "--weights fp32 or a GPU device)")

@@ -24,6 +24,7 @@ import torch
 from ember.kernels import block_matmul as bm
 from ember.kernels import decoder_step, q8_matmul
 from ember.kernels.fused_ops import residual_norm, residual_norm_reference, rms_norm
+from ember.kernels.attention import kv_row_values
 from ember.kernels.tier_attention import AttendRows, TierAttentionWeights, tier_attention
 from ember.models.config import ModelConfig
 from ember.models.kv import ContiguousKVCache, KVCache
@@ -58,18 +59,25 @@ def runs_on_file_blocks(options, device: torch.device) -> bool:
 
 # K and V in half precision on this runtime (its attention converts them on load): half the
 # bytes a long context reads and holds, as llama.cpp's default f16 cache. The float32
-# reference keeps float32.
+# reference keeps float32. `--kv-type q8_0`: uint8 pools of Q8_0 blocks (kernels.attention).
 KV_DTYPE = torch.float16
+KV_TYPE_DTYPES = {"f16": KV_DTYPE, "q8_0": torch.uint8}
 
 
 def kv_dtype(options=None, device: torch.device = CPU) -> torch.dtype:
     """K/V element type of an engine with `options` (EngineOptions; None: the defaults) on
-    `device`: KV_DTYPE where it runs on the file's blocks, float32 otherwise."""
+    `device`: its --kv-type's where it runs on the file's blocks, float32 otherwise."""
     if options is None:
         blocks = device.type == "cpu" and applies()
     else:
         blocks = runs_on_file_blocks(options, device)
-    return KV_DTYPE if blocks else torch.float32
+    kv_type = "f16" if options is None else options.kv_type
+    return KV_TYPE_DTYPES[kv_type] if blocks else torch.float32
+
+
+def kv_value_bytes(dtype: torch.dtype) -> float:
+    """Bytes a K or V value takes in pools of `dtype` (Q8_0: 34 bytes per 32 values)."""
+    return 34 / 32 if dtype == torch.uint8 else dtype.itemsize
 
 
 def readable(w: WeightStore, name: str, shape: tuple[int, int], derived: dict[str, int]) -> QTensor:
@@ -106,9 +114,7 @@ class BlockLMHead:
 
 
 class QuantModel:
-    kv_dtype = KV_DTYPE  # what its caches hold (new_cache; the engine's paged cache)
-
-    def __init__(self, source: ModelSource):
+    def __init__(self, source: ModelSource, kv_dtype: torch.dtype = KV_DTYPE):
         cfg, w = source.config, source.weights
         self.cfg, self.device = cfg, CPU
         # Every op is row by row in a fixed order: a row's result does not depend on how
@@ -119,6 +125,7 @@ class QuantModel:
         # Per layer attention on the GPU tier (`use_tier_attention`), None: on the blocks here
         self.tier: list[TierAttentionWeights] | None = None
         self.attention_device = CPU  # where attention runs and its K/V live
+        self.kv_dtype = kv_dtype  # what its caches hold (new_cache; the engine's paged cache)
         self._file = w  # the file's tensors, for the tier's copies of attention
         self.derived: dict[str, int] = {}  # tensors requantized at load: name -> bytes
         h = cfg.hidden_size
@@ -241,7 +248,8 @@ class QuantModel:
 
     def new_cache(self, max_len: int) -> ContiguousKVCache:
         return ContiguousKVCache(self.cfg, max_len, device=self.attention_device,
-                                 dtype=self.kv_dtype)
+                                 dtype=self.kv_dtype, row_values=kv_row_values(self.kv_dtype,
+                                                                               self.cfg.head_dim))
 
     @torch.inference_mode()
     def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ from ember.models.loader import LoadedModel
 
 from ..body.input_sparsity import apply_input_sparsity
 from ..body.quant_model import QuantModel, kv_dtype, runs_on_file_blocks
+from ..body.quant_model import kv_value_bytes as value_bytes
 from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
                             profile_chooser, profile_predictors, resolve_cold_dtype,
                             restore_dense, split_ffns)
@@ -43,7 +44,8 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     GPU tier."""
     # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
     # hybrid split slices its FFN rows from them too.
-    blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, device) else None
+    blocks = (QuantModel(loaded.source, kv_dtype(options, device))
+              if runs_on_file_blocks(options, device) else None)
     profile, path = _find_profile(loaded, options)
     quality = None if profile is None else _profile_quality(profile)
     input_sparsity, hybrid = None, None
@@ -70,14 +72,14 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
                        path, quality)
 
 
-def kv_value_bytes(options: EngineOptions, device: torch.device) -> int:
+def kv_value_bytes(options: EngineOptions, device: torch.device) -> float:
     """Bytes per K/V value the KV plan is sized by: the tier attention's type when
     `--tier-attention` names one, else the runtime's own (float16 on the file's blocks:
     the width of bf16 or fp16 too, so `auto`'s plan holds wherever attention lands)."""
     named = options.tier_attention not in ("auto", "host")
     if named and options.gpu_budget is not None and runs_on_file_blocks(options, device):
         return attention_dtype(options.tier_attention, device).itemsize
-    return kv_dtype(options, device).itemsize
+    return value_bytes(kv_dtype(options, device))
 
 
 def _float_model(loaded: LoadedModel, compute: torch.device, hybrid: HybridModel | None):

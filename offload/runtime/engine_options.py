@@ -17,6 +17,9 @@ from ..speculative.token_tree import parse_tree
 DEFAULT_CTX = 4096
 FFN_MODES = ("auto", "dense", "sparse")
 MMAP_CHOICES = ("auto", "on", "off")
+# --kv-type: the KV cache's element type on the file-blocks runtime: float16, or Q8_0 blocks
+# (34 bytes per 32 values: 0.53x the bytes, as llama.cpp's -ctk/-ctv q8_0).
+KV_TYPES = ("f16", "q8_0")
 # --weights: "auto" the file's own blocks (QuantModel) where the kernels are built, "fp32" the
 # float32 reference (what perplexity comparisons are made against).
 WEIGHT_CHOICES = ("auto", "fp32")
@@ -62,6 +65,7 @@ class EngineOptions:
     # (faster decode), "auto" the copy when the file fits easily in free RAM and the FFNs
     # are not split (resources.reads_weights_into_ram).
     mmap: str = "auto"
+    kv_type: str = "f16"  # KV_TYPES
 
     def __post_init__(self):
         _check_choice("--mmap", self.mmap, MMAP_CHOICES)
@@ -94,6 +98,12 @@ class EngineOptions:
                                   "of the file's blocks; --weights fp32 runs the float32 "
                                   "reference instead: drop one of the two")
         _check_choice("--split", self.split, SPLITS)
+        _check_choice("--kv-type", self.kv_type, KV_TYPES)
+        if self.kv_type != "f16" and (self.weights == "fp32" or self.tier_attention not in
+                                      ("auto", "host")):
+            raise ConfigError(f"--kv-type {self.kv_type} is the host attention's cache on the "
+                              "file's blocks; --weights fp32 and --tier-attention TYPE keep "
+                              "their own K/V types: drop one of them")
         if self.gpu_budget is not None and self.gpu_budget < 0:
             raise ConfigError("--gpu-budget must not be negative")
 
