@@ -56,10 +56,9 @@ class LlamaCpp:
             ids = [bos_id] + text_ids[begin:end]
             self.llm.reset()
             self.llm.eval(ids)
-            logits = np.asarray(self.llm.scores[: len(ids)], dtype=np.float64)
             for row in range(first - begin, len(ids) - 1):
-                z = logits[row]
-                m = z.max()
+                z = self.llm.scores[row].astype(np.float64)  # one row: long windows x 150k
+                m = z.max()                                 # vocabularies are gigabytes
                 total.nll -= z[ids[row + 1]] - (m + np.log(np.exp(z - m).sum()))
                 total.tokens += 1
         return total
