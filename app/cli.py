@@ -11,7 +11,12 @@ import argparse
 import importlib
 import sys
 
-from ember.models.chat_format import CHAT_FORMATS  # a plain module: no torch behind it
+# Plain modules, no torch behind them: every flag's choices and defaults are defined there.
+from ember.models.chat_format import CHAT_FORMATS
+from ember.offload.options import choices
+from ember.offload.options.sampling import SamplingParams
+
+SAMPLING = SamplingParams()  # the defaults of the sampling flags
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -23,16 +28,16 @@ def _split_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-budget", metavar="SIZE",
                    help="GPU-tier memory, e.g. 4GiB or 500MB: attention, KV and the hottest FFN "
                         "neurons go there, cold neurons run on CPU threads (default: no split)")
-    p.add_argument("--split", default="auto", choices=("auto", "cpu-only", "gpu-only"),
+    p.add_argument("--split", default="auto", choices=choices.SPLITS,
                    help="FFN split under --gpu-budget: auto (hot neurons fill the budget), "
                         "cpu-only (none hot) or gpu-only (all hot)")
     p.add_argument("--tier-dtype", default="auto",
-                   choices=("auto", "int4", "int8", "fp16", "bf16", "fp32"),
+                   choices=choices.TIER_CHOICES,
                    help="hot FFN rows on the GPU tier: auto (by each tensor's file type and the "
                         "device: int4 for Q4-family rows where PyTorch's int4 matmul runs, int8 "
                         "for Q5/Q6/Q8, fp16 for float files) or one type for all")
     p.add_argument("--tier-attention", default="auto",
-                   choices=("auto", "host", "bf16", "fp16", "fp32"),
+                   choices=choices.ATTENTION_CHOICES,
                    help="attention weights and the KV pool under --gpu-budget: auto (on a GPU "
                         "tier in bf16, fp16 before Ampere, when the budget holds them; on the "
                         "host's file blocks otherwise), host, or that type on the tier (on any "
@@ -41,16 +46,17 @@ def _split_options(p: argparse.ArgumentParser) -> None:
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
     _model_options(p)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+    p.add_argument("--device", default="auto", choices=choices.DEVICE_CHOICES,
                    help="where to run (default: auto = CUDA if present, else CPU)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
-    p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
-                   help="context window in tokens (default: 4096, capped at the model's)")
+    p.add_argument("--ctx-size", type=int, default=choices.DEFAULT_CTX, metavar="N",
+                   help=f"context window in tokens (default: {choices.DEFAULT_CTX}, capped at "
+                        "the model's)")
     p.add_argument("--kv-budget", metavar="SIZE",
                    help="device KV-cache pool, e.g. 256MB (default: one full context)")
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
-    p.add_argument("--kv-type", default="f16", choices=("f16", "q8_0"),
+    p.add_argument("--kv-type", default="f16", choices=choices.KV_TYPES,
                    help="KV cache values: f16 (default) or q8_0 (blocks of 32 int8 and a "
                         "scale: 0.53x the memory and bytes read; perplexity cost in "
                         "docs/long-context.md)")
@@ -58,12 +64,12 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default="auto", metavar="PATH",
                    help="profile artifact from `ember profile` (default: auto = the one made for "
                         "this model, if any; 'none' runs without)")
-    p.add_argument("--ffn-mode", default="auto", choices=("auto", "dense", "sparse"),
+    p.add_argument("--ffn-mode", default="auto", choices=choices.FFN_MODES,
                    help="FFN neurons computed: dense (all), sparse (predicted-active cold "
                         "neurons, needs a profile; on GLU models every input threshold the "
                         "profile calibrated), auto (sparse when a profile is found; on GLU "
                         "models only the thresholds its timing found to speed decoding up)")
-    p.add_argument("--cold-dtype", default="auto", choices=("auto", "fp32", "int8", "file"),
+    p.add_argument("--cold-dtype", default="auto", choices=choices.COLD_CHOICES,
                    help="host-side FFN rows of a split or sparse FFN: file (GLU layers no "
                         "predictor gates keep the file's own blocks, the others int8 "
                         "bundles), int8 bundles, fp32 bundles (exact), or auto (file unless "
@@ -73,7 +79,7 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="auto: the file's own blocks, as stored (the float32 model is "
                         "never built); fp32: the float32 reference")
     p.add_argument("--lm-head", type=_removed_lm_head, help=argparse.SUPPRESS)
-    p.add_argument("--mmap", default="auto", choices=("auto", "on", "off"),
+    p.add_argument("--mmap", default="auto", choices=choices.MMAP_CHOICES,
                    help="on: use the file in place through a memory map; off: read its bytes "
                         "into RAM on huge pages (the same blocks, faster to stream: decode ~7%% "
                         "faster here); auto (default): off when the file fits easily in free RAM "
@@ -91,7 +97,7 @@ def _removed_lm_head(value: str) -> str:
 
 
 def _speculation_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speculate", default="off", choices=("off", "self", "lookup", "model"),
+    p.add_argument("--speculate", default="off", choices=choices.SPECULATE_CHOICES,
                    help="lossless speculative decoding: the model itself with a small vocabulary "
                         "head (self), n-grams from the context (lookup), or --draft-model")
     p.add_argument("--draft-model", metavar="PATH",
@@ -109,12 +115,16 @@ def _chat_format_option(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=256, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=40, metavar="K", help="0 disables")
-    p.add_argument("--top-p", type=float, default=0.95, metavar="P", help="1 disables")
-    p.add_argument("--min-p", type=float, default=0.05, metavar="P", help="0 disables")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R", help="1 disables")
+    p.add_argument("--max-tokens", type=int, default=choices.DEFAULT_MAX_TOKENS, metavar="N")
+    p.add_argument("--temperature", type=float, default=SAMPLING.temperature, metavar="T",
+                   help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=SAMPLING.top_k, metavar="K", help="0 disables")
+    p.add_argument("--top-p", type=float, default=SAMPLING.top_p, metavar="P",
+                   help="1 disables")
+    p.add_argument("--min-p", type=float, default=SAMPLING.min_p, metavar="P",
+                   help="0 disables")
+    p.add_argument("--repeat-penalty", type=float, default=SAMPLING.repeat_penalty,
+                   metavar="R", help="1 disables")
     p.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text appears (repeatable)")
@@ -163,9 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="architecture, sizes, quant types and memory of a model")
     _model_options(p)
-    p.add_argument("--ctx-size", type=int, default=4096, metavar="N",
+    p.add_argument("--ctx-size", type=int, default=choices.DEFAULT_CTX, metavar="N",
                    help="context used for the KV-cache estimate")
-    p.add_argument("--kv-type", default="f16", choices=("f16", "q8_0"),
+    p.add_argument("--kv-type", default="f16", choices=choices.KV_TYPES,
                    help="KV cache values the estimate counts (as the engines' --kv-type)")
     _split_options(p)
     p.add_argument("--json", action="store_true")
@@ -245,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the file's quant mix (with --shape)")
     b.add_argument("--gpu-budget", metavar="SIZE", default="24GiB",
                    help="GPU memory for both plans (with --shape; default 24GiB)")
-    b.add_argument("--ctx", type=int, default=4096, metavar="N",
+    b.add_argument("--ctx", type=int, default=choices.DEFAULT_CTX, metavar="N",
                    help="context the KV cache is sized for (with --shape)")
     b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
     b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
@@ -262,8 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GGUF file (default: the embedded Gemma 3 270M)")
     b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine")
     b.add_argument("--threads", type=int, default=2, metavar="N", help="CPU threads (default: 2)")
-    b.add_argument("--ctx-size", type=int, default=4096, metavar="N",
-                   help="context window for both engines (default: 4096, capped at the model's)")
+    b.add_argument("--ctx-size", type=int, default=choices.DEFAULT_CTX, metavar="N",
+                   help=f"context window for both engines (default: {choices.DEFAULT_CTX}, "
+                        "capped at the model's)")
     b.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate")
     b.add_argument("--runs", type=int, default=3, metavar="N", help="timed runs of each command")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")

@@ -29,7 +29,7 @@ from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.kv.plan import plan_kv
 from ember.offload.body.quant_model import kv_dtype
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 
 USER_LINES = [
     "Tell me about rivers.", "What do herons eat?", "Why do meadows flood in spring?",

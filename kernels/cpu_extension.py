@@ -14,10 +14,12 @@ PyTorch reference instead. `EMBER_KERNELS=reference` forces that fallback withou
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import platform
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from ember.models.user_dirs import cache_dir as user_cache_dir
@@ -82,9 +84,26 @@ def _build():
     src = Path(__file__).resolve().parent / "csrc"
     out = cache_dir() / name
     out.mkdir(parents=True, exist_ok=True)
-    return cpp_extension.load(name=name, sources=[str(src / s) for s in _SOURCES],
-                              extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                              build_directory=str(out), verbose=False)
+    with _builder_lock(out):
+        return cpp_extension.load(name=name, sources=[str(src / s) for s in _SOURCES],
+                                  extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                  build_directory=str(out), verbose=False)
+
+
+@contextmanager
+def _builder_lock(out: Path):
+    """One Ember process builds at a time, under an OS lock the kernel releases when its
+    holder dies. torch marks a build in progress with a plain `lock` file and waits for it
+    to go; a build killed midway (Ctrl-C on the first run) leaves that file behind, and every
+    later run would wait forever. Holding this lock means no other Ember process is
+    building, so such a file is stale and is removed."""
+    with open(out / "ember-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (out / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load():

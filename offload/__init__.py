@@ -1,4 +1,4 @@
-"""The runtime: what turns a loaded model file into generated tokens, in seven rooms.
+"""The runtime: what turns a loaded model file into generated tokens, in eight rooms.
 
 Each room is a sub-package whose docstring says what it owns. Imports point down this list
 only (`tests/test_layering.py` checks it):
@@ -13,6 +13,8 @@ only (`tests/test_layering.py` checks it):
 - `body/`: the model body an engine runs on the CPU: the file's own blocks (`quant_model`),
   the rows a split takes from them, input thresholds.
 - `kv/`: the paged KV cache, its blocks and how many each tier gets.
+- `options/`: what an engine is built with, as plain values (no torch): each flag's choices
+  and default, `EngineOptions`, the sampling settings. Every room may import it.
 
 `profile/` (the `ember profile` pipeline) sits above them all: it runs an `Engine`.
 May import `kernels`, `predictors`, `placement` and `models`; never `app`.

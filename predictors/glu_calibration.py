@@ -259,7 +259,7 @@ def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[in
                   held_out_ids: list[int], bos_id: int | None,
                   options: CalibrationOptions | None = None, log=None,
                   progress=None) -> GLUCalibration:
-    """Choose per-layer |h| thresholds meeting `options.budget` (perplexity increase).
+    """Choose per-layer |h| thresholds meeting the options' perplexity budget.
 
     Args:
         collection: a dense `collect()` pass over calibration text (its sampled FFN inputs).

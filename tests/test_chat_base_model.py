@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ember.models.chat_format import ChatMessage
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 
 pytestmark = pytest.mark.slow
 

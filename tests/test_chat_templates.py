@@ -22,7 +22,7 @@ from ember.models.chat_format import ChatMessage
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.decode.events import DoneEvent
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 
 from .synthetic_vocab import TYPE_USER_DEFINED, train_byte_level_vocab
 

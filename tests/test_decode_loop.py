@@ -12,7 +12,7 @@ import torch
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.decode.events import TokenEvent
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 from ember.offload.kv.paged import DROPPED
 from ember.offload.runtime.engine import Engine, EngineOptions
 

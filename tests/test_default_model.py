@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 
 DATA = Path(__file__).parent / "data"
 MARGIN = 0.5  # below this top-2 gap llama.cpp's quantized activations may flip the argmax

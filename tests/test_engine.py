@@ -11,7 +11,7 @@ from ember.models.chat_format import ChatMessage
 from ember.models.errors import ConfigError
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.decode.events import DoneEvent, TokenEvent
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 
 
 @pytest.fixture(scope="module")

@@ -241,7 +241,7 @@ def test_greedy_decoding_agrees_with_llama_cpp(family_models, name):
     """An engine (paged K/V, the file's blocks, token by token) decodes greedily; llama.cpp,
     scoring the prompt and those tokens, ranks each of them first."""
     from ember.offload.runtime.engine import Engine, EngineOptions
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
 
     path = family_models[name][2]
     llm = _llama_cpp(path)
@@ -266,7 +266,7 @@ def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_mod
     split all decode the dense engine's greedy tokens; a split's logits stay within the GPU
     tier's rounding of the dense engine's."""
     from ember.offload.runtime.engine import Engine, EngineOptions
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
     from ember.offload.hybrid.memory_plan import workspace_bytes
     from tests.test_hybrid_file_blocks import _profile
 
@@ -497,7 +497,7 @@ def test_phi3_weights_read_into_ram_are_unfused_too(family_models):
     """`--mmap off` rebuilds the weights from a RAM copy of the file: Phi-3's fused tensors
     must be split there as well, and decode the mapped file's tokens."""
     from ember.offload.runtime.engine import Engine, EngineOptions
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
 
     path = family_models["phi3"][2]
     tokens = []

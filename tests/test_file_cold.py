@@ -16,7 +16,7 @@ from ember.models.transformer import activate
 from ember.offload.body import quant_model
 from ember.offload.body.ffn_rows import FileFFNRows
 from ember.offload.body.quant_model import QuantModel
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 from ember.offload.hybrid.cpu_worker import CpuWorker
 from ember.offload.hybrid.ffn import HybridFFN
 from ember.offload.hybrid.file_cold import FileColdFFN

@@ -109,7 +109,7 @@ def test_engine_with_gpu_budget_matches_dense_engine(tiny_models):
     loaded = load_model(tiny_models["gemma3"][2])
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=128))
     ids = dense.encode("the cat")
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
 
     want = dense.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
     budget = workspace_bytes(loaded.config) + 100_000  # attention cannot fit: FFN gets it

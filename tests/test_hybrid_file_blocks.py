@@ -20,7 +20,7 @@ from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.runtime.profile_file import Profile
 from ember.offload.body.quant_model import QuantModel
 from ember.offload.runtime.resources import builds_float_model, split_rows_bytes
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 from ember.offload.speculative.token_tree import TokenTree
 from ember.placement.layout import Placement
 from ember.predictors.mlp import Predictor, PredictorSet

@@ -371,10 +371,10 @@ def test_thresholds_compose_with_a_gpu_tier_split(capsys, tmp_path, tiny_models,
     from ember.app.cli import main
     from ember.kernels.hot_ffn import hot_ffn
     from ember.kernels.sparse_ffn import sparse_ffn_thresholded_reference
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
     from ember.offload.hybrid.memory_plan import workspace_bytes
     from ember.offload.runtime.engine import Engine
-    from ember.offload.runtime.engine_options import EngineOptions
+    from ember.offload.options.engine_options import EngineOptions
     from ember.offload.runtime.profile_file import load_profile
 
     path = tiny_models["llama-silu_glu"][2]
@@ -426,7 +426,7 @@ def test_an_input_threshold_profile_splits_nothing(tmp_path, tiny_models):
     the memory check as without a profile; a predictor profile splits (read from the
     header alone; an unreadable file says nothing and counts as splitting)."""
     from ember.models.loader import open_model
-    from ember.offload.runtime.engine_options import EngineOptions
+    from ember.offload.options.engine_options import EngineOptions
     from ember.offload.runtime.profile_file import Profile, thresholds_inputs
     from ember.offload.runtime.resources import gated_by_predictors, splits_ffns
     from ember.placement.layout import Placement

@@ -368,3 +368,13 @@ def test_the_build_matches_the_cpu(flags, env, name, monkeypatch):
     assert got == name
     assert ("-march=x86-64-v4" in cflags) == name.endswith("v4")
     assert ("-march=x86-64-v3" in cflags) == name.endswith("v3")
+
+
+def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):
+    """torch's own `lock` file, left by a killed build, is removed once Ember holds its
+    builder lock (the next run would otherwise wait for it forever)."""
+    from ember.kernels.cpu_extension import _builder_lock
+
+    (tmp_path / "lock").touch()
+    with _builder_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()

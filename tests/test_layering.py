@@ -8,13 +8,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RANK = {"models": 0, "kernels": 1, "placement": 1, "predictors": 1, "offload": 2, "app": 3}
 # What each room of offload/ may import from the others (its own modules always).
 ROOMS = {
-    "kv": set(),
-    "body": set(),
-    "hybrid": {"body", "kv"},
-    "decode": {"body", "kv"},
-    "speculative": {"decode", "body", "kv"},
-    "runtime": {"speculative", "decode", "hybrid", "body", "kv"},
-    "profile": {"runtime", "speculative", "decode", "hybrid", "body", "kv"},
+    "options": set(),
+    "kv": {"options"},
+    "body": {"options"},
+    "hybrid": {"body", "kv", "options"},
+    "decode": {"body", "kv", "options"},
+    "speculative": {"decode", "body", "kv", "options"},
+    "runtime": {"speculative", "decode", "hybrid", "body", "kv", "options"},
+    "profile": {"runtime", "speculative", "decode", "hybrid", "body", "kv", "options"},
 }
 
 
@@ -95,3 +96,18 @@ def test_every_package_on_disk_is_listed_for_installation():
         for init in (ROOT / top).rglob("__init__.py"):
             on_disk.add(".".join(("ember", *init.parent.relative_to(ROOT).parts)))
     assert on_disk <= listed, f"not installed by a non-editable install: {sorted(on_disk - listed)}"
+
+
+# The Engine's internals: its runner (sessions, prefill, decode) and its paged KV cache.
+ENGINE_INTERNALS = {"runner", "kv"}
+
+
+def test_the_app_uses_only_the_engines_public_surface():
+    """app/ reaches an engine through its methods (conversations, prompt checks, stats), never
+    through its runner or KV cache: any attribute of those names is a reach past it."""
+    bad = []
+    for f in (ROOT / "app").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ENGINE_INTERNALS:
+                bad.append(f"{f.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+    assert not bad, "\n".join(bad)

@@ -10,7 +10,7 @@ from ember.models.errors import ConfigError, ModelFormatError
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.runtime.profile_file import Profile, default_profile_path, load_profile
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 from ember.placement.layout import Placement
 from ember.predictors.mlp import Predictor, PredictorSet
 

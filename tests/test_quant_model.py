@@ -13,7 +13,7 @@ from ember.models.tree_rows import TreeRows
 from ember.offload.body import quant_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.body.quant_model import QuantModel
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 

@@ -14,7 +14,7 @@ from ember.models.loader import load_model, open_model
 from ember.offload.body import quant_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.runtime.resources import RAM_COPY_SHARE, reads_weights_into_ram
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 
 CPU = torch.device("cpu")
 needs_native = pytest.mark.skipif(not quant_model.applies(),

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ember.models.errors import ConfigError
-from ember.offload.decode.sampler import (GREEDY, Sampler, SamplingParams, apply_repeat_penalty,
-                                   filter_candidates)
+from ember.offload.decode.sampler import Sampler, apply_repeat_penalty, filter_candidates
+from ember.offload.options.sampling import GREEDY, SamplingParams
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.5, -1.0, 2.9])
 

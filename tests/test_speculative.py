@@ -11,8 +11,9 @@ from ember.models.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.kv.paged import PagedKVCache
-from ember.offload.decode.sampler import GREEDY, SamplingParams
-from ember.offload.speculative.token_tree import TokenTree, parse_tree, tree_size
+from ember.offload.options.sampling import GREEDY, SamplingParams
+from ember.offload.options.tree_spec import parse_tree, tree_size
+from ember.offload.speculative.token_tree import TokenTree
 
 PROMPTS = ["the cat is in the hat and the dog is in the", "an apple of the", "wh is the"]
 

@@ -17,7 +17,7 @@ from ember.kernels.tier_attention import (AttendRows, TierAttentionWeights, atte
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model, open_model
 from ember.offload.body import quant_model
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.hybrid.tier_dtypes import attention_dtype
 from ember.offload.kv.plan import plan_kv

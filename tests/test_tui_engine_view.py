@@ -197,7 +197,9 @@ async def test_tiny_model_loads_with_progress_and_shows_its_placement(tmp_path, 
             super().load(lambda fraction, stage: (seen.append(fraction), progress(fraction, stage)))
 
     budget = workspace_bytes(open_model(tiny_gemma_gguf).config) + 100_000
-    backend = Recording(tiny_gemma_gguf, device="cpu", n_ctx=128, gpu_budget=budget)
+    from ember.offload.options.engine_options import EngineOptions
+
+    backend = Recording(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget))
     app = ChatApp(backend, ChatStore(tmp_path / "chat.db"))
     try:
         async with app.run_test(size=SIZE) as pilot:
@@ -257,17 +259,14 @@ def test_chat_flags_reach_the_engine_options(monkeypatch, tmp_path, tiny_gemma_g
 
     started = []
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    monkeypatch.setattr(ChatApp, "run", lambda self: started.append(self.port._options))
+    monkeypatch.setattr(ChatApp, "run", lambda self: started.append(self.port.options))
     assert main(["chat", "--model", str(tiny_gemma_gguf), "--gpu-budget", "2MB",
                  "--split", "cpu-only", "--cold-dtype", "int8", "--profile", "none",
                  "--speculate", "lookup", "--tree", "1,1,2"]) == 0
     options = started[0]
-    assert options["gpu_budget"] == 2_000_000 and options["split"] == "cpu-only"
-    assert options["cold_dtype"] == "int8" and options["profile"] is None
-    assert options["speculate"] == "lookup" and options["tree"] == "1,1,2"
-    from ember.offload.runtime.engine import EngineOptions
-
-    EngineOptions(**options)  # every key is a field the engine knows
+    assert options.gpu_budget == 2_000_000 and options.split == "cpu-only"
+    assert options.cold_dtype == "int8" and options.profile is None
+    assert options.speculate == "lookup" and options.tree == "1,1,2"
 
 
 def test_speculation_flags_are_checked_before_the_app_starts(monkeypatch, capsys, tmp_path):

@@ -51,9 +51,9 @@ def _prompt_ids(engine, n: int, text: str = "repeated") -> list[int]:
 
 
 def _ember_run(engine, ids: list[int], gen: int) -> dict:
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
 
-    engine.runner.reset("default")  # no prefix reuse between runs: time the full prefill
+    engine.forget("default")  # no prefix reuse between runs: time the full prefill
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
     t = done.timings
     run = {"prefill": t.prefill_tokens_per_s, "decode": t.decode_tokens_per_s,

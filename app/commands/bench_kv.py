@@ -14,6 +14,7 @@ import time
 import torch
 
 from ember.models.errors import EmberError
+from ember.offload.runtime.cache_timing import step_times
 
 from ..progress import progress_bar
 from .common import load_engine, print_json
@@ -30,37 +31,18 @@ def _prompt(engine, n: int) -> list[int]:
 
 
 def _resume(engine, ids: list[int]) -> dict:
-    runner, kv = engine.runner, engine.kv
-    runner.reset("bench")
-    runner.prefill("bench", ids)
-    kv.swap_out(runner.session("bench").seq_id)
+    engine.forget("bench")
+    engine.prefill("bench", ids)
+    engine.park("bench")
     t0 = time.perf_counter()
-    runner.prefill("bench", ids)  # swaps in, then recomputes only the last token
+    engine.prefill("bench", ids)  # swaps in, then recomputes only the last token
     swap_in = time.perf_counter() - t0
-    runner.reset("bench")
+    engine.forget("bench")
     t0 = time.perf_counter()
-    runner.prefill("bench", ids)
+    engine.prefill("bench", ids)
     reprefill = time.perf_counter() - t0
+    engine.forget("bench")
     return {"swap_in_s": swap_in, "reprefill_s": reprefill}
-
-
-def _decode_pair(engine, ids: list[int], steps: int) -> tuple[float, float]:
-    """Median seconds per decode step (body + LM head) through the paged cache and through
-    the contiguous reference cache, stepping the two alternately so drift hits both alike."""
-    model = engine.model
-    engine.runner.reset("bench")
-    engine.runner.prefill("bench", ids)
-    paged = engine.kv.view(engine.runner.session("bench").seq_id)
-    contiguous = model.new_cache(len(ids) + steps + 1)
-    model.hidden(torch.tensor(ids, device=model.device), contiguous)
-    times = {"paged": [], "contiguous": []}
-    for i in range(steps):
-        token = torch.tensor([100 + i], device=model.device)
-        for name, cache in (("paged", paged), ("contiguous", contiguous)):
-            t0 = time.perf_counter()
-            model.logits(model.hidden(token, cache))
-            times[name].append(time.perf_counter() - t0)
-    return statistics.median(times["paged"]), statistics.median(times["contiguous"])
 
 
 def run(args) -> int:
@@ -77,7 +59,7 @@ def run(args) -> int:
             resume.append(_resume(engine, _prompt(engine, args.resume_tokens)))
             bar((i + 1) / steps, f"resume {i + 1} of {args.runs}")
         for j, ctx in enumerate(args.contexts):
-            p, c = _decode_pair(engine, _prompt(engine, ctx), args.steps * args.runs)
+            p, c = step_times(engine, _prompt(engine, ctx), args.steps * args.runs)
             decode[str(ctx)] = {"paged_tok_s": 1 / p, "contiguous_tok_s": 1 / c,
                                 "paged_over_contiguous": c / p}
             bar((args.runs + j + 1) / steps, f"decode at {ctx} tokens")

@@ -14,7 +14,7 @@ import statistics
 from ember.models.errors import EmberError
 
 from ..progress import progress_bar
-from .common import model_path, print_json
+from .common import engine_options, model_path, print_json
 
 _FOX = ("The old lighthouse stood at the end of the harbour wall. Every night its keeper "
         "climbed one hundred and twelve steps, trimmed the wick, wound the clockwork and "
@@ -56,18 +56,15 @@ PROMPTS = {
 
 
 def _options(args, speculate: str, tree: str | None):
-    from ember.offload.runtime.engine import EngineOptions
-
-    return EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads or 2,
-                         weights=getattr(args, "weights", "auto"), speculate=speculate,
-                         tree=tree, draft_model=args.draft_model if speculate == "model" else None,
-                         mmap=getattr(args, "mmap", "auto"))
+    """The command's engine flags with one drafter (or none): every engine is built alike."""
+    return engine_options(args, threads=args.threads or 2, speculate=speculate, tree=tree,
+                          draft_model=args.draft_model if speculate == "model" else None)
 
 
 def _run(engine, ids: list[int], gen: int) -> tuple[list[int], float, dict | None]:
-    from ember.offload.decode.sampler import GREEDY
+    from ember.offload.options.sampling import GREEDY
 
-    engine.runner.reset("default")
+    engine.forget("default")
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
     spec = engine.speculation if engine.drafter is not None else None
     return done.token_ids, done.timings.decode_tokens_per_s, spec

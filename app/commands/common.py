@@ -1,13 +1,25 @@
-"""Helpers shared by the subcommands: building the engine from flags, printing JSON."""
+"""Helpers shared by the subcommands: flags to engine options (the one path every command
+takes), building the engine, printing JSON."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ember.models.errors import EmberError
+from ember.offload.options.engine_options import EngineOptions  # no torch behind it
 
 from ..progress import progress_bar
+
+# EngineOptions fields a command's flags may set, and the flag (argparse dest) each reads.
+_SIZE_FIELDS = ("kv_budget", "kv_host_budget", "gpu_budget")
+_PLAIN_FIELDS = {"device": "device", "n_ctx": "ctx_size", "threads": "threads",
+                 "weights": "weights", "split": "split", "cold_dtype": "cold_dtype",
+                 "tier_dtype": "tier_dtype", "tier_attention": "tier_attention",
+                 "ffn_mode": "ffn_mode", "speculate": "speculate", "tree": "tree",
+                 "draft_model": "draft_model", "chat_format": "chat_format", "mmap": "mmap",
+                 "kv_type": "kv_type"}
 
 
 def model_path(args):
@@ -18,37 +30,37 @@ def model_path(args):
     return default_model_path()
 
 
-def load_engine(args):
-    from ember.offload.runtime.engine import Engine, EngineOptions
+def check_model_path(args) -> None:
+    """A --model that is not there is one line now, not an error after torch has loaded."""
+    if args.model and not Path(args.model).exists():
+        raise EmberError(f"{args.model}: no such file or folder")
+
+
+def engine_options(args, **overrides) -> EngineOptions:
+    """The `EngineOptions` a command's flags ask for (a flag the command lacks keeps the
+    option's default), with `overrides` on top. Checked as far as flags alone allow, before
+    torch is imported: `ember chat` shows its window at once, a typo is one line."""
     from ember.models.sizes import parse_size
 
-    def size(flag: str):
-        value = getattr(args, flag.replace("-", "_"), None)
-        return None if value is None else parse_size(value, f"--{flag}")
+    fields = {name: getattr(args, dest) for name, dest in _PLAIN_FIELDS.items()
+              if getattr(args, dest, None) is not None}
+    for name in _SIZE_FIELDS:
+        if (value := getattr(args, name, None)) is not None:
+            fields[name] = parse_size(value, "--" + name.replace("_", "-"))
+    profile = getattr(args, "profile", "auto")
+    fields["profile"] = None if profile is None or profile.lower() == "none" else profile
+    return EngineOptions(**(fields | overrides))
 
-    options = EngineOptions(device=args.device, n_ctx=args.ctx_size, threads=args.threads,
-                            kv_budget=size("kv-budget"), kv_host_budget=size("kv-host-budget"),
-                            weights=getattr(args, "weights", "auto"),
-                            gpu_budget=size("gpu-budget"), split=getattr(args, "split", "auto"),
-                            cold_dtype=getattr(args, "cold_dtype", "auto"),
-                            tier_dtype=getattr(args, "tier_dtype", "auto"),
-                            tier_attention=getattr(args, "tier_attention", "auto"),
-                            profile=_profile(getattr(args, "profile", "auto")),
-                            ffn_mode=getattr(args, "ffn_mode", "auto"),
-                            speculate=getattr(args, "speculate", "off"),
-                            tree=getattr(args, "tree", None),
-                            draft_model=getattr(args, "draft_model", None),
-                            chat_format=getattr(args, "chat_format", "auto"),
-                            mmap=getattr(args, "mmap", "auto"),
-                            kv_type=getattr(args, "kv_type", "f16"))
+
+def load_engine(args, **overrides):
+    """The engine for the command's model and flags, with a progress bar while it loads."""
+    from ember.offload.runtime.engine import Engine
+
+    options = engine_options(args, **overrides)
     print("ember: loading model…", file=sys.stderr, flush=True)
     # Erased once loaded: the command's own output follows.
     with progress_bar("loading", getattr(args, "json", False), leave=False) as bar:
         return Engine.load(model_path(args), options, progress=bar)
-
-
-def _profile(value: str | None) -> str | None:
-    return None if value is None or value.lower() == "none" else value
 
 
 def read_prompt(text: str) -> str:

@@ -13,7 +13,7 @@ from .common import load_engine, print_json, read_prompt
 def run(args) -> int:
     from ember.models.chat_format import ChatMessage
     from ember.offload.decode.events import DoneEvent, TokenEvent
-    from ember.offload.decode.sampler import SamplingParams
+    from ember.offload.options.sampling import SamplingParams
 
     prompt = read_prompt(args.prompt)
     if args.system and not args.chat:

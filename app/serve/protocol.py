@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import ConfigError
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 
 # Sampling defaults are Ember's own (llama.cpp's): top_k 40 and min_p 0.05 stay on unless
 # the request turns them off, whatever temperature it sets.

@@ -141,8 +141,8 @@ class Api:
                 ids = list(req.prompt)
         except EmberError as exc:  # e.g. a chat template that refuses these messages
             raise ApiError(400, str(exc), param=param) from None
-        try:  # the runner's own rules (length, vocabulary), checked before any streaming
-            self.engine.runner.check_prompt(ids)
+        try:  # the engine's own rules (length, vocabulary), checked before any streaming
+            self.engine.check_prompt(ids)
         except PromptTooLong as exc:
             raise ApiError(400, str(exc), param=param, code="context_length_exceeded") from None
         except EmberError as exc:

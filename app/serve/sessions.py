@@ -1,8 +1,8 @@
-"""Which of the runner's KV sessions a prompt should extend.
+"""Which of the engine's conversations (KV sessions) a prompt should extend.
 
-An OpenAI client names no conversation: each request resends the whole history. The runner
+An OpenAI client names no conversation: each request resends the whole history. The engine
 already keeps, per named session, the token ids its KV cache holds and prefills only what a
-prompt adds past the longest common prefix (offload/decode/runner.py). What is left to choose is the
+prompt adds past the longest common prefix (`Engine.stream`). What is left to choose is the
 session: the one sharing the longest prefix with the prompt, if that prefix is most of what
 the session holds (the prompt continues that conversation, or regenerates its last reply).
 Otherwise a new session, so an unrelated prompt that only shares a system prompt does not
@@ -19,8 +19,8 @@ from typing import Callable
 class SessionPicker:
     def __init__(self, held_tokens: Callable[[str], list[int]], release: Callable[[str], None],
                  max_sessions: int = 16, prefix: str = "serve"):
-        """`held_tokens(name)`: the ids session `name` holds (Runner.tokens); `release(name)`
-        frees its cache (Runner.reset)."""
+        """`held_tokens(name)`: the ids session `name` holds (`Engine.conversation_tokens`);
+        `release(name)` frees its cache (`Engine.forget`)."""
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
         self._held, self._release = held_tokens, release

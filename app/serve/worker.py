@@ -20,7 +20,7 @@ from typing import Callable
 
 from ember.models.errors import EmberError
 from ember.offload.decode.events import DoneEvent
-from ember.offload.decode.sampler import SamplingParams
+from ember.offload.options.sampling import SamplingParams
 
 from .sessions import SessionPicker
 
@@ -70,12 +70,12 @@ class WorkerStats:
 
 class EngineWorker:
     def __init__(self, engine, max_queue: int = 8, max_sessions: int = 16):
-        """`engine`: an Engine (stream(), runner). `max_queue`: jobs that may wait while one
+        """`engine`: an Engine (its stream() and conversations). `max_queue`: jobs that may wait while one
         runs; `max_sessions`: conversations whose KV cache is kept for reuse."""
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.engine = engine
-        self.sessions = SessionPicker(engine.runner.tokens, engine.runner.reset, max_sessions)
+        self.sessions = SessionPicker(engine.conversation_tokens, engine.forget, max_sessions)
         self.stats = WorkerStats()
         self.max_queue = max_queue
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -137,17 +137,15 @@ class EngineWorker:
                 self.stats.record(time.perf_counter() - start)
 
     def _run(self, job: Job, queued_s: float) -> None:
-        session, cached = None, None  # cached: read once prefill has run, at the first event
+        session = None
         try:
             session = self.sessions.pick(job.prompt_ids)
             for event in self.engine.stream(job.prompt_ids, sampling=job.sampling,
                                             max_tokens=job.max_tokens, stop=job.stop,
                                             ignore_eos=job.ignore_eos, cancel=job.cancel,
                                             session=session):
-                if cached is None:
-                    cached = len(job.prompt_ids) - self.engine.runner.last_prefill_tokens
                 if isinstance(event, DoneEvent):
-                    event = Finished(event, max(cached, 0), queued_s)
+                    event = Finished(event, event.timings.cached_tokens, queued_s)
                     if event.done.finish_reason == "cancelled":
                         self.stats.cancelled += 1
                     else:

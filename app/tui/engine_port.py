@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Protocol
 
 from ember.models.chat_format import ChatMessage
 from ember.offload.decode.events import DoneEvent, TokenEvent
+from ember.offload.options.engine_options import EngineOptions
 
 from .settings import ChatSettings
 
@@ -59,12 +60,11 @@ class EnginePort(Protocol):
 class EngineBackend:
     """The real engine behind the port: loads lazily, so the UI is up before torch is."""
 
-    def __init__(self, model_path: str | Path | None = None, device: str = "auto",
-                 n_ctx: int = 4096, threads: int | None = None, **options):
-        """`options`: further `EngineOptions` fields (kv_budget, gpu_budget, speculate, ...)."""
+    def __init__(self, model_path: str | Path | None = None,
+                 options: EngineOptions = EngineOptions()):
         self.name = Path(model_path).name if model_path else "Gemma 3 270M (default)"
         self._model_path = model_path
-        self._options = dict(device=device, n_ctx=n_ctx, threads=threads, **options)
+        self.options = options
         self._engine = None
         self._chat_format: str | None = None  # the format of the latest reply's prompt
 
@@ -73,10 +73,9 @@ class EngineBackend:
         return self._engine.n_ctx if self._engine is not None else 0
 
     def load(self, progress: Callable[[float, str], None] | None = None) -> None:
-        from ember.offload.runtime.engine import Engine, EngineOptions
+        from ember.offload.runtime.engine import Engine
 
-        self._engine = Engine.load(self._model_path, EngineOptions(**self._options),
-                                   progress=progress)
+        self._engine = Engine.load(self._model_path, self.options, progress=progress)
 
     def stats(self) -> dict:
         engine = self._engine

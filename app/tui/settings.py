@@ -1,7 +1,7 @@
 """Per-conversation generation settings: sampling knobs, the reply length and the chat format.
 
-Stored as JSON with each conversation. Validation reuses `SamplingParams` (imported lazily:
-it pulls in torch, and the UI should appear before torch has finished importing).
+Stored as JSON with each conversation. The defaults and the validation are
+`SamplingParams`'s (a plain module: the UI appears before torch has finished importing).
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from dataclasses import asdict, dataclass, fields
 
 from ember.models.chat_format import CHAT_FORMATS
 from ember.models.errors import ConfigError
+from ember.offload.options.choices import DEFAULT_CHAT_MAX_TOKENS
+from ember.offload.options.sampling import SamplingParams
 
-DEFAULT_MAX_TOKENS = 512
+_SAMPLING = SamplingParams()
 
 
 class SettingError(ConfigError):
@@ -25,19 +27,17 @@ class SettingError(ConfigError):
 
 @dataclass(frozen=True)
 class ChatSettings:
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = _SAMPLING.temperature
+    top_p: float = _SAMPLING.top_p
+    top_k: int = _SAMPLING.top_k
+    min_p: float = _SAMPLING.min_p
+    repeat_penalty: float = _SAMPLING.repeat_penalty
+    max_tokens: int = DEFAULT_CHAT_MAX_TOKENS
     seed: int | None = None
     chat_format: str = ""  # a --chat-format choice; "" = the one `ember chat` was started with
 
     def sampling(self):
         """The engine's `SamplingParams` for these settings (raises ConfigError if out of range)."""
-        from ember.offload.decode.sampler import SamplingParams
-
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed)
 

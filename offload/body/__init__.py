@@ -6,4 +6,4 @@ same blocks; `ffn_rows` says where a split takes an FFN layer's rows from; `inpu
 applies calibrated input thresholds. The float32 `Transformer` (models/transformer.py) is
 the reference it is tested against, and what `--weights fp32` and a GPU device run as is.
 
-Imports no other room."""
+Imports only `options`."""

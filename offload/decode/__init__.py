@@ -3,4 +3,4 @@ over the paged KV cache, and the checks a prompt must pass), the decode loop pla
 speculative steps share (`loop`: prefill timing and every stop condition), the sampler, stop
 strings and the events a stream yields.
 
-May import `body` and `kv`."""
+May import `body`, `kv` and `options`."""

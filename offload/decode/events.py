@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class Timings:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V the session already held (not prefilled)
     generated_tokens: int = 0
     prefill_s: float = 0.0
     ttft_s: float = 0.0  # request start -> first generated token available

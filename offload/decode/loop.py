@@ -54,13 +54,14 @@ def decode_loop(runner: Runner, session: str, step: Step, prompt_ids: list[int],
     last (None, reason): "cancelled", "eos" (a token of `stop_ids`, not yielded), "length"
     (`max_tokens` yielded) or "context" (the session holds the whole context).
 
-    Sets `timings.prefill_s`. `cancel` is checked before each prompt chunk and each token.
+    Sets `timings.prefill_s` and `timings.cached_tokens`. `cancel` is checked before each prompt chunk and each token.
     """
     if max_tokens < 1:
         raise ConfigError(f"max tokens must be at least 1, got {max_tokens}")
     t0 = time.perf_counter()
     logits = runner.prefill(session, list(prompt_ids), cancel)
     timings.prefill_s = time.perf_counter() - t0
+    timings.cached_tokens = len(prompt_ids) - runner.last_prefill_tokens
     if logits is None:  # cancelled between prompt chunks
         yield None, "cancelled"
         return

@@ -6,4 +6,4 @@ and `cost_probe` choose the hot rows, `tier_dtypes` their formats); `ffn` is the
 `neuron_selectors` which cold rows a token computes, `forecast` what fits before anything is
 loaded.
 
-May import `body` and `kv`."""
+May import `body`, `kv` and `options`."""

@@ -39,10 +39,10 @@ from ember.models.errors import ConfigError
 from ember.placement.layout import Placement
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
+from ..options.choices import SPLITS
 from .host_reads import HostReads
 from ember.models.sizes import format_size
 
-SPLITS = ("auto", "cpu-only", "gpu-only")
 FP32 = 4
 
 

@@ -23,14 +23,13 @@ from ember.models.errors import ConfigError
 from ember.models.heap import release_free_heap
 from ember.models.transformer import FeedForward, Transformer
 
+from ..options.choices import COLD_CHOICES
 from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
 from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
 from .tier_dtypes import TierChoice, dtype_name
 
-COLD_DTYPES = ("fp32", "int8", "file")  # "file": GLU layers on the file's blocks (file_cold.py)
-COLD_CHOICES = ("auto",) + COLD_DTYPES
 
 
 def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:

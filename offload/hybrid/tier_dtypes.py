@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.kernels.tier_weights import (FORMATS, INT4_GROUP, conversion_error, has_kernel,
-                                        int4_fits, wider)
+from ember.kernels.tier_weights import (INT4_GROUP, conversion_error, has_kernel, int4_fits,
+                                        wider)
 from ember.models.errors import ConfigError
 
-TIER_CHOICES = ("auto",) + FORMATS
-ATTENTION_CHOICES = ("auto", "host", "bf16", "fp16", "fp32")
+from ..options.choices import ATTENTION_CHOICES, TIER_CHOICES
+
 _ATTENTION_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _INT4_TYPES = ("Q4", "IQ4", "Q2", "Q3", "IQ1", "IQ2", "IQ3", "TQ")
 _INT8_TYPES = ("Q5", "Q6", "Q8")

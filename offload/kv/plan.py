@@ -10,7 +10,8 @@ from ember.models.errors import ConfigError
 
 from ember.models.sizes import format_size
 
-DEFAULT_BLOCK_SIZE = 16
+from ..options.choices import DEFAULT_BLOCK_SIZE
+
 DEFAULT_ROLLBACK_MARGIN = 64
 DEFAULT_PREFILL_CHUNK = 512
 

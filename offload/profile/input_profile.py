@@ -94,7 +94,7 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
 
     from ..runtime.engine import Engine, EngineOptions
     from .profiler import segment_length
-    from ..decode.sampler import GREEDY
+    from ..options.sampling import GREEDY
 
     bos = loaded.tokenizer.bos_id
     length = segment_length(loaded.config, options)

@@ -196,7 +196,7 @@ def calibration_ids(loaded: LoadedModel, options: ProfileOptions, say: Say,
             raise ConfigError(f"the calibration text has {len(ids)} tokens; give at least 200")
         return split_ids(ids, options.held_out)
     from ..runtime.engine import Engine, EngineOptions
-    from ..decode.sampler import SamplingParams
+    from ..options.sampling import SamplingParams
 
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=min(options.n_ctx,
                                                                   loaded.config.context_length)))
@@ -308,7 +308,7 @@ def check_quality(loaded: LoadedModel, artifact: Path, held_out: list[int],
     from ember.predictors.passes import score
 
     from ..runtime.engine import Engine, EngineOptions
-    from ..decode.sampler import GREEDY
+    from ..options.sampling import GREEDY
 
     bos = loaded.tokenizer.bos_id
     length = segment_length(loaded.config, options)

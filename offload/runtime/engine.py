@@ -20,7 +20,7 @@ from ..body.quant_model import runs_on_file_blocks
 from ..decode.events import DoneEvent, Timings, TokenEvent
 from ..decode.loop import PlainStep, Step, decode_loop
 from ..decode.runner import Runner
-from ..decode.sampler import Sampler, SamplingParams
+from ..decode.sampler import Sampler
 from ..decode.stopping import StopStrings
 from ..kv.paged import PagedKVCache
 from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
@@ -28,7 +28,8 @@ from ..speculative.setup import make_drafter
 from ..speculative.verify import SpecStats, SpeculativeStep, TreeSizer
 from .device import resolve_device, set_threads
 from .engine_model import build_engine_model, kv_value_bytes
-from .engine_options import EngineOptions
+from ..options.engine_options import EngineOptions
+from ..options.sampling import SamplingParams
 from .prompts import ChatPrompt, PromptEncoder
 from .replies import reply_events
 from .resources import memory_check, weights_in_ram
@@ -144,6 +145,32 @@ class Engine:
         reply at its stop strings)."""
         fmt = self.chat_format if chat_format is None else self.resolve_chat_format(chat_format)
         return self.prompts.encode_chat(messages, fmt)
+
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """The rules a prompt must meet before it runs: not empty, room left in the context
+        for one generated token (`PromptTooLong` otherwise), ids inside the vocabulary."""
+        self.runner.check_prompt(prompt_ids)
+
+    # -- conversations ------------------------------------------------------------------
+    # A session is one conversation's KV cache, named by the caller. `stream()` extends it,
+    # prefilling only what a prompt adds past the ids it already holds.
+    def conversation_tokens(self, session: str) -> list[int]:
+        """The token ids whose K/V the session holds (empty for one never used)."""
+        return list(self.runner.tokens(session))
+
+    def forget(self, session: str) -> None:
+        """Free the session's KV cache: its next prompt is prefilled from the start."""
+        self.runner.reset(session)
+
+    def prefill(self, session: str, prompt_ids: list[int]) -> None:
+        """Make the session hold `prompt_ids` without generating (a conversation made ready
+        ahead of its next turn); reuses what it already holds, as `stream()` does."""
+        self.runner.prefill(session, list(prompt_ids))
+
+    def park(self, session: str) -> None:
+        """Move the session's KV cache to the host pool, as happens when another conversation
+        needs the device pool; its next use swaps it back in."""
+        self.kv.swap_out(self.runner.session(session).seq_id)
 
     # -- generation ---------------------------------------------------------------------
     def stream(self, prompt_ids: list[int], sampling: SamplingParams = SamplingParams(),

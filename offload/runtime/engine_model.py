@@ -21,7 +21,7 @@ from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictor
 from ..hybrid.host_reads import HostReads
 from ..hybrid.tier_dtypes import TierChoice, attention_dtype
 from ..kv.plan import KVPlan
-from .engine_options import EngineOptions
+from ..options.engine_options import EngineOptions
 from .profile_file import default_profile_path, load_profile
 
 
@@ -113,8 +113,6 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
     `blocks` when the engine runs on them, else from the float32 model's FFNs."""
     if options.gpu_budget is None and options.split == "auto" and profile is None:
         return None
-    if options.gpu_budget is None and options.split != "auto":
-        raise ConfigError(f"--split {options.split} needs --gpu-budget (the GPU tier's size)")
     kv_bytes = kv_plan.device_blocks * kv_plan.block_bytes
     if options.gpu_budget is None:  # a profile alone: sparse on the host, no GPU tier
         budget, split = UNLIMITED, "cpu-only"

@@ -2,4 +2,4 @@
 verifies it in one pass and the acceptance rule keeps the target's own distribution
 (`verify`: the step the shared decode loop of `decode` runs, and the tree sizer).
 
-May import `decode`, `body` and `kv`."""
+May import `decode`, `body`, `kv` and `options`."""

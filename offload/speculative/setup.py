@@ -7,9 +7,8 @@ import torch
 from ember.models.errors import ConfigError
 
 from .drafters import LookupDrafter, ModelDrafter, SelfDrafter, check_same_tokenizer
-from .token_tree import parse_tree
+from ..options.tree_spec import parse_tree
 
-SPECULATE_CHOICES = ("off", "self", "lookup", "model")
 # Default expansions (the tree sizer shrinks them while drafts are rejected). Chains: on a
 # CPU every drafted node costs a body pass (self) or a verified row, and the self-drafter's
 # top-1 agrees with the target ~99% of the time on the default model.

@@ -17,7 +17,8 @@ import torch
 from ..decode.loop import PlainStep
 from ..decode.runner import Runner
 from ..decode.sampler import Sampler
-from .token_tree import TokenTree, tree_size
+from ..options.tree_spec import tree_size
+from .token_tree import TokenTree
 
 
 @dataclass

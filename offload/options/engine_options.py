@@ -1,31 +1,24 @@
 """`EngineOptions`: every choice an engine is built with, checked when it is made (a
-`ConfigError` naming the flag, never an assert)."""
+`ConfigError` naming the flag, never an assert).
+
+Everything the options alone can tell is checked here, before torch is imported or a model
+opened: unknown choices, flags that need another flag, files that do not exist. What needs
+the model (a budget below its minimum, a profile made for another model) is the engine's to
+report as it loads.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ember.models.chat_format import CHAT_FORMATS
 from ember.models.errors import ConfigError
 
-from ..hybrid.memory_plan import SPLITS
-from ..hybrid.tier_dtypes import ATTENTION_CHOICES, TIER_CHOICES
-from ..kv.plan import DEFAULT_BLOCK_SIZE
-from ..speculative.setup import SPECULATE_CHOICES
-from ..speculative.token_tree import parse_tree
-
-DEFAULT_CTX = 4096
-FFN_MODES = ("auto", "dense", "sparse")
-MMAP_CHOICES = ("auto", "on", "off")
-# --kv-type: the KV cache's element type on the file-blocks runtime: float16, or Q8_0 blocks
-# (34 bytes per 32 values: 0.53x the bytes, as llama.cpp's -ctk/-ctv q8_0).
-KV_TYPES = ("f16", "q8_0")
-# --weights: "auto" the file's own blocks (QuantModel) where the kernels are built, "fp32" the
-# float32 reference (what perplexity comparisons are made against).
-WEIGHT_CHOICES = ("auto", "fp32")
-# Choices that once selected the requantized Q8_0 copies of the float32 model (issue 21).
-REMOVED_WEIGHTS = {"q8": "removed: the default runtime (--weights auto) reads the file's own "
-                         "blocks; --weights fp32 runs the float32 reference"}
+from .choices import (ATTENTION_CHOICES, COLD_CHOICES, DEFAULT_BLOCK_SIZE, DEFAULT_CTX,
+                      DEVICE_CHOICES, FFN_MODES, KV_TYPES, MMAP_CHOICES, REMOVED_WEIGHTS,
+                      SPECULATE_CHOICES, SPLITS, TIER_CHOICES, WEIGHT_CHOICES)
+from .tree_spec import parse_tree
 
 
 @dataclass(frozen=True)
@@ -41,7 +34,7 @@ class EngineOptions:
     # (host) neurons; None with split "auto" runs the dense model on one device.
     gpu_budget: int | None = None
     split: str = "auto"  # "auto" | "cpu-only" | "gpu-only" (see memory_plan)
-    cold_dtype: str = "auto"  # host-side FFN rows: "fp32", "int8", "auto" (int8 with a q8 body)
+    cold_dtype: str = "auto"  # host-side FFN rows: COLD_CHOICES ("auto": file unless fp32)
     # GPU-tier hot rows: "auto" (by file type and device: int4/int8/fp16, tier_dtypes.py) or
     # one format for every matrix ("int4", "int8", "fp16", "bf16", "fp32").
     tier_dtype: str = "auto"
@@ -68,25 +61,42 @@ class EngineOptions:
     kv_type: str = "f16"  # KV_TYPES
 
     def __post_init__(self):
+        _check_choice("--device", self.device, DEVICE_CHOICES)
         _check_choice("--mmap", self.mmap, MMAP_CHOICES)
         _check_choice("--chat-format", self.chat_format, CHAT_FORMATS)
+        if self.n_ctx < 1:
+            raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
+        if self.weights in REMOVED_WEIGHTS:
+            raise ConfigError(f"--weights {self.weights}: {REMOVED_WEIGHTS[self.weights]}")
+        _check_choice("--weights", self.weights, WEIGHT_CHOICES)
+        self._check_speculation()
+        self._check_split()
+        self._check_profile()
+        self._check_kv_type()
+
+    def _check_speculation(self) -> None:
         _check_choice("--speculate", self.speculate, SPECULATE_CHOICES)
         if (self.speculate == "model") != (self.draft_model is not None):
             raise ConfigError("--speculate model needs --draft-model PATH, and --draft-model "
                               "needs --speculate model")
+        if self.draft_model is not None and not Path(self.draft_model).exists():
+            raise ConfigError(f"--draft-model {self.draft_model}: no such file or folder")
         if self.tree is not None:
             parse_tree(self.tree)
-        if self.n_ctx < 1:
-            raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
-        if self.weights in REMOVED_WEIGHTS:
-            raise ConfigError(f"--weights {self.weights}: {REMOVED_WEIGHTS[self.weights]}")
-        _check_choice("--weights", self.weights, WEIGHT_CHOICES)
-        _check_choice("--ffn-mode", self.ffn_mode, FFN_MODES)
-        if self.ffn_mode == "sparse" and self.profile is None:
-            raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
-                              "`ember profile`)")
+
+    def _check_split(self) -> None:
+        _check_choice("--split", self.split, SPLITS)
+        _check_choice("--cold-dtype", self.cold_dtype, COLD_CHOICES)
         _check_choice("--tier-dtype", self.tier_dtype, TIER_CHOICES)
         _check_choice("--tier-attention", self.tier_attention, ATTENTION_CHOICES)
+        for flag, size in (("--gpu-budget", self.gpu_budget), ("--kv-budget", self.kv_budget),
+                           ("--kv-host-budget", self.kv_host_budget)):
+            if size is not None and size < 0:
+                raise ConfigError(f"{flag} must not be negative")
+        if self.split != "auto" and self.gpu_budget is None:
+            raise ConfigError(f"--split {self.split} needs --gpu-budget (the GPU tier's size)")
         if self.tier_attention not in ("auto", "host"):
             # a named type moves the file-block runtime's attention onto the tier a budget
             # makes; without either, the flag would be silently ignored
@@ -97,15 +107,22 @@ class EngineOptions:
                 raise ConfigError(f"--tier-attention {self.tier_attention} moves the attention "
                                   "of the file's blocks; --weights fp32 runs the float32 "
                                   "reference instead: drop one of the two")
-        _check_choice("--split", self.split, SPLITS)
+
+    def _check_profile(self) -> None:
+        _check_choice("--ffn-mode", self.ffn_mode, FFN_MODES)
+        if self.ffn_mode == "sparse" and self.profile is None:
+            raise ConfigError("--ffn-mode sparse needs --profile (the predictors come from "
+                              "`ember profile`)")
+        if self.profile not in (None, "auto") and not Path(self.profile).is_file():
+            raise ConfigError(f"--profile {self.profile}: no such file")
+
+    def _check_kv_type(self) -> None:
         _check_choice("--kv-type", self.kv_type, KV_TYPES)
         if self.kv_type != "f16" and (self.weights == "fp32" or self.tier_attention not in
                                       ("auto", "host")):
             raise ConfigError(f"--kv-type {self.kv_type} is the host attention's cache on the "
                               "file's blocks; --weights fp32 and --tier-attention TYPE keep "
                               "their own K/V types: drop one of them")
-        if self.gpu_budget is not None and self.gpu_budget < 0:
-            raise ConfigError("--gpu-budget must not be negative")
 
 
 def _check_choice(flag: str, value: str, choices) -> None:

@@ -1,0 +1,44 @@
+"""How the next token is drawn: the settings and their defaults, checked when made.
+
+The CLI's sampling flags, the chat app's per-conversation settings and the server's unset
+fields all take their defaults from `SamplingParams()`: llama.cpp's defaults (top-k 40,
+top-p 0.95, min-p 0.05, temperature 0.8), so the same settings mean the same in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.models.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1.0 disables
+    min_p: float = 0.05  # 0.0 disables
+    repeat_penalty: float = 1.0  # 1.0 disables
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1] (1 disables it), got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"min-p must be in [0, 1) (0 disables it), got {self.min_p}")
+        if not self.repeat_penalty > 0:
+            raise ConfigError(f"repeat penalty must be > 0 (1 disables it), got {self.repeat_penalty}")
+        if self.repeat_last_n < 0:
+            raise ConfigError(f"repeat-last-n must be >= 0, got {self.repeat_last_n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams(temperature=0.0)
