@@ -14,7 +14,7 @@ from ember.models.errors import ConfigError
 from ember.models.loader import load_model, open_model
 from ember.offload.body import quant_model
 from ember.offload.body.quant_model import QuantModel
-from ember.offload.decode.sampler import GREEDY
+from ember.offload.options.sampling import GREEDY
 from ember.offload.kv.paged import PagedKVCache
 from ember.offload.runtime.engine import Engine, EngineOptions
 

@@ -49,7 +49,7 @@ struct Avx2 {
     struct T {
         __m256 lo, hi;
     };
-    static constexpr int QN = 2, KN_OF[3] = {0, 4, 2};  // score tiles: 8 accumulators at most
+    static constexpr int QN = 2, QN_MAX = 2, KN_OF[3] = {0, 4, 2};  // 8 accumulators at most
     static constexpr int MAX_W = 2;                     // value columns per head: 2 x 16
     static T zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
     static T load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -131,7 +131,9 @@ struct Avx2 {
 #ifdef EMBER_ATTENTION_AVX512
 struct Avx512 {
     using T = __m512;
-    static constexpr int QN = 4, KN_OF[5] = {0, 16, 8, 5, 4};  // score tiles: 16 accumulators
+    // score tiles: up to 16 accumulators (QN = 5 or 6 only for a row's 5 or 6 grouped heads:
+    // each key loaded once for all of them)
+    static constexpr int QN = 4, QN_MAX = 6, KN_OF[7] = {0, 16, 8, 5, 4, 3, 2};
     static constexpr int MAX_W = 8;                           // value columns per head: 8 x 16
     static T zero() { return _mm512_setzero_ps(); }
     static T load(const float* p) { return _mm512_loadu_ps(p); }
@@ -246,6 +248,10 @@ struct SimdKernels {
 
     static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
                        int64_t hd, float scale, float* s, int lds) {
+        if constexpr (V::QN_MAX >= 6) {
+            if (nq == 5) return score_rows<5>(q, k, x0, x1, hd, scale, s, lds);
+            if (nq == 6) return score_rows<6>(q, k, x0, x1, hd, scale, s, lds);
+        }
         for (int i = 0; i < nq;) {
             const int n = nq - i < V::QN ? nq - i : V::QN;
             float* si = s + static_cast<int64_t>(i) * lds;
@@ -307,26 +313,35 @@ struct SimdKernels {
             }
     }
 
-    template <int W>
+    // Heads in blocks of up to NH_MAX: each value vector loaded once per block (a load per
+    // NH_MAX fmas, not per head: 8 x 16 columns and 3 heads took ~27 loads per 24 fmas).
+    template <int W, int NH_MAX>
     static void value_heads(const float* const* p, int nh, const float* const* v, int a, int b,
                             int64_t hd, float* const* O, const Fold* f) {
         for (int64_t col = 0; col < hd; col += LANES * W)
-            for (int h = 0; h < nh; h += 3) {
-                switch (nh - h) {
+            for (int h = 0; h < nh; h += NH_MAX) {
+                const int n = nh - h < NH_MAX ? nh - h : NH_MAX;
+                switch (n) {
                     case 1: value_block<W, 1>(p + h, v, a, b, col, O + h, f + h); break;
                     case 2: value_block<W, 2>(p + h, v, a, b, col, O + h, f + h); break;
-                    default: value_block<W, 3>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 3: value_block<W, 3>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 4: if constexpr (NH_MAX >= 4) value_block<W, 4>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 5: if constexpr (NH_MAX >= 5) value_block<W, 5>(p + h, v, a, b, col, O + h, f + h); break;
+                    default: if constexpr (NH_MAX >= 6) value_block<W, 6>(p + h, v, a, b, col, O + h, f + h); break;
                 }
             }
     }
 
     static void values(const float* const* p, int nh, const float* const* v, int a, int b,
                        int64_t hd, float* const* O, const Fold* f) {
+        // 24 accumulator registers on AVX-512: 6 heads x 4 vectors, or 3 x 8 for 3 heads or
+        // fewer; AVX2's 16 registers hold 3 heads x 2 (two registers each)
         const int64_t n16 = hd / LANES;
-        if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1>(p, nh, v, a, b, hd, O, f);
-        if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1>(p, nh, v, a, b, hd, O, f);
-        if (n16 % 2 == 0) return value_heads<2>(p, nh, v, a, b, hd, O, f);
-        value_heads<1>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 4 && n16 % 4 == 0 && nh > 3) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1, 3>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1, 3>(p, nh, v, a, b, hd, O, f);
+        if (n16 % 2 == 0) return value_heads<2, 3>(p, nh, v, a, b, hd, O, f);
+        value_heads<1, 3>(p, nh, v, a, b, hd, O, f);
     }
 };
 
