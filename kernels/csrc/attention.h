@@ -12,6 +12,7 @@ namespace ember_attention {
 
 // How a pool row stores one KV head's head_dim values.
 enum class KvType { F32, F16, Q8_0 };
+constexpr int Q8_VALUES = 32, Q8_BYTES = 34;  // per Q8_0 block
 
 // The K and V pools: (slots, n_kv, head_dim) float32 or float16, or (slots, n_kv,
 // head_dim / 32 * 34) uint8 of Q8_0 blocks (an fp16 scale and 32 int8 each).
@@ -22,7 +23,7 @@ struct KvPools {
     int64_t slot_bytes, head_bytes, n_slots, n_kv, head_dim;
 };
 
-// Checked views of two pool tensors for n_kv heads of head_dim values.
+// Checked views of two pool tensors for n_kv heads of head_dim values (kv_pool.cpp).
 KvPools kv_pools(const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t n_kv, int64_t head_dim);
 
 // Writes one position's n_kv * head_dim values into pool row `slot` in the pool's type
