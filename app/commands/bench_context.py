@@ -134,7 +134,7 @@ def run(args) -> int:
     lengths = sorted(set(args.prompt_tokens))
     if args.runs < 1 or args.gen_tokens < 2 or lengths[0] < 1:
         raise EmberError("--runs must be >= 1, --gen-tokens >= 2, --prompt-tokens >= 1")
-    args.ctx_size = max(args.ctx_size, lengths[-1] + args.gen_tokens + 16)
+    args.ctx_size = max(args.ctx_size or 0, lengths[-1] + args.gen_tokens + 16)
     engine = load_engine(args)
     if lengths[-1] + args.gen_tokens > engine.loaded.config.context_length:
         raise EmberError(f"{lengths[-1]} prompt tokens and {args.gen_tokens} generated exceed "
