@@ -29,7 +29,7 @@ def layers_in_budget(source, budget: int, n_ctx: int) -> int:
 
 class LlamaCpp:
     def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False,
-                 n_gpu_layers: int = 0):
+                 n_gpu_layers: int = 0, flash_attn: bool = False):
         try:
             import llama_cpp
         except ImportError:
@@ -41,7 +41,7 @@ class LlamaCpp:
         self.llm = llama_cpp.Llama(model_path=str(path), n_threads=threads,
                                    n_threads_batch=threads, n_ctx=n_ctx, n_batch=512,
                                    logits_all=logits_all, n_gpu_layers=n_gpu_layers,
-                                   verbose=False)
+                                   flash_attn=flash_attn, verbose=False)
 
     def decode_speed(self, ids: list[int], gen: int) -> dict:
         """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase, and the tokens."""
@@ -76,10 +76,9 @@ class LlamaCpp:
             ids = [bos_id] + text_ids[begin:end]
             self.llm.reset()
             self.llm.eval(ids)
-            logits = np.asarray(self.llm.scores[: len(ids)], dtype=np.float64)
             for row in range(first - begin, len(ids) - 1):
-                z = logits[row]
-                m = z.max()
+                z = self.llm.scores[row].astype(np.float64)  # one row: long windows x 150k
+                m = z.max()                                 # vocabularies are gigabytes
                 total.nll -= z[ids[row + 1]] - (m + np.log(np.exp(z - m).sum()))
                 total.tokens += 1
         return total

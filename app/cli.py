@@ -65,6 +65,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="device KV-cache pool, e.g. 256MB (default: one full context)")
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
+    p.add_argument("--kv-type", default="f16", choices=choices.KV_TYPES,
+                   help="KV cache values: f16 (default) or q8_0 (blocks of 32 int8 and a "
+                        "scale: 0.53x the memory and bytes read; perplexity cost in "
+                        "docs/long-context.md)")
     _split_options(p)
     p.add_argument("--profile", default="auto", metavar="PATH",
                    help="profile artifact from `ember profile` (default: auto = the one made for "
@@ -181,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx-size", type=int, metavar="N",
                    help="context used for the KV-cache estimate (default: what an engine would "
                         "get: the model's trained length, capped by free RAM)")
+    p.add_argument("--kv-type", default="f16", choices=choices.KV_TYPES,
+                   help="KV cache values the estimate counts (as the engines' --kv-type)")
     _split_options(p)
     _gpu_option(p)
     p.add_argument("--json", action="store_true")
@@ -200,6 +206,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt: a sentence repeated (default) or a paragraph of prose")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_decode")
+    b = bench.add_parser("context", help="prefill and decode after long prompts of source code "
+                                         "(optionally vs llama.cpp, flash attention off and on)")
+    _engine_options(b)
+    b.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 1024, 3072, 6144, 12288],
+                   metavar="N", help="prompt lengths (default: 128 1024 3072 6144 12288)")
+    b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
+    b.add_argument("--runs", type=int, default=1, metavar="N")
+    b.add_argument("--against", choices=("llama.cpp",),
+                   help="also measure llama.cpp with flash attention off and on, interleaved")
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler="bench_context")
     b = bench.add_parser("sparsity", help="decode tokens/s dense vs input-thresholded (GLU "
                                           "sparsity), interleaved, with the ideal from bytes")
     _model_options(b)

@@ -2,11 +2,12 @@
 
 The rows are a decoded token, a prompt chunk (prefill) or a speculative tree's nodes: each
 row reads its own keys from the paged KV pool (`slots[layer][row]`, its own slot last, where
-its K/V are written before any row attends), so causal prefill and tree masks are both just
+its K/V are written before any row attends; `positions[row]` its position, the last of the
+consecutive positions those slots hold), so causal prefill and tree masks are both just
 "which slots a row reads". Per layer:
 
     h = rms_norm(x, attn_norm); q, k, v = h @ [Wq, Wk, Wv]  (one call, one quantization of h)
-    (+ q/k/v biases); q/k head norms and rotary; K/V stored; o[t] = attention over slots[t]; a = o @ Wo
+    (+ q/k/v biases); q/k head norms and rotary; K/V stored; o = attention (kernels.attention); a = o @ Wo
     x, h = residual step (post-attention norm, add, FFN norm)
     f = down(act(h @ Wgate, h @ Wup)); x = x + post-normed f
 
@@ -27,8 +28,10 @@ from ember.models import activations
 from ember.models.weights import QTensor
 
 from . import cpu_extension
+from .attention import attend
 from .block_matmul import block_matmul
-from .fused_ops import attend_slots, qk_norm_rope_, residual_norm, rms_norm
+from .fused_ops import qk_norm_rope_, residual_norm, rms_norm
+from .q8_matmul import q8_0_quantize
 
 
 class DecoderLayer(NamedTuple):
@@ -65,8 +68,14 @@ def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Te
 # A reference pass's matmuls go through matmul(slot, x, weights), slot one of "qkv", "o",
 # "gate_up", "down": a caller can watch or change one matmul's input (input thresholds'
 # calibration and their masked reference, offload/body/input_sparsity.py).
-def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos, sin,
-                        matmul=_file_matmul):
+def _store(pool: torch.Tensor, slot: int, values: torch.Tensor) -> None:
+    """One position's K or V (n_kv, hd) into a pool row in the pool's type (a uint8 pool
+    holds Q8_0 blocks: the bytes csrc/attention.cpp's store_row writes)."""
+    pool[slot] = q8_0_quantize(values) if pool.dtype == torch.uint8 else values
+
+
+def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, positions, cos,
+                        sin, matmul=_file_matmul):
     """The attention sub-layer for T rows: (x + post-normed attention, FFN-normed input)."""
     L = layer
     qkv = matmul("qkv", rms_norm(x, L.attn_norm, L.eps), L.qkv)
@@ -77,10 +86,10 @@ def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, cos,
     q_cols, kv_cols = L.n_heads * L.head_dim, L.n_kv * L.head_dim
     q, k, v = qkv.split((q_cols, kv_cols, kv_cols), dim=1)
     for t, slots in enumerate(read_slots):  # every row's K/V first: tree rows read ancestors'
-        k_pool[int(slots[-1])] = k[t].view(L.n_kv, L.head_dim)
-        v_pool[int(slots[-1])] = v[t].view(L.n_kv, L.head_dim)
-    o = torch.cat([attend_slots(q[t].reshape(L.n_heads, L.head_dim), k_pool, v_pool, slots,
-                                L.scale, L.attn_softcap) for t, slots in enumerate(read_slots)])
+        _store(k_pool, int(slots[-1]), k[t].view(L.n_kv, L.head_dim))
+        _store(v_pool, int(slots[-1]), v[t].view(L.n_kv, L.head_dim))
+    o = attend(q.view(-1, L.n_heads, L.head_dim), k_pool, v_pool, read_slots, positions,
+               L.scale, L.attn_softcap)
     return residual_norm(x, matmul("o", o, [L.wo]).contiguous(), L.post_attn_norm,
                          L.ffn_norm, L.eps)
 
@@ -98,14 +107,15 @@ def ffn_reference(layer: DecoderLayer, x, h, matmul=_file_matmul):
     return residual_norm(x, f.contiguous(), L.post_ffn_norm, None, L.eps)[0]
 
 
-def decoder_step_reference(layers: list[DecoderLayer], x, k_pool, v_pool, slots, cos, sin,
-                           matmul=None):
+def decoder_step_reference(layers: list[DecoderLayer], x, k_pool, v_pool, slots, positions,
+                           cos, sin, matmul=None):
     """Every layer for T rows x (T, hidden): slots[i][t] are the pool rows row t reads in
-    layer i (its own last); cos[i], sin[i] the rows' rotary tables (T, head_dim / 2).
+    layer i (its own last), positions (T,) int64 the rows' positions; cos[i], sin[i] the
+    rows' rotary tables (T, head_dim / 2).
     `matmul(i, slot, x, weights)`, when given, computes layer i's matmuls."""
     for i, (layer, read_slots, c, s) in enumerate(zip(layers, slots, cos, sin, strict=True)):
         mm = _file_matmul if matmul is None else functools.partial(matmul, i)
-        mid, h = attention_reference(layer, x, k_pool, v_pool, read_slots, c, s, mm)
+        mid, h = attention_reference(layer, x, k_pool, v_pool, read_slots, positions, c, s, mm)
         x = ffn_reference(layer, mid, h, mm)
     return x
 
@@ -132,7 +142,7 @@ def available() -> bool:
 
 
 def layer_attention(layers: list[DecoderLayer]):
-    """A function (i, x, k_pool, v_pool, read_slots, cos, sin) -> (x + attention, the FFN's
+    """A function (i, x, k_pool, v_pool, read_slots, positions, cos, sin) -> (x + attention, the FFN's
     normed input) running layer i's attention sub-layer alone, for a runtime that computes
     each FFN itself (the hybrid split); the same bits as that layer's part of a full pass."""
     module = cpu_extension.load()
@@ -145,7 +155,7 @@ def layer_attention(layers: list[DecoderLayer]):
 
 
 def decoder_step(layers: list[DecoderLayer]):
-    """A function (x, k_pool, v_pool, slots, cos, sin) -> x running every layer over T rows
+    """A function (x, k_pool, v_pool, slots, positions, cos, sin) -> x running every layer over T rows
     in one C++ call (see `decoder_step_reference`, which it matches bit for bit)."""
     module = cpu_extension.load()
     if module is None or not hasattr(module, "DecoderStep"):

@@ -14,7 +14,6 @@ Every op is row by row: a row's result does not depend on the other rows (bit fo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ember.models.rotary import rotate as rotate_reference  # plain math: the model's own
 
@@ -80,36 +79,6 @@ def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
         return
     module.qk_norm_rope_(qkv, n_heads, n_kv, head_dim, q_norm, k_norm, cos.contiguous(),
                          sin.contiguous(), interleaved, eps)
-
-
-def attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap: float = 0.0) -> torch.Tensor:
-    """Pools of float32 or float16 (FileBlocksModel's, on the file's quant blocks), in float32: the
-    gathered keys through PyTorch's attention (grouped K/V heads, no mask: one query sees
-    every key it is given), or written out when scores are soft-capped."""
-    keys, values = k_pool.index_select(0, slots).float(), v_pool.index_select(0, slots).float()
-    n_heads, hd = q.shape
-    if softcap:
-        group = n_heads // keys.shape[1]
-        k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (n_heads, S, hd)
-        v = values.repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = q[None].transpose(0, 1) @ k.transpose(1, 2) * scale  # (n_heads, 1, S)
-        scores = torch.tanh(scores / softcap) * softcap
-        return (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(1, n_heads * hd)
-    out = F.scaled_dot_product_attention(
-        q[None].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        attn_mask=None, scale=scale, enable_gqa=True)  # (1, n_heads, 1, hd)
-    return out[0].transpose(0, 1).reshape(1, n_heads * hd)
-
-
-def attend_slots(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                 slots: torch.Tensor, scale: float, softcap: float = 0.0) -> torch.Tensor:
-    """One query row q (n_heads, hd) against the pool rows `slots` of k_pool/v_pool
-    (rows, n_kv_heads, hd; float32 or float16), read in place: (1, n_heads * hd).
-    softcap > 0: scores soft-capped first (Gemma 2)."""
-    module = cpu_extension.load()
-    if module is None:
-        return attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap)
-    return module.attend_slots(q.contiguous(), k_pool, v_pool, slots, scale, softcap)
 
 
 def argmax_reference(v: torch.Tensor) -> int:

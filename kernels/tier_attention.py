@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .fused_ops import (attend_slots_reference, qk_norm_rope_reference, residual_norm_reference,
+from .attention import attend_reference
+from .fused_ops import (qk_norm_rope_reference, residual_norm_reference,
                         rms_norm_reference)
 from .tier_weights import TierLinear
 
@@ -256,11 +257,10 @@ def tier_attention_reference(w: TierAttentionWeights, x: torch.Tensor, k_pool: t
                              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`tier_attention` row by row in float32 on the host, from the values the stored
     weights stand for: every row's K/V written first, then each row attends to its own keys
-    (`rows.per_row()`) through the fused ops' reference (what the host runtime computes)."""
+    (`rows.per_row()`) through kernels.attention's reference (what the host runtime computes)."""
     w = w.dequantized()
     x = x.float().cpu()
     qkv = _project_qkv(w, x, cos.cpu(), sin.cpu())
     q = _store_kv(w, qkv, k_pool, v_pool, rows.own)
-    o = torch.cat([attend_slots_reference(q[t], k_pool, v_pool, slots, w.scale, w.softcap)
-                   for t, slots in enumerate(rows.per_row())])
+    o = attend_reference(q, k_pool, v_pool, rows.per_row(), None, w.scale, w.softcap)
     return _finish(w, x, o)

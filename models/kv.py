@@ -32,10 +32,12 @@ class KVCache(Protocol):
 
 class ContiguousKVCache:
     def __init__(self, config: ModelConfig, max_len: int, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, row_values: int | None = None):
+        """row_values: elements per KV head and position (default head_dim; a pool of Q8_0
+        blocks holds their bytes, kernels.attention.kv_row_values)."""
         if max_len <= 0:
             raise ValueError(f"KV cache length must be positive, got {max_len}")
-        shape = (config.n_layers, max_len, config.n_kv_heads, config.head_dim)
+        shape = (config.n_layers, max_len, config.n_kv_heads, row_values or config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len

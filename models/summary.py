@@ -30,7 +30,11 @@ def _rope_scaling(cfg) -> str | None:
     return f"linear x{cfg.rope_scale:g}" if cfg.rope_scale != 1.0 else None
 
 
-def summarize(src: ModelSource, n_ctx: int) -> dict:
+# Bytes per K or V value of the file-blocks runtime's cache by --kv-type (Q8_0: 34 per 32).
+KV_VALUE_BYTES = {"f16": 2, "q8_0": 34 / 32}
+
+
+def summarize(src: ModelSource, n_ctx: int, kv_type: str = "f16") -> dict:
     cfg, w = src.config, src.weights
     stored = Counter()
     elements = 0
@@ -77,16 +81,18 @@ def summarize(src: ModelSource, n_ctx: int) -> dict:
         "file_bytes": w.total_bytes(),
         # The engine runs on the file's own blocks (mapped, or copied into RAM: the same
         # bytes, see ram_copy.py): the file is what it holds
-        # of the weights, and its KV cache is float16 (one full context here). The float32
+        # of the weights, and its KV cache is float16 or Q8_0 (--kv-type; one full context
+        # here). The float32
         # model (4 bytes a parameter, for `--weights fp32` or a GPU device) keeps a float32
         # KV cache.
         "memory": {
             "weights_bytes": w.total_bytes(),
             "weights_fp32_bytes": elements * 4,
-            "kv_cache_bytes": kv_values * 2,
+            "kv_type": kv_type,
+            "kv_cache_bytes": round(kv_values * KV_VALUE_BYTES[kv_type]),
             "kv_cache_fp32_bytes": kv_values * 4,
             "kv_cache_ctx": n_ctx,
-            "total_bytes": w.total_bytes() + kv_values * 2,
+            "total_bytes": w.total_bytes() + round(kv_values * KV_VALUE_BYTES[kv_type]),
             "total_fp32_bytes": elements * 4 + kv_values * 4,
         },
         "fingerprint": src.fingerprint,

@@ -96,7 +96,7 @@ def test_decoder_step_kernel(native, act):
     results = []
     for run in (decoder_step.decoder_step(layers), decoder_step.decoder_step_reference):
         pools = torch.zeros(2, 4, 2, 32)
-        args = (x, pools[0], pools[1], slots, cos, sin)
+        args = (x, pools[0], pools[1], slots, torch.tensor([0, 1]), cos, sin)
         results.append(run(*args) if run is not decoder_step.decoder_step_reference
                        else run(layers, *args))
     assert torch.equal(*results)

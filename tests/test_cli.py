@@ -206,3 +206,19 @@ def test_info_names_the_chat_format(capsys, tiny_gemma_gguf):
     assert "chatml" not in chat["available"]
     _, out, _ = _run(capsys, "info", "--model", str(tiny_gemma_gguf))
     assert "chat format     transcript (no chat template in the file" in out
+
+
+def test_bench_context_reports_each_length_and_the_attention_against_its_bounds(
+        capsys, tiny_q4_k_m):
+    code, out, err = _run(capsys, "bench", "context", "--model", str(tiny_q4_k_m[2]),
+                          "--prompt-tokens", "20", "70", "--gen-tokens", "3", "--kv-type", "q8_0",
+                          "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["prompt_tokens"] == [20, 70] and report["kv_type"] == "torch.uint8"
+    for n in ("20", "70"):
+        assert report["ember"][n]["prefill"]["median"] > 0
+        attention = report["ember"][n]["decode_attention"]
+        assert attention["kv_bytes_per_token"] > 0 and attention["over_bound"] > 0
+    assert report["ember_decode_over_its_own_at_shortest"]["20"] == 1.0
+    assert "llama.cpp" not in report

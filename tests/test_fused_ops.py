@@ -79,64 +79,6 @@ def test_bad_shapes_are_clear_errors(fast):
                            torch.zeros(1, 4), False, 1e-6)
 
 
-# Four keys at a time plus a tail (s % 4), head dims the vector code takes (multiples of 8)
-# and others, grouped query heads, one key, and contexts long enough for the exp's vector body.
-@pytest.mark.parametrize("nh,nkv,hd,s", [(4, 1, 256, 1), (4, 2, 10, 37), (3, 3, 7, 5),
-                                         (8, 1, 64, 61), (4, 4, 128, 6), (32, 4, 64, 64)])
-def test_attend_slots_matches_gathered_attention(fast, nh, nkv, hd, s):
-    g = torch.Generator().manual_seed(nh * 100 + s)
-    k_pool, v_pool = torch.randn(64, nkv, hd, generator=g), torch.randn(64, nkv, hd, generator=g)
-    slots = torch.randperm(64, generator=g)[:s]  # scattered rows, as paged blocks are
-    q = torch.randn(nh, hd, generator=g) * 2
-    got = fast.attend_slots(q, k_pool, v_pool, slots, 0.3)
-    want = fused_ops.attend_slots_reference(q, k_pool, v_pool, slots, 0.3)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_attend_slots_softmax_is_exact_at_the_extremes(fast):
-    """Scores far below the max weigh nothing (exp underflow is 0, never garbage), a score
-    far above the others takes all the weight, and equal scores weigh equally."""
-    hd, n = 64, 12
-    k_pool = torch.zeros(n, 1, hd)
-    v_pool = torch.arange(n, dtype=torch.float32).repeat_interleave(hd).reshape(n, 1, hd)
-    q = torch.zeros(1, hd)
-    q[0, 0] = 1.0
-    k_pool[:, 0, 0] = -1000.0
-    k_pool[5, 0, 0] = 1000.0  # one key dominates: the output is its value row
-    slots = torch.arange(n)
-    out = fast.attend_slots(q, k_pool, v_pool, slots, 1.0)
-    assert torch.equal(out, torch.full((1, hd), 5.0))
-    k_pool[:, 0, 0] = 0.0  # all equal: the mean of the values
-    out = fast.attend_slots(q, k_pool, v_pool, slots, 1.0)
-    torch.testing.assert_close(out, torch.full((1, hd), (n - 1) / 2), rtol=1e-6, atol=1e-6)
-
-
-def test_attend_slots_gives_a_row_the_same_bits_in_any_company(fast):
-    """A key's score is computed the same way in any lane of the 4-key step or in the tail:
-    a row's result depends only on its own keys, so repeating the call on a pool where other
-    rows changed gives the same bits, and the result is the same with the keys' rows moved
-    elsewhere in the pool (paged blocks land anywhere)."""
-    g = torch.Generator().manual_seed(7)
-    nh, nkv, hd, s = 8, 2, 64, 23
-    k_pool, v_pool = torch.randn(80, nkv, hd, generator=g), torch.randn(80, nkv, hd, generator=g)
-    q = torch.randn(nh, hd, generator=g)
-    slots = torch.arange(s)
-    a = fast.attend_slots(q, k_pool, v_pool, slots, 0.125)
-    moved = torch.arange(40, 40 + s)
-    k_pool[moved], v_pool[moved] = k_pool[slots].clone(), v_pool[slots].clone()
-    k_pool[:s] = torch.randn(s, nkv, hd, generator=g)  # the old rows now hold other keys
-    b = fast.attend_slots(q, k_pool, v_pool, moved, 0.125)
-    assert torch.equal(a, b)
-
-
-def test_attend_slots_rejects_bad_slots(fast):
-    pool = torch.randn(8, 1, 4)
-    with pytest.raises(IndexError, match="slot"):
-        fast.attend_slots(torch.randn(2, 4), pool, pool, torch.tensor([3, 8]), 1.0)
-    with pytest.raises(RuntimeError, match="at least one key"):
-        fast.attend_slots(torch.randn(2, 4), pool, pool, torch.tensor([], dtype=torch.long), 1.0)
-
-
 @pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 100, 262144])
 def test_argmax_follows_torch(fast, n):
     g = torch.Generator().manual_seed(n)

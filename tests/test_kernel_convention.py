@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ember.kernels import fused_ops
+from ember.kernels import attention, fused_ops
 from ember.models import rotary, transformer
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
@@ -93,9 +93,10 @@ def test_references_give_the_reference_models_bits():
         assert torch.equal(fused_ops.rotate_reference(heads, cos, sin, interleaved),
                            rotary.rotate(heads, cos, sin, interleaved))
     k_pool, v_pool = torch.randn(9, 2, 16, generator=g), torch.randn(9, 2, 16, generator=g)
-    q, slots = torch.randn(4, 16, generator=g), torch.tensor([7, 0, 3, 5])
+    q, slots = torch.randn(1, 4, 16, generator=g), torch.tensor([7, 0, 3, 5])
     for softcap in (0.0, 2.5):
-        got = fused_ops.attend_slots_reference(q, k_pool, v_pool, slots, 0.25, softcap)
-        want = transformer.attend(q[None], k_pool[slots], v_pool[slots], None, None, None, 0.25,
+        got = attention.attend_reference(q, k_pool, v_pool, [slots], torch.tensor([3]), 0.25,
+                                         softcap)
+        want = transformer.attend(q, k_pool[slots], v_pool[slots], None, None, None, 0.25,
                                   softcap or None)
         assert torch.equal(got, want), softcap

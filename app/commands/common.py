@@ -18,7 +18,8 @@ _PLAIN_FIELDS = {"device": "device", "n_ctx": "ctx_size", "threads": "threads",
                  "weights": "weights", "split": "split", "cold_dtype": "cold_dtype",
                  "tier_dtype": "tier_dtype", "tier_attention": "tier_attention",
                  "ffn_mode": "ffn_mode", "speculate": "speculate", "tree": "tree",
-                 "draft_model": "draft_model", "chat_format": "chat_format", "mmap": "mmap"}
+                 "draft_model": "draft_model", "chat_format": "chat_format", "mmap": "mmap",
+                 "kv_type": "kv_type"}
 
 
 def model_path(args):

@@ -15,7 +15,7 @@ def run(args) -> int:
 
     source = open_model(model_path(args))
     context = _context(source, args)
-    s = summarize(source, context.tokens)
+    s = summarize(source, context.tokens, args.kv_type)
     s["engine_context"] = {"tokens": context.tokens, "limit": context.limit,
                            "why": context.describe()}
     s["chat_format"] = _chat_formats(source)
@@ -60,7 +60,7 @@ def run(args) -> int:
     where = ("read into RAM on huge pages; --mmap on maps them" if m["weights_in"] == "ram"
              else "memory-mapped; --mmap off reads them into RAM")
     print(f"  memory (max)    {_mib(m['total_bytes'])} = the file's weights "
-          f"{_mib(m['weights_bytes'])} ({where}) + KV cache (float16) "
+          f"{_mib(m['weights_bytes'])} ({where}) + KV cache ({m['kv_type']}) "
           f"{_mib(m['kv_cache_bytes'])} at {m['kv_cache_ctx']} tokens")
     print(f"                  ({_mib(m['total_fp32_bytes'])} with the float32 model: "
           "--weights fp32 or a GPU device)")
@@ -158,7 +158,7 @@ def _context(source, args):
     from ember.offload.runtime.device import resolve_device
     from ember.offload.runtime.resources import context_size
 
-    options = EngineOptions(n_ctx=args.ctx_size)
+    options = EngineOptions(n_ctx=args.ctx_size, kv_type=args.kv_type)
     return context_size(source, options, resolve_device(getattr(args, "device", "auto")))
 
 

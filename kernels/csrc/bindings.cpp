@@ -29,9 +29,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("head_dim"),
         py::arg("q_norm"), py::arg("k_norm"), py::arg("cos"), py::arg("sin"),
         py::arg("interleaved"), py::arg("eps"));
-  m.def("attend_slots", &attend_slots, "one query's attention over paged K/V pool rows",
-        py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"), py::arg("scale"),
-        py::arg("softcap") = 0.0);
+  m.def("attend", &attend, "T query rows' attention over their paged K/V pool rows",
+        py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"),
+        py::arg("positions"), py::arg("n_heads"), py::arg("scale"), py::arg("softcap") = 0.0,
+        py::call_guard<py::gil_scoped_release>());
   m.def("activation_name",
         [](int64_t code) { return std::string(activation_name(activation_of(code))); },
         "the activation an integer code stands for (activation.h; models/activations.py)",
@@ -68,10 +69,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("activation"), py::arg("post_ffn_norm"), py::arg("eps"), py::arg("scale"),
            py::arg("qkv_bias"), py::arg("attn_softcap"))
       .def("run", &DecoderStep::run, py::arg("x"), py::arg("k_pool"), py::arg("v_pool"),
-           py::arg("slots"), py::arg("cos"), py::arg("sin"),
+           py::arg("slots"), py::arg("positions"), py::arg("cos"), py::arg("sin"),
            py::call_guard<py::gil_scoped_release>())
       .def("run_attention", &DecoderStep::run_attention, py::arg("layer"), py::arg("x"),
-           py::arg("k_pool"), py::arg("v_pool"), py::arg("read_slots"), py::arg("cos"),
+           py::arg("k_pool"), py::arg("v_pool"), py::arg("read_slots"), py::arg("positions"), py::arg("cos"),
            py::arg("sin"), py::call_guard<py::gil_scoped_release>())
       .def("set_input_sparse", &DecoderStep::set_input_sparse, py::arg("layer"), py::arg("slot"),
            py::arg("packed"), py::arg("types"), py::arg("n_out"), py::arg("threshold"),

@@ -253,4 +253,19 @@ inline void dequantize_one(int type, const uint8_t* row, int64_t K, float* out) 
     }
 }
 
+// 32 floats -> one Q8_0 block (fp16 d, 32 int8), rounding as GGML's reference quantizer (and
+// models/quantize.py): d = max|v| / 127, q = round(v / d) through the reciprocal, d stored as
+// fp16. q8_0_quantize (weights at load) and the q8_0 KV cache (attention.cpp) write these.
+inline void quantize_q8_0_block(const float* v, uint8_t* blk) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    const uint16_t dh = c10::Half(d).x;
+    std::memcpy(blk, &dh, 2);
+    for (int i = 0; i < 32; ++i) {
+        const float q = std::min(127.f, std::max(-128.f, std::round(v[i] * id)));
+        blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    }
+}
+
 }  // namespace ember_blocks

@@ -4,31 +4,11 @@
 
 #include <ATen/ops/empty.h>
 
-#include <c10/util/Half.h>
-
 #include <cstring>
 #include <tuple>
 
+#include "attention.h"
 #include "ops.h"
-
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-namespace {
-
-// n floats to IEEE half, rounded to nearest even (F16C eight at a time where built for it).
-void to_half(const float* x, int64_t n, at::Half* out) {
-    int64_t i = 0;
-#if defined(__F16C__)
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; ++i) out[i] = at::Half(x[i]);
-}
-
-}  // namespace
 
 void DecoderStep::add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
                             std::vector<int64_t> qkv_types, int64_t n_heads, int64_t n_kv,
@@ -56,30 +36,32 @@ void DecoderStep::add_layer(at::Tensor attn_norm, std::vector<at::Tensor> qkv,
 
 // h = rms_norm(x); qkv = h @ [Wq Wk Wv]; q/k norm + rotary; every row's K/V stored at the
 // last of its read slots before any row attends (tree rows read their ancestors', prompt
-// rows the rows before them); o[t] = attention over read_slots[t]; a = o @ Wo.
+// rows the rows before them); o = attention of each row over its read_slots (attention.h:
+// tiled over rows and key chunks, a row's bits its own); a = o @ Wo.
 // Returns residual_norm(x, a, post, ffn_norm): (x + post-normed a, the FFN's input).
 std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
     const Layer& l, const at::Tensor& x, const at::Tensor& k_pool, const at::Tensor& v_pool,
-    const std::vector<at::Tensor>& read_slots, const at::Tensor& cos,
+    const std::vector<at::Tensor>& read_slots, const at::Tensor& positions, const at::Tensor& cos,
     const at::Tensor& sin) const {
     const int64_t T = x.size(0), hd = l.head_dim;
     TORCH_CHECK(static_cast<int64_t>(read_slots.size()) == T,
                 "decoder_step needs read slots for each of its ", T, " rows");
-    const bool half = k_pool.scalar_type() == at::kHalf;
-    TORCH_CHECK(k_pool.dim() == 3 && k_pool.size(1) == l.n_kv && k_pool.size(2) == hd &&
-                    (half || k_pool.scalar_type() == at::kFloat) && k_pool.is_contiguous() &&
-                    v_pool.sizes() == k_pool.sizes() &&
-                    v_pool.scalar_type() == k_pool.scalar_type() && v_pool.is_contiguous(),
-                "k_pool/v_pool must be contiguous float32 or float16 (rows, n_kv, head_dim), "
-                "both of one dtype");
-    std::vector<int64_t> own(T);
+    TORCH_CHECK(positions.dim() == 1 && positions.size(0) == T &&
+                    positions.scalar_type() == at::kLong && positions.is_contiguous(),
+                "decoder_step needs each row's position: a contiguous int64 (T,) tensor");
+    const ember_attention::KvPools pools = ember_attention::kv_pools(k_pool, v_pool, l.n_kv, hd);
+    ember_attention::Rows rows{nullptr, 0, nullptr, 0, T, l.n_heads, {}, {}, {},
+                               static_cast<float>(l.scale), static_cast<float>(l.attn_softcap)};
     for (int64_t t = 0; t < T; ++t) {
         const at::Tensor& s = read_slots[t];
         TORCH_CHECK(s.dim() == 1 && s.scalar_type() == at::kLong && s.is_contiguous() &&
                         s.numel() > 0,
                     "read slots must be non-empty contiguous int64 vectors");
-        own[t] = s.data_ptr<int64_t>()[s.numel() - 1];
-        TORCH_CHECK(own[t] >= 0 && own[t] < k_pool.size(0), "write slot out of range");
+        rows.slots.push_back(s.data_ptr<int64_t>());
+        rows.n.push_back(s.numel());
+        rows.pos.push_back(positions.data_ptr<int64_t>()[t]);
+        const int64_t own = rows.slots[t][s.numel() - 1];
+        TORCH_CHECK(own >= 0 && own < pools.n_slots, "write slot out of range");
     }
     auto h = rms_norm(x, l.attn_norm, l.eps);
     auto qkv = l.sparse[0].on() ? l.sparse[0](h) : block_matmul(h, l.qkv, l.qkv_types);
@@ -90,20 +72,13 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
     const float* base = qkv.data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
         const float* row = base + t * width + q_cols;
-        if (half) {  // rounded to nearest even, as torch's .half()
-            to_half(row, kv, k_pool.data_ptr<at::Half>() + own[t] * kv);
-            to_half(row + kv, kv, v_pool.data_ptr<at::Half>() + own[t] * kv);
-        } else {
-            std::memcpy(k_pool.data_ptr<float>() + own[t] * kv, row, kv * sizeof(float));
-            std::memcpy(v_pool.data_ptr<float>() + own[t] * kv, row + kv, kv * sizeof(float));
-        }
+        const int64_t own = rows.slots[t][rows.n[t] - 1];
+        ember_attention::store_row(k_pool, own, row, l.n_kv, hd);
+        ember_attention::store_row(v_pool, own, row + kv, l.n_kv, hd);
     }
     auto o = at::empty({T, q_cols}, x.options());
-    for (int64_t t = 0; t < T; ++t) {
-        auto q = qkv.select(0, t).narrow(0, 0, q_cols).view({l.n_heads, hd});
-        attend_slots_into(q, k_pool, v_pool, read_slots[t], l.scale,
-                          o.data_ptr<float>() + t * q_cols, l.attn_softcap);
-    }
+    rows.q = base, rows.ldq = width, rows.out = o.data_ptr<float>(), rows.ldo = q_cols;
+    ember_attention::attend_rows(rows, pools);
     auto a = l.sparse[1].on() ? l.sparse[1](o) : block_matmul(o, {l.wo}, {l.wo_type});
     return residual_norm(x, a, l.post_attn_norm, l.ffn_norm, l.eps);
 }
@@ -133,13 +108,13 @@ void DecoderStep::set_input_sparse(int64_t layer, int64_t slot, std::vector<at::
 
 at::Tensor DecoderStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
                             const std::vector<std::vector<at::Tensor>>& slots,
-                            const std::vector<at::Tensor>& cos,
+                            at::Tensor positions, const std::vector<at::Tensor>& cos,
                             const std::vector<at::Tensor>& sin) const {
     const size_t n = layers_.size();
     TORCH_CHECK(slots.size() == n && cos.size() == n && sin.size() == n,
                 "decoder_step needs slots, cos and sin for each of its ", n, " layers");
     for (size_t i = 0; i < n; ++i) {
-        auto [mid, h] = attention(layers_[i], x, k_pool, v_pool, slots[i], cos[i].contiguous(),
+        auto [mid, h] = attention(layers_[i], x, k_pool, v_pool, slots[i], positions, cos[i].contiguous(),
                                   sin[i].contiguous());
         x = ffn(layers_[i], mid, h);
     }
@@ -148,9 +123,10 @@ at::Tensor DecoderStep::run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
 
 std::tuple<at::Tensor, at::Tensor> DecoderStep::run_attention(
     int64_t layer, at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
-    const std::vector<at::Tensor>& read_slots, at::Tensor cos, at::Tensor sin) const {
+    const std::vector<at::Tensor>& read_slots, at::Tensor positions, at::Tensor cos,
+    at::Tensor sin) const {
     TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(layers_.size()), "layer ", layer,
                 " out of range (", layers_.size(), " layers)");
-    return attention(layers_[layer], x, k_pool, v_pool, read_slots, cos.contiguous(),
+    return attention(layers_[layer], x, k_pool, v_pool, read_slots, positions, cos.contiguous(),
                      sin.contiguous());
 }

@@ -31,10 +31,11 @@ class DecoderStep {
                    int64_t activation, c10::optional<at::Tensor> post_ffn_norm, double eps,
                    double scale, c10::optional<at::Tensor> qkv_bias, double attn_softcap);
     // x (T, hidden) through every layer. Per layer: for each row the pool slots it reads (its
-    // own, where its K/V are written before any row attends, last), and the rows' rotary
-    // cos/sin (T, head_dim / 2).
+    // own, where its K/V are written before any row attends, last: positions
+    // positions[t] - n + 1 .. positions[t]), and the rows' rotary cos/sin (T, head_dim / 2).
+    // Pools: float32, float16 or Q8_0 blocks (attention.h).
     at::Tensor run(at::Tensor x, at::Tensor k_pool, at::Tensor v_pool,
-                   const std::vector<std::vector<at::Tensor>>& slots,
+                   const std::vector<std::vector<at::Tensor>>& slots, at::Tensor positions,
                    const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin) const;
     // Layer `layer`'s attention sub-layer alone, for a runtime that computes the FFN itself
     // (the hybrid split, offload/body/quant_model.py): returns (x + post-normed attention, the
@@ -42,7 +43,8 @@ class DecoderStep {
     std::tuple<at::Tensor, at::Tensor> run_attention(int64_t layer, at::Tensor x,
                                                      at::Tensor k_pool, at::Tensor v_pool,
                                                      const std::vector<at::Tensor>& read_slots,
-                                                     at::Tensor cos, at::Tensor sin) const;
+                                                     at::Tensor positions, at::Tensor cos,
+                                                     at::Tensor sin) const;
 
     // Run matmul `slot` of layer `layer` (0: q/k/v, 1: attention output, 2: gate/up, 3: down)
     // input-sparse over these input-major weights (kernels/input_sparse.py); a threshold < 0
@@ -78,6 +80,7 @@ class DecoderStep {
                                                  const at::Tensor& k_pool,
                                                  const at::Tensor& v_pool,
                                                  const std::vector<at::Tensor>& read_slots,
+                                                 const at::Tensor& positions,
                                                  const at::Tensor& cos,
                                                  const at::Tensor& sin) const;
     at::Tensor ffn(const Layer& l, const at::Tensor& x, const at::Tensor& h) const;

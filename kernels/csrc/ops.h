@@ -33,12 +33,13 @@ std::tuple<at::Tensor, at::Tensor> residual_norm(at::Tensor x, at::Tensor a,
 void qk_norm_rope_(at::Tensor qkv, int64_t n_heads, int64_t n_kv, int64_t hd,
                    c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm,
                    at::Tensor cos, at::Tensor sin, bool interleaved, double eps);
-// softcap > 0 (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap).
-at::Tensor attend_slots(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool, at::Tensor slots,
-                        double scale, double softcap = 0.0);
-void attend_slots_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
-                       const at::Tensor& slots, double scale, float* out, double softcap = 0.0);
 at::Tensor ffn_activation(Activation act, const at::Tensor& gate, const at::Tensor& up);
+
+// attention.cpp: q (T, n_heads * hd) over each row's pool rows (attention.h); softcap > 0
+// (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap).
+at::Tensor attend(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
+                  const std::vector<at::Tensor>& slots, at::Tensor positions, int64_t n_heads,
+                  double scale, double softcap);
 
 // select.cpp
 int64_t argmax(at::Tensor v);

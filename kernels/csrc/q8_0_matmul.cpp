@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
+#include "block_formats.h"
 #include "ops.h"
 
 #include <algorithm>
@@ -221,19 +222,9 @@ at::Tensor q8_0_quantize(at::Tensor w) {
     uint8_t* op = out.data_ptr<uint8_t>();
     at::parallel_for(0, N, 64, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
-            for (int64_t b = 0; b < K / QK; ++b) {
-                const float* v = wp + r * K + b * QK;
-                uint8_t* blk = op + r * row_bytes + b * QUANT_BLOCK_BYTES;
-                float amax = 0.f;
-                for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(v[i]));
-                const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-                const uint16_t dh = c10::Half(d).x;
-                std::memcpy(blk, &dh, 2);
-                for (int i = 0; i < QK; ++i) {
-                    const float q = std::min(127.f, std::max(-128.f, std::round(v[i] * id)));
-                    blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
-                }
-            }
+            for (int64_t b = 0; b < K / QK; ++b)
+                ember_blocks::quantize_q8_0_block(wp + r * K + b * QK,
+                                                  op + r * row_bytes + b * QUANT_BLOCK_BYTES);
     });
     return out;
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ember.kernels import block_matmul as bm
+from ember.kernels.attention import kv_row_values
 from ember.kernels import decoder_step
 from ember.kernels.fused_ops import rms_norm
 from ember.models.kv import ContiguousKVCache, KVCache
@@ -53,14 +54,23 @@ def runs_on_file_blocks(options, device: torch.device) -> bool:
 KV_DTYPE = torch.float16
 
 
+KV_TYPE_DTYPES = {"f16": KV_DTYPE, "q8_0": torch.uint8}  # --kv-type q8_0: Q8_0 blocks as bytes
+
+
+def kv_value_bytes(dtype: torch.dtype) -> float:
+    """Bytes a K or V value takes in pools of `dtype` (Q8_0: 34 bytes per 32 values)."""
+    return 34 / 32 if dtype == torch.uint8 else dtype.itemsize
+
+
 def kv_dtype(options=None, device: torch.device = CPU) -> torch.dtype:
     """K/V element type of an engine with `options` (EngineOptions; None: the defaults) on
-    `device`: KV_DTYPE where it runs on the file's blocks, float32 otherwise."""
+    `device`: its --kv-type's where it runs on the file's blocks, float32 otherwise."""
     if options is None:
         blocks = device.type == "cpu" and applies()
     else:
         blocks = runs_on_file_blocks(options, device)
-    return KV_DTYPE if blocks else torch.float32
+    kv_type = "f16" if options is None else options.kv_type
+    return KV_TYPE_DTYPES[kv_type] if blocks else torch.float32
 
 
 class FileBlocksModel:
@@ -127,7 +137,8 @@ class FileBlocksModel:
 
     def new_cache(self, max_len: int) -> ContiguousKVCache:
         return ContiguousKVCache(self.cfg, max_len, device=self.attention_device,
-                                 dtype=self.kv_dtype)
+                                 dtype=self.kv_dtype,
+                                 row_values=kv_row_values(self.kv_dtype, self.cfg.head_dim))
 
     @torch.inference_mode()
     def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:

@@ -68,16 +68,23 @@ class PassRows:
             self._made[key] = self.rotary[i].tables(positions, self.T, device)
         return self._made[key]
 
-    def host(self, layers: list[int]) -> tuple[list, list, list]:
-        """For layers run in C++: per layer the pool slots each row reads (its own last), and
-        the rows' cos/sin."""
+    @property
+    def positions(self) -> torch.Tensor:
+        """(T,) int64: each row's position (a tree's rows: their depth past the context)."""
+        if self.tree is not None:
+            return self.tree.positions
+        return torch.arange(self.start, self.start + self.T)
+
+    def host(self, layers: list[int]) -> tuple[list, torch.Tensor, list, list]:
+        """For layers run in C++: per layer the pool slots each row reads (its own last), the
+        rows' positions, and per layer the rows' cos/sin."""
         slots, cos, sin = [], [], []
         for i in layers:
             c, s = self._tables(i, CPU)
             cos.append(c)
             sin.append(s)
             slots.append(_slots(i, self.windows[i], self.start, self.T, self.cache, self.tree))
-        return slots, cos, sin
+        return slots, self.positions, cos, sin
 
     def tier(self, i: int, device: torch.device) -> tuple[AttendRows, torch.Tensor, torch.Tensor]:
         """For a layer whose attention runs on the tier: its `AttendRows` and cos/sin there."""
@@ -142,8 +149,8 @@ class SplitRun:
         self.post_ffn_norm, self.eps = layer.post_ffn_norm, layer.eps
 
     def __call__(self, x: torch.Tensor, pools, rows: PassRows) -> torch.Tensor:
-        slots, cos, sin = rows.host([self.i])
-        mid, h = self.attend(self.local, x, *pools, slots[0], cos[0], sin[0])
+        slots, positions, cos, sin = rows.host([self.i])
+        mid, h = self.attend(self.local, x, *pools, slots[0], positions, cos[0], sin[0])
         return residual_norm(mid, self.ffn(h).contiguous(), self.post_ffn_norm, None,
                              self.eps)[0]
 

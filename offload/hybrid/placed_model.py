@@ -64,8 +64,8 @@ def read_layer_modes(plan) -> LayerModes:
     return LayerModes(tuple(modes), on_tier, bool(plan.lm_head_on_gpu))
 
 
-def build_placed_model(file: FileLayers, hybrid, fmt: str | None,
-                       half: torch.dtype) -> FileBlocksModel:
+def build_placed_model(file: FileLayers, hybrid, fmt: str | None, half: torch.dtype,
+                       host_kv_dtype: torch.dtype = KV_DTYPE) -> FileBlocksModel:
     """The model over `file`'s layers as the split's plan places them: the split's layers
     are the FFNs (their hot rows on the tier already), `fmt` the tier format of attention
     and the LM head (None: they stay on the host). Records the layers' attention copies on
@@ -99,5 +99,6 @@ def build_placed_model(file: FileLayers, hybrid, fmt: str | None,
     if placed.lm_head_on_tier and fmt is not None and not native:
         head = tier_head(file, device, fmt, half)
     tier_runs = any(r.attention is not None for r in runs)
-    kv = (device, attention_kv_dtype(fmt)) if tier_runs else (torch.device("cpu"), KV_DTYPE)
+    # the host's pool type (--kv-type) unless attention runs on the tier in its own type
+    kv = (device, attention_kv_dtype(fmt)) if tier_runs else (torch.device("cpu"), host_kv_dtype)
     return FileBlocksModel(file, runs, head, kv)

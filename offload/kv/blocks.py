@@ -50,21 +50,22 @@ class BlockAllocator:
 class KVPool:
     """K/V storage for `n_blocks` blocks on one device, with its allocator.
 
-    k, v: (n_blocks, block_size, n_kv_heads, head_dim). Host pools are pinned when CUDA is
-    present so swaps can run asynchronously.
+    k, v: (n_blocks, block_size, n_kv_heads, row_values): row_values is head_dim, or for a
+    uint8 pool the bytes of a head's Q8_0 blocks (kernels.attention.kv_row_values). Host pools
+    are pinned when CUDA is present so swaps can run asynchronously.
     """
 
-    def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+    def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, row_values: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  pin: bool = False):
-        shape = (n_blocks, block_size, n_kv_heads, head_dim)
+        shape = (n_blocks, block_size, n_kv_heads, row_values)
         # empty, not zeros: only written slots are ever read, and untouched pages of a large
         # host pool then cost no RAM until a swap uses them.
         self.k = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
         self.v = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
         # The same storage as (slots, n_kv_heads, head_dim), slot = block * block_size +
         # offset: what attention reads in place. Made once (a view per layer per token adds up).
-        self.rows = (self.k.view(-1, n_kv_heads, head_dim), self.v.view(-1, n_kv_heads, head_dim))
+        self.rows = (self.k.view(-1, n_kv_heads, row_values), self.v.view(-1, n_kv_heads, row_values))
         self.block_size = block_size
         self.allocator = BlockAllocator(n_blocks)
 

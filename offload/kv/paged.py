@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ember.kernels.attention import kv_row_values
 from ember.models.config import ModelConfig
 
 from .blocks import KVPool, OutOfBlocks
@@ -61,7 +62,7 @@ class PagedKVCache:
                  rollback_margin: int = 64, dtype: torch.dtype = torch.float32):
         if block_size < 1 or device_blocks < 1 or host_blocks < 0:
             raise ValueError("block_size and device_blocks must be >= 1, host_blocks >= 0")
-        dims = (block_size, config.n_kv_heads, config.head_dim)
+        dims = (block_size, config.n_kv_heads, kv_row_values(dtype, config.head_dim))
         pin = torch.device(device).type == "cuda"
         self.device_pool = KVPool(device_blocks, *dims, device=device, dtype=dtype)
         self.host_pool = KVPool(host_blocks, *dims, device="cpu", dtype=dtype, pin=pin)

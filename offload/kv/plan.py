@@ -49,12 +49,12 @@ def blocks_for_one_sequence(cfg: ModelConfig, n_ctx: int, block_size: int,
 
 def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
             host_budget: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-            value_bytes: int = 4) -> KVPlan:
-    """Blocks per tier; `value_bytes` per K or V element (4: float32, 2: the file-blocks
-    runtime's float16, offload/file_blocks_model.kv_dtype)."""
+            value_bytes: float = 4) -> KVPlan:
+    """Blocks per tier; `value_bytes` per K or V value (4: float32, 2: the file-blocks
+    runtime's float16, 34/32: its Q8_0 blocks; offload/body/file_blocks_model.kv_value_bytes)."""
     if block_size < 1:
         raise ConfigError(f"KV block size must be at least 1, got {block_size}")
-    block_bytes = 2 * block_size * cfg.n_kv_heads * cfg.head_dim * value_bytes  # K and V
+    block_bytes = round(2 * block_size * cfg.n_kv_heads * cfg.head_dim * value_bytes)  # K and V
     need = blocks_for_one_sequence(cfg, n_ctx, block_size)
     device = need if device_budget is None else device_budget // block_bytes
     if device < need:

@@ -16,7 +16,7 @@ from ember.models.chat_format import CHAT_FORMATS
 from ember.models.errors import ConfigError
 
 from .choices import (ATTENTION_CHOICES, COLD_CHOICES, DEFAULT_BLOCK_SIZE,
-                      DEVICE_CHOICES, FFN_MODES, MMAP_CHOICES, REMOVED_WEIGHTS,
+                      DEVICE_CHOICES, FFN_MODES, KV_TYPES, MMAP_CHOICES, REMOVED_WEIGHTS,
                       SPECULATE_CHOICES, SPLITS, TIER_CHOICES, WEIGHT_CHOICES)
 from .tree_spec import parse_tree
 
@@ -60,6 +60,7 @@ class EngineOptions:
     # (faster decode), "auto" the copy when the file fits easily in free RAM and the FFNs
     # are not split (resources.reads_weights_into_ram).
     mmap: str = "auto"
+    kv_type: str = "f16"  # KV_TYPES
 
     def __post_init__(self):
         _check_choice("--device", self.device, DEVICE_CHOICES)
@@ -75,6 +76,7 @@ class EngineOptions:
         self._check_speculation()
         self._check_split()
         self._check_profile()
+        self._check_kv_type()
 
     def _check_speculation(self) -> None:
         _check_choice("--speculate", self.speculate, SPECULATE_CHOICES)
@@ -115,6 +117,14 @@ class EngineOptions:
                               "`ember profile`)")
         if self.profile not in (None, "auto") and not Path(self.profile).is_file():
             raise ConfigError(f"--profile {self.profile}: no such file")
+
+    def _check_kv_type(self) -> None:
+        _check_choice("--kv-type", self.kv_type, KV_TYPES)
+        if self.kv_type != "f16" and (self.weights == "fp32" or self.tier_attention not in
+                                      ("auto", "host")):
+            raise ConfigError(f"--kv-type {self.kv_type} is the host attention's cache on the "
+                              "file's blocks; --weights fp32 and --tier-attention TYPE keep "
+                              "their own K/V types: drop one of them")
 
 
 def _check_choice(flag: str, value: str, choices) -> None:

@@ -65,11 +65,11 @@ class LayerChain:
         cache.reserve(T)
         # each layer's pool rows and rotary tables, as the model's own pass computes them
         m = self.model
-        slots, cos, sin = PassRows(0, T, cache, None, m.rotary, m.windows).host(
+        slots, positions, cos, sin = PassRows(0, T, cache, None, m.rotary, m.windows).host(
             list(range(len(self.steps))))
         k_pool, v_pool = cache.pools()
         for i in range(first, end):
-            x = self.steps[i].run(x, k_pool, v_pool, slots[i: i + 1], cos[i: i + 1],
-                                  sin[i: i + 1])
+            x = self.steps[i].run(x, k_pool, v_pool, slots[i: i + 1], positions,
+                                  cos[i: i + 1], sin[i: i + 1])
         return x
 

@@ -13,6 +13,7 @@ from ember.models.errors import ConfigError
 from ember.models.loader import LoadedModel
 
 from ..body.file_blocks_model import FileBlocksModel, kv_dtype, runs_on_file_blocks
+from ..body.file_blocks_model import kv_value_bytes as value_bytes
 from ..body.file_layers import FileLayers
 from ..body.input_sparsity import apply_input_sparsity
 from ..body.protocol import BodyModel
@@ -55,7 +56,7 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     thresholded = use_input_thresholds(profile, file, options)
     if thresholded and options.gpu_budget is None:
         # GLU models: the profile thresholds matmul inputs rather than predicting neurons
-        blocks = FileBlocksModel(file)
+        blocks = FileBlocksModel(file, kv=(torch.device("cpu"), kv_dtype(options, device)))
         input_sparsity = _threshold_inputs(blocks, applied_thresholds(profile, options), profile)
     else:
         hybrid = _split_ffn(loaded, options, device, kv_plan, n_ctx, profile, file)
@@ -76,9 +77,10 @@ def _file_blocks_model(file: FileLayers, hybrid: HybridModel | None, options: En
                        device: torch.device) -> FileBlocksModel:
     """The model over the file's layers, each run where the split's plan put it."""
     if hybrid is None:
-        return FileBlocksModel(file)
+        return FileBlocksModel(file, kv=(torch.device("cpu"), kv_dtype(options, device)))
     fmt = _attention_format(options, device)
-    return build_placed_model(file, hybrid, fmt, TierCaps.of(device).half)
+    return build_placed_model(file, hybrid, fmt, TierCaps.of(device).half,
+                              kv_dtype(options, device))
 
 
 def _attention_format(options: EngineOptions, device: torch.device) -> str | None:
@@ -89,14 +91,14 @@ def _attention_format(options: EngineOptions, device: torch.device) -> str | Non
     return attention_format(options.tier_attention, device)
 
 
-def kv_value_bytes(options: EngineOptions, device: torch.device) -> int:
+def kv_value_bytes(options: EngineOptions, device: torch.device) -> float:
     """Bytes per K/V value the KV plan is sized by: the tier attention's type when
     `--tier-attention` names one, else the runtime's own (float16 on the file's blocks:
     the width of bf16 or fp16 too, so `auto`'s plan holds wherever attention lands)."""
     named = options.tier_attention not in ("auto", "host")
     if named and options.gpu_budget is not None and runs_on_file_blocks(options, device):
         return attention_dtype(options.tier_attention, device).itemsize
-    return kv_dtype(options, device).itemsize
+    return value_bytes(kv_dtype(options, device))
 
 
 def _float_model(loaded: LoadedModel, compute: torch.device, hybrid: HybridModel | None):

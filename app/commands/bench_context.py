@@ -1,0 +1,186 @@
+"""`ember bench context`: prefill and decode after long prompts of real text (Python source
+from the standard library, cut to N tokens), Ember beside llama.cpp with flash attention off
+and on, interleaved length by length in the same process (as `bench decode`), and the decode
+attention's time per token against its two bounds: the KV bytes it reads over the copy
+bandwidth, and its multiply-adds over the same kernel's rate on a context that fits in cache.
+"""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+
+from ember.models.errors import EmberError
+
+from ..progress import progress_bar
+from .bench_decode import _cpu_report, _ember_run, _settle, _stats, copy_bandwidth
+from .common import load_engine, model_path, print_json
+
+# Large, stable standard-library modules: real code, the same text on every machine.
+SOURCE_MODULES = ("inspect", "typing", "argparse", "subprocess", "pathlib", "tarfile")
+LLAMA_CPP = {"llama.cpp": False, "llama.cpp_flash": True}  # name -> flash_attn
+
+
+def source_text(min_chars: int) -> str:
+    """The modules' sources one after another, repeated until at least min_chars long."""
+    parts = []
+    for name in SOURCE_MODULES:
+        module = __import__(name)
+        with open(inspect.getsourcefile(module), encoding="utf-8") as f:
+            parts.append(f.read())
+    text = "\n".join(parts)
+    return text * (min_chars // len(text) + 1)
+
+
+def _prompts(engine, lengths: list[int]) -> dict[int, list[int]]:
+    longest = max(lengths)
+    ids = engine.encode(source_text(longest * 6))
+    if len(ids) < longest:
+        raise EmberError(f"the source text has only {len(ids)} tokens; ask for fewer")
+    return {n: ids[:n] for n in lengths}
+
+
+def _attention_layers(cfg, n: int) -> list[int]:
+    """Keys a decoded token at position n reads in each layer (its window where it has one)."""
+    return [n + 1 if cfg.window(i) is None else min(n + 1, cfg.window(i))
+            for i in range(cfg.n_layers)]
+
+
+def _time_attend(q, k_pool, v_pool, keys: int, repeats: int = 9) -> float:
+    """Median seconds of one decoded row's attention over `keys` keys."""
+    import torch
+
+    from ember.kernels.attention import attend
+
+    slots, pos = [torch.arange(keys)], torch.tensor([keys - 1])
+    attend(q, k_pool, v_pool, slots, pos, 0.1)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        attend(q, k_pool, v_pool, slots, pos, 0.1)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _pool(values, dtype):
+    """Random K or V values (S, n_kv, hd) as a pool of the engine's type (uint8: Q8_0)."""
+    import torch
+
+    from ember.kernels.q8_matmul import q8_0_quantize
+
+    if dtype != torch.uint8:
+        return values.to(dtype)
+    s, n_kv, hd = values.shape
+    return q8_0_quantize(values.reshape(-1, hd)).reshape(s, n_kv, -1)
+
+
+def attention_report(engine, n: int, copy_bps: float) -> dict:
+    """Decode attention per token after n tokens, timed on the kernel with the model's shapes
+    and the engine's KV type, against max(KV bytes / copy bandwidth, multiply-adds / the same
+    kernel's rate at 1,024 keys, where K/V stay in cache); and beside it a float32 matmul's
+    rate on the same threads (the machine's multiply-add peak, near enough)."""
+    import torch
+
+    cfg = engine.loaded.config
+    hd, n_kv, n_heads = cfg.head_dim, cfg.n_kv_heads, cfg.n_heads
+    longest = max(_attention_layers(cfg, n))
+    k_pool, v_pool = (_pool(torch.randn(longest, n_kv, hd), engine.kv_dtype) for _ in "kv")
+    q = torch.randn(1, n_heads, hd)
+    per_keys = {keys: _time_attend(q, k_pool, v_pool, keys) for keys in set(_attention_layers(cfg, n))}
+    seconds = sum(per_keys[k] for k in _attention_layers(cfg, n))
+    keys_total = sum(_attention_layers(cfg, n))
+    kv_bytes = keys_total * 2 * k_pool[0].nbytes
+    macs = keys_total * 2 * n_heads * hd  # q.k and p.v
+    small = min(1024, longest)
+    peak = small * 2 * n_heads * hd / _time_attend(q, k_pool, v_pool, small, repeats=31)
+    bound = max(kv_bytes / copy_bps, macs / peak)
+    return {"ms_per_token": seconds * 1e3, "kv_bytes_per_token": kv_bytes,
+            "kv_gb_per_s": kv_bytes / seconds / 1e9, "macs_per_token": macs,
+            "kernel_gmacs_in_cache": peak / 1e9, "matmul_gmacs": _matmul_rate() / 1e9,
+            "gmacs_per_s": macs / seconds / 1e9,
+            "bound_ms": bound * 1e3, "over_bound": seconds / bound}
+
+
+def _matmul_rate(n: int = 512, repeats: int = 9) -> float:
+    """Multiply-adds per second of a float32 (n, n) @ (n, n) matmul, the best of `repeats`."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return n ** 3 / best
+
+
+def _llama_runs(args, threads: int, n_ctx: int) -> dict:
+    from ember.app.baseline import LlamaCpp
+
+    return {name: LlamaCpp(model_path(args), threads, n_ctx, flash_attn=flash)
+            for name, flash in LLAMA_CPP.items()}
+
+
+def _ratios(report: dict, n: int) -> dict:
+    ours, out = report["ember"][str(n)], {}
+    for phase in ("prefill", "decode"):
+        best = max(report[name][str(n)][phase]["median"] for name in LLAMA_CPP)
+        out[phase] = ours[phase]["median"] / best
+    return out
+
+
+def run(args) -> int:
+    lengths = sorted(set(args.prompt_tokens))
+    if args.runs < 1 or args.gen_tokens < 2 or lengths[0] < 1:
+        raise EmberError("--runs must be >= 1, --gen-tokens >= 2, --prompt-tokens >= 1")
+    args.ctx_size = max(args.ctx_size or 0, lengths[-1] + args.gen_tokens + 16)
+    engine = load_engine(args)
+    if lengths[-1] + args.gen_tokens > engine.loaded.config.context_length:
+        raise EmberError(f"{lengths[-1]} prompt tokens and {args.gen_tokens} generated exceed "
+                         f"the model's context of {engine.loaded.config.context_length}")
+    import torch
+
+    threads = torch.get_num_threads()
+    prompts = _prompts(engine, lengths)
+    others = _llama_runs(args, threads, args.ctx_size) if args.against else {}
+    _ember_run(engine, prompts[lengths[0]][:8], 4)  # warm-up: first-call allocations
+    for other in others.values():
+        other.decode_speed(prompts[lengths[0]][:8], 4)
+    engines = ["ember", *others]
+    results = {name: {n: [] for n in lengths} for name in engines}
+    copy_bps = copy_bandwidth()
+    total = args.runs * len(lengths) * len(engines)
+    with progress_bar("bench context", args.json, total=total, unit="runs") as bar:
+        for i in range(args.runs):
+            for n in lengths:
+                for name in engines:
+                    _settle()
+                    ids = prompts[n]
+                    runs = results[name][n]
+                    runs.append(_ember_run(engine, ids, args.gen_tokens) if name == "ember"
+                                else others[name].decode_speed(ids, args.gen_tokens))
+                    done = sum(len(r) for per in results.values() for r in per.values())
+                    bar(done / total, f"{n} tokens, run {i + 1} of {args.runs}")
+    copy_bps = max(copy_bps, copy_bandwidth())
+    report = {"model": str(model_path(args)), "threads": threads, "kv_type": str(engine.kv_dtype),
+              "prompt_tokens": lengths, "gen_tokens": args.gen_tokens, "runs": args.runs,
+              "text": "+".join(SOURCE_MODULES) + " source", "copy_gb_per_s": copy_bps / 1e9,
+              "cpu": _cpu_report()}
+    for name in engines:
+        report[name] = {str(n): {k: _stats([r[k] for r in results[name][n]])
+                                 for k in ("prefill", "decode")} for n in lengths}
+    for n in lengths:
+        report["ember"][str(n)]["decode_attention"] = attention_report(engine, n, copy_bps)
+        if others:
+            report.setdefault("ratio_ember_over_faster_llama_cpp", {})[str(n)] = _ratios(report, n)
+        if "llama.cpp" in others:
+            same = [r["token_ids"] == e["token_ids"]
+                    for r, e in zip(results["llama.cpp"][n], results["ember"][n])]
+            report.setdefault("same_tokens_as_llama_cpp", {})[str(n)] = all(same)
+    short = lengths[0]
+    report["ember_decode_over_its_own_at_shortest"] = {
+        str(n): report["ember"][str(n)]["decode"]["median"]
+        / report["ember"][str(short)]["decode"]["median"] for n in lengths}
+    print_json(report)
+    return 0

@@ -1,0 +1,355 @@
+// See attention.h. Flash attention on the CPU, tiled over query rows and key chunks:
+//
+// - Keys go in chunks of CHUNK positions aligned to multiples of CHUNK (4 paged blocks). For
+//   one KV head, a tile of up to TILE_ROWS rows and one chunk, the chunk's keys and values are
+//   read from the pool once (converted to float once when the pool is float16 or Q8_0) and
+//   used for every query head of every row in the tile (GQA: all the heads sharing the KV
+//   head). Each (row, head) turns the chunk into a partial (max, sum, weighted values) and
+//   folds it into its running one in position order (attention_math.h). Chunks past a row's
+//   position are skipped (causal), as are chunks before its window.
+// - A row's partials depend only on its own query and keys, and are folded in one order, so
+//   the result is the same bits whichever rows share its tile or call: a decoded token, the
+//   same token in a prompt chunk, or in a speculative tree. Rows whose keys at a chunk's
+//   positions differ from the tile's (tree rows past their common context) take that chunk
+//   alone, with the same arithmetic.
+// - Work items are (KV head, tile); when there are fewer than threads (a decoded token on a
+//   model with one or two KV heads), each item's chunks are split between threads
+//   (flash-decoding): the first part folds as it goes, the others keep each chunk's partial,
+//   folded afterwards in position order. The thread count changes who computes a partial, never
+//   the partial or the fold.
+#include "attention.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_simd.h"
+#include "ops.h"
+
+namespace ember_attention {
+namespace {
+
+constexpr int CHUNK = 64;       // keys per partial; a multiple of LANES
+constexpr int TILE_ROWS = 16;   // query rows sharing one read of a chunk
+constexpr int SLACK = 16;       // room after a score row for the padded last key tile
+
+// attention_math.h as written, for any head dim.
+struct Portable {
+    static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
+                       int64_t hd, float scale, float* s, int lds) {
+        for (int i = 0; i < nq; ++i)
+            for (int x = x0; x < x1; ++x) s[i * lds + x] = dot(q[i], k[x], hd) * scale;
+    }
+    static float max_of(const float* s, int a, int b) { return *std::max_element(s + a, s + b); }
+    static float exp_sum(const float* s, float* p, int a, int b, float m) {
+        float acc[LANES] = {};
+        for (int x = a; x < b; ++x) acc[x % LANES] += p[x] = exp_neg(s[x] - m);
+        return tree16(acc);
+    }
+    static void values(const float* const* p, int nh, const float* const* v, int a, int b,
+                       int64_t hd, float* const* O, const Fold* f) {
+        thread_local std::vector<float> o;
+        o.resize(hd);
+        for (int h = 0; h < nh; ++h) {
+            std::fill(o.begin(), o.end(), 0.f);
+            for (int x = a; x < b; ++x)
+                for (int64_t d = 0; d < hd; ++d) o[d] = std::fma(p[h][x], v[x][d], o[d]);
+            merge_values(O[h], o.data(), hd, f[h]);
+        }
+    }
+    static void from_half(const uint16_t* h, int64_t n, float* out) {
+        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
+    }
+    static void from_int8(const int8_t* q, float d, float* out) {
+        for (int i = 0; i < Q8_VALUES; ++i) out[i] = static_cast<float>(q[i]) * d;
+    }
+};
+
+// Per-thread buffers, grown as needed.
+struct Scratch {
+    std::vector<float> k, v, s, p;
+    std::vector<const float*> kp, vp, qp, pp;
+    std::vector<float*> op;
+    std::vector<Fold> folds;
+    std::vector<int64_t> map;
+};
+
+// A row's keys in one chunk: x in [a, b) is position c0 + x, pool row at[x - a].
+struct Span {
+    int t, a, b;
+    const int64_t* at;
+};
+
+// One work item: a KV head, rows [t0, t1), chunks [c0, c1). partial >= 0: its chunks' partials
+// go to that part of the partial store instead of being folded.
+struct Item {
+    int64_t kvh, t0, t1, c0, c1, partial;
+};
+
+template <class K>
+class Attention {
+  public:
+    Attention(const Rows& r, const KvPools& pools) : r_(r), kv_(pools) {
+        hd_ = kv_.head_dim;
+        G_ = r.n_heads / kv_.n_kv;
+        lds_ = CHUNK + SLACK;
+        state_m_.assign(r.T * r.n_heads, 0.f);
+        state_l_.assign(r.T * r.n_heads, 0.f);
+        started_.assign(r.T * r.n_heads, 0);
+    }
+
+    void run() {
+        std::vector<Item> items = plan();
+        std::atomic<size_t> next{0};
+        const int64_t workers = std::min<int64_t>(at::get_num_threads(), items.size());
+        at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+            thread_local Scratch sc;
+            for (size_t i; (i = next.fetch_add(1)) < items.size();) process(items[i], sc);
+        });
+        fold_partials(items);
+        normalize();
+    }
+
+  private:
+    const Rows& r_;
+    const KvPools& kv_;
+    int64_t hd_, G_;
+    int lds_;
+    std::vector<float> state_m_, state_l_;
+    std::vector<uint8_t> started_;
+    // Split items' partials: per item, chunk, row and head: (m, l, present) and hd values.
+    std::vector<int64_t> partial_base_;
+    std::vector<float> partial_o_, partial_ml_;
+    std::vector<uint8_t> partial_present_;
+
+    int64_t lo(int64_t t) const { return r_.pos[t] - r_.n[t] + 1; }
+
+    std::vector<Item> plan() {
+        const int64_t tiles = (r_.T + TILE_ROWS - 1) / TILE_ROWS;
+        std::vector<Item> base;
+        for (int64_t tile = tiles - 1; tile >= 0; --tile)  // the longest (last) rows first
+            for (int64_t h = 0; h < kv_.n_kv; ++h) {
+                const int64_t t0 = tile * TILE_ROWS, t1 = std::min(r_.T, t0 + TILE_ROWS);
+                int64_t c0 = INT64_MAX, c1 = 0;
+                for (int64_t t = t0; t < t1; ++t) {
+                    c0 = std::min(c0, lo(t) / CHUNK);
+                    c1 = std::max(c1, r_.pos[t] / CHUNK + 1);
+                }
+                base.push_back({h, t0, t1, c0, c1, -1});
+            }
+        const int64_t threads = at::get_num_threads();
+        if (static_cast<int64_t>(base.size()) >= threads) return base;
+        std::vector<Item> items;
+        for (const Item& it : base) {
+            const int64_t chunks = it.c1 - it.c0;
+            const int64_t parts = std::min(chunks, (threads + (int64_t)base.size() - 1) / (int64_t)base.size());
+            for (int64_t p = 0; p < parts; ++p) {
+                Item part = it;
+                part.c0 = it.c0 + chunks * p / parts;
+                part.c1 = it.c0 + chunks * (p + 1) / parts;
+                if (p > 0) {
+                    part.partial = static_cast<int64_t>(partial_base_.size());
+                    const int64_t n = (part.c1 - part.c0) * (it.t1 - it.t0) * G_;
+                    partial_base_.push_back(partial_present_.size());
+                    partial_present_.resize(partial_present_.size() + n, 0);
+                }
+                items.push_back(part);
+            }
+        }
+        partial_o_.resize(partial_present_.size() * hd_);
+        partial_ml_.resize(partial_present_.size() * 2);
+        return items;
+    }
+
+    const uint8_t* pool_head(const uint8_t* pool, int64_t slot, int64_t kvh) const {
+        return pool + slot * kv_.slot_bytes + kvh * kv_.head_bytes;
+    }
+
+    // The float values of one KV head at a pool row: in place (float32) or converted into buf.
+    const float* as_float(const uint8_t* head, float* buf) const {
+        switch (kv_.type) {
+            case KvType::F32: return reinterpret_cast<const float*>(head);
+            case KvType::F16: K::from_half(reinterpret_cast<const uint16_t*>(head), hd_, buf); return buf;
+            case KvType::Q8_0:
+                for (int64_t b = 0; b < hd_ / Q8_VALUES; ++b) {
+                    const uint8_t* blk = head + b * Q8_BYTES;
+                    uint16_t dh;
+                    std::memcpy(&dh, blk, 2);
+                    K::from_int8(reinterpret_cast<const int8_t*>(blk + 2),
+                                 static_cast<float>(c10::Half(dh, c10::Half::from_bits())),
+                                 buf + b * Q8_VALUES);
+                }
+                return buf;
+        }
+        return nullptr;
+    }
+
+    void process(const Item& it, Scratch& sc) {
+        const int64_t rows = it.t1 - it.t0;
+        sc.k.resize(CHUNK * hd_), sc.v.resize(CHUNK * hd_);
+        sc.s.resize(rows * G_ * lds_), sc.p.resize(rows * G_ * lds_);
+        sc.kp.resize(CHUNK), sc.vp.resize(CHUNK), sc.map.resize(CHUNK);
+        sc.qp.resize(rows * G_), sc.pp.resize(rows * G_), sc.op.resize(rows * G_), sc.folds.resize(rows * G_);
+        std::vector<Span> shared, solo;
+        for (int64_t c = it.c0; c < it.c1; ++c) {
+            const int64_t c0 = c * CHUNK;
+            if (c + 1 < it.c1) prefetch(it, c0 + CHUNK);
+            shared.clear(), solo.clear();
+            std::fill(sc.map.begin(), sc.map.end(), -1);
+            for (int64_t t = it.t0; t < it.t1; ++t) {
+                const int64_t l = lo(t), a = std::max(l, c0) - c0, b = std::min(r_.pos[t] + 1, c0 + CHUNK) - c0;
+                if (a >= b) continue;
+                const Span sp{static_cast<int>(t), static_cast<int>(a), static_cast<int>(b), r_.slots[t] + (c0 + a - l)};
+                bool agrees = true;
+                for (int64_t x = a; x < b; ++x) {
+                    const int64_t slot = sp.at[x - a];
+                    TORCH_CHECK_INDEX(slot >= 0 && slot < kv_.n_slots, "slot ", slot, " out of range (",
+                                      kv_.n_slots, " pool rows)");
+                    agrees &= sc.map[x] < 0 || sc.map[x] == slot;
+                }
+                if (!agrees) {
+                    solo.push_back(sp);
+                    continue;
+                }
+                for (int64_t x = a; x < b; ++x) sc.map[x] = sp.at[x - a];
+                shared.push_back(sp);
+            }
+            if (!shared.empty()) group(it, c, shared.data(), shared.size(), sc.map.data(), sc);
+            for (const Span& sp : solo) {
+                for (int x = sp.a; x < sp.b; ++x) sc.map[x] = sp.at[x - sp.a];
+                group(it, c, &sp, 1, sc.map.data(), sc);
+            }
+        }
+    }
+
+    // The K/V rows of the chunk at positions c0.. (as the tile's last row reads them) on
+    // their way into cache while this chunk computes: a decoded token's keys are a stream
+    // of 256-512 byte pieces from scattered blocks that the hardware prefetchers follow late.
+    void prefetch(const Item& it, int64_t c0) const {
+        const int64_t t = it.t1 - 1, l = lo(t);
+        const int64_t a = std::max(l, c0), b = std::min(r_.pos[t] + 1, c0 + CHUNK);
+        for (int64_t x = a; x < b; ++x) {
+            const int64_t slot = r_.slots[t][x - l];
+            if (slot < 0 || slot >= kv_.n_slots) continue;  // reported when read
+            const char* k = reinterpret_cast<const char*>(pool_head(kv_.k, slot, it.kvh));
+            const char* v = reinterpret_cast<const char*>(pool_head(kv_.v, slot, it.kvh));
+            for (int64_t i = 0; i < kv_.head_bytes; i += 64)
+                __builtin_prefetch(k + i), __builtin_prefetch(v + i);
+        }
+    }
+
+    // Chunk c for the rows `spans` (their keys at x are pool rows map[x]).
+    void group(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc) {
+        int ua = CHUNK, ub = 0;
+        for (size_t i = 0; i < n; ++i) ua = std::min(ua, spans[i].a), ub = std::max(ub, spans[i].b);
+        int64_t any = -1;  // positions no row of the group reads (a hole) repeat a read one
+        for (int x = ua; x < ub && any < 0; ++x) any = map[x];
+        for (int x = ua; x < ub; ++x) {
+            const int64_t slot = map[x] >= 0 ? map[x] : any;
+            sc.kp[x] = as_float(pool_head(kv_.k, slot, it.kvh), sc.k.data() + x * hd_);
+        }
+        const int nq = static_cast<int>(n * G_);
+        for (size_t i = 0; i < n; ++i)
+            for (int64_t g = 0; g < G_; ++g)
+                sc.qp[i * G_ + g] = r_.q + spans[i].t * r_.ldq + (it.kvh * G_ + g) * hd_;
+        K::scores(sc.qp.data(), nq, sc.kp.data(), ua, ub, hd_, r_.scale, sc.s.data(), lds_);
+        for (size_t i = 0; i < n; ++i) {
+            const Span& sp = spans[i];
+            for (int64_t g = 0; g < G_; ++g) {
+                const int64_t qi = i * G_ + g, head = it.kvh * G_ + g;
+                float* s = sc.s.data() + qi * lds_;
+                float* p = sc.p.data() + qi * lds_;
+                if (r_.softcap > 0.f)
+                    for (int x = sp.a; x < sp.b; ++x) s[x] = softcapped(s[x], r_.softcap);
+                const float m = K::max_of(s, sp.a, sp.b);
+                const float l = K::exp_sum(s, p, sp.a, sp.b, m);
+                sc.pp[qi] = p;
+                const int64_t state = sp.t * r_.n_heads + head;
+                if (it.partial >= 0) {
+                    const int64_t slot = partial_slot(it, c, sp.t, g);
+                    partial_ml_[2 * slot] = m, partial_ml_[2 * slot + 1] = l;
+                    partial_present_[slot] = 1;
+                    sc.op[qi] = partial_o_.data() + slot * hd_;
+                    sc.folds[qi] = {Merge::FIRST, 1.f};
+                } else {
+                    bool started = started_[state];
+                    sc.folds[qi] = fold(m, l, state_m_[state], state_l_[state], started);
+                    started_[state] = started;
+                    sc.op[qi] = r_.out + sp.t * r_.ldo + head * hd_;
+                }
+            }
+        }
+        for (int x = ua; x < ub; ++x) {
+            const int64_t slot = map[x] >= 0 ? map[x] : any;
+            sc.vp[x] = as_float(pool_head(kv_.v, slot, it.kvh), sc.v.data() + x * hd_);
+        }
+        for (size_t i = 0; i < n; ++i)
+            K::values(sc.pp.data() + i * G_, G_, sc.vp.data(), spans[i].a, spans[i].b, hd_,
+                      sc.op.data() + i * G_, sc.folds.data() + i * G_);
+    }
+
+    int64_t partial_slot(const Item& it, int64_t c, int64_t t, int64_t g) const {
+        return partial_base_[it.partial] + ((c - it.c0) * (it.t1 - it.t0) + (t - it.t0)) * G_ + g;
+    }
+
+    // The split items' stored partials, folded in chunk order after their first part's.
+    void fold_partials(const std::vector<Item>& items) {
+        for (const Item& it : items) {
+            if (it.partial < 0) continue;
+            for (int64_t c = it.c0; c < it.c1; ++c)
+                for (int64_t t = it.t0; t < it.t1; ++t)
+                    for (int64_t g = 0; g < G_; ++g) {
+                        const int64_t slot = partial_slot(it, c, t, g);
+                        if (!partial_present_[slot]) continue;
+                        const int64_t head = it.kvh * G_ + g, state = t * r_.n_heads + head;
+                        bool started = started_[state];
+                        const Fold f = fold(partial_ml_[2 * slot], partial_ml_[2 * slot + 1],
+                                            state_m_[state], state_l_[state], started);
+                        started_[state] = started;
+                        merge_values(r_.out + t * r_.ldo + head * hd_, partial_o_.data() + slot * hd_, hd_, f);
+                    }
+        }
+    }
+
+    void normalize() {
+        for (int64_t t = 0; t < r_.T; ++t)
+            for (int64_t h = 0; h < r_.n_heads; ++h) {
+                const float inv = 1.f / state_l_[t * r_.n_heads + h];
+                float* o = r_.out + t * r_.ldo + h * hd_;
+                for (int64_t d = 0; d < hd_; ++d) o[d] *= inv;
+            }
+    }
+};
+
+// The path block_matmul runs (its CPU path, EMBER_CPU_PATH) picks the kernels here too;
+// head dims that are not a multiple of 16 take the portable code (the same arithmetic).
+void dispatch(const Rows& rows, const KvPools& pools) {
+    const std::string path = cpu_path();
+    const bool vectors = pools.head_dim % LANES == 0;
+#ifdef EMBER_ATTENTION_AVX512
+    if (vectors && path == "avx512") return Attention<SimdKernels<Avx512>>(rows, pools).run();
+#endif
+#ifdef EMBER_ATTENTION_AVX2
+    if (vectors && (path == "avx2" || path == "avx512")) return Attention<SimdKernels<Avx2>>(rows, pools).run();
+#endif
+    Attention<Portable>(rows, pools).run();
+}
+
+}  // namespace
+
+void attend_rows(const Rows& rows, const KvPools& pools) {
+    TORCH_CHECK(pools.n_kv > 0 && rows.n_heads % pools.n_kv == 0, rows.n_heads,
+                " query heads do not group over ", pools.n_kv, " KV heads");
+    for (int64_t t = 0; t < rows.T; ++t)
+        TORCH_CHECK(rows.n[t] > 0 && rows.pos[t] - rows.n[t] + 1 >= 0,
+                    "row ", t, " must see at least one key, at positions >= 0 (", rows.n[t],
+                    " keys ending at position ", rows.pos[t], ")");
+    if (rows.T > 0) dispatch(rows, pools);
+}
+
+}  // namespace ember_attention

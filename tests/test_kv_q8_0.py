@@ -1,0 +1,90 @@
+"""`--kv-type q8_0`: the KV cache as Q8_0 blocks through the paged pool, swap, the plan's
+bytes, `ember info`, and the file-blocks step against its Python chain."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ember.app import cli
+from ember.kernels import decoder_step
+from ember.models.errors import ConfigError
+from ember.models.loader import load_model, open_model
+from ember.offload.body import quant_model
+from ember.offload.body.quant_model import QuantModel
+from ember.offload.options.sampling import GREEDY
+from ember.offload.kv.paged import PagedKVCache
+from ember.offload.runtime.engine import Engine, EngineOptions
+
+PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]
+needs_native = pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+
+
+def _logits(model, cache, ids) -> torch.Tensor:
+    return model.logits(model.hidden(torch.tensor(ids), cache))
+
+
+@needs_native
+def test_the_q8_0_step_is_its_python_chain_and_close_to_f16(tiny_q4_k_m):
+    """Native pass == decoder_step_reference bit for bit on a Q8_0 cache (the K/V bytes
+    written and the attention over them), and near the float32 cache's logits."""
+    model = QuantModel(open_model(tiny_q4_k_m[2]), torch.uint8)
+    native = _logits(model, model.new_cache(64), PROMPT)
+    assert model.new_cache(8).k.dtype == torch.uint8
+    model._run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
+    assert torch.equal(native, _logits(model, model.new_cache(64), PROMPT))
+    # This random model amplifies any rounding (float16 K/V alone move its logits ~5% rms
+    # from float32 ones): Q8_0's distance stays within twice float16's.
+    others = {}
+    for dtype in (torch.float32, torch.float16):
+        m = QuantModel(open_model(tiny_q4_k_m[2]), dtype)
+        others[dtype] = _logits(m, m.new_cache(64), PROMPT)
+    exact = others[torch.float32]
+    rms = lambda x: x.pow(2).mean().sqrt()  # noqa: E731
+    assert rms(native - exact) < 2 * rms(others[torch.float16] - exact)
+
+@needs_native
+def test_a_q8_0_sequence_swaps_out_and_back_bit_for_bit(tiny_q4_k_m):
+    cfg = tiny_q4_k_m[0]
+    model = QuantModel(open_model(tiny_q4_k_m[2]), torch.uint8)
+    cache = PagedKVCache(cfg, device_blocks=64, host_blocks=64, block_size=4, dtype=torch.uint8)
+    assert cache.device_pool.k.shape[-1] == cfg.head_dim // 32 * 34
+    kept, swapped = cache.allocate(), cache.allocate()
+    for s in (kept, swapped):
+        _logits(model, cache.view(s), PROMPT)
+    cache.swap_out(swapped)
+    assert cache.seqs[swapped].tier == "host" and cache.stats.bytes_out > 0
+    assert torch.equal(_logits(model, cache.view(swapped), [60, 61]),  # swaps it back in
+                       _logits(model, cache.view(kept), [60, 61]))
+
+
+@needs_native
+def test_an_engine_plans_q8_0_bytes_and_decodes(tiny_q4_k_m):
+    loaded = load_model(tiny_q4_k_m[2])
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type="q8_0"))
+    cfg, plan = loaded.config, engine.kv_plan
+    assert engine.kv.device_pool.k.dtype == torch.uint8 == engine.kv.host_pool.v.dtype
+    assert plan.block_bytes == 2 * plan.block_size * cfg.n_kv_heads * cfg.head_dim // 32 * 34
+    assert plan.block_bytes == engine.kv.device_pool.block_bytes
+    done = engine.generate(PROMPT, sampling=GREEDY, max_tokens=6, ignore_eos=True)
+    assert len(done.token_ids) == 6
+
+
+def test_q8_0_with_the_float_reference_or_tier_attention_is_an_error():
+    with pytest.raises(ConfigError, match="--kv-type q8_0"):
+        EngineOptions(kv_type="q8_0", weights="fp32")
+    with pytest.raises(ConfigError, match="--kv-type q8_0"):
+        EngineOptions(kv_type="q8_0", gpu_budget=1 << 30, tier_attention="bf16")
+    with pytest.raises(ConfigError, match="--kv-type"):
+        EngineOptions(kv_type="q4_0")
+
+
+def test_info_counts_the_q8_0_cache(capsys, tiny_q4_k_m):
+    sizes = {}
+    for kv_type in ("f16", "q8_0"):
+        assert cli.main(["info", "--model", str(tiny_q4_k_m[2]), "--ctx-size", "256",
+                         "--kv-type", kv_type, "--json"]) == 0
+        sizes[kv_type] = json.loads(capsys.readouterr().out)["memory"]["kv_cache_bytes"]
+    assert sizes["q8_0"] * 64 == sizes["f16"] * 34
