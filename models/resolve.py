@@ -26,6 +26,8 @@ def resolve_model(text: str, env: Mapping[str, str] | None = None,
     path = Path(text).expanduser()
     if path.exists():
         return path
+    if text.startswith(("/", "./", "../", "~")) or path.suffix in (".gguf", ".safetensors"):
+        raise EmberError(f"{text}: no such file or folder")  # a path, not a name
     entry = catalog_model(text)
     if entry is not None:
         if entry.name == DEFAULT_MODEL:
