@@ -60,6 +60,9 @@ def describe(located: Located) -> ModelListing:
         f = GGUFFile(located.path)
     except EmberError as exc:
         return ModelListing(size_bytes=_size(located.path), problem=_without_path(exc), **base)
+    except (OSError, ValueError) as exc:  # unreadable (permissions), or not mappable
+        return ModelListing(size_bytes=_size(located.path), problem=f"cannot read it ({exc})",
+                            **base)
     arch = f.get("general.architecture")
     template = f.get("tokenizer.chat_template")
     style = template_style(template) if isinstance(template, str) else None
