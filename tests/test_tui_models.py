@@ -53,7 +53,7 @@ async def _pick(pilot, name: str) -> None:
 
 
 @pytest.mark.asyncio
-async def test_picker_lists_the_stores_and_switches_the_engine(tmp_path, studio_home):
+async def test_picker_lists_the_stores_and_switches_the_engine(tmp_path, studio_home, empty_cache):
     engine = FakeEngine(["first"], name=DEFAULT_MODEL)
     app = make_app(tmp_path / "chat.db", engine, list_models=lambda: list_models({}, studio_home))
     async with app.run_test(size=SIZE) as pilot:
