@@ -11,15 +11,37 @@ from ember.models.errors import EmberError
 from ember.offload.profile.perplexity import PerplexityResult, windows
 
 
+def layers_in_budget(source, budget: int, n_ctx: int) -> int:
+    """llama.cpp's layer offload (`-ngl`) for a GPU budget: as many whole layers as fit, each
+    with its float16 K/V at `n_ctx` tokens, then the output layer as one more (-ngl beyond
+    the layer count) when it fits too: what the same budget buys the plain tool."""
+    cfg, w = source.config, source.weights
+    kv = 2 * n_ctx * cfg.n_kv_heads * cfg.head_dim * 2
+    left, n = budget, 0
+    for i in range(cfg.n_layers):
+        layer = sum(w.get(name).nbytes for name in w.names() if name.startswith(f"blk.{i}."))
+        if layer + kv > left:
+            return n
+        left, n = left - layer - kv, n + 1
+    head = w.get("token_embd.weight" if cfg.tied_embeddings else "output.weight").nbytes
+    return n + (head <= left)
+
+
 class LlamaCpp:
-    def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False):
+    def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False,
+                 n_gpu_layers: int = 0):
         try:
-            from llama_cpp import Llama
+            import llama_cpp
         except ImportError:
             raise EmberError("the llama.cpp baseline is not installed: pip install -e '.[baseline]' "
                              "(README: build flags for these CPUs)") from None
-        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
-                         n_ctx=n_ctx, n_batch=512, logits_all=logits_all, verbose=False)
+        # Whether this build offloads at all (a CPU-only wheel ignores n_gpu_layers)
+        self.gpu_offload = bool(getattr(llama_cpp, "llama_supports_gpu_offload", bool)())
+        self.n_gpu_layers = n_gpu_layers
+        self.llm = llama_cpp.Llama(model_path=str(path), n_threads=threads,
+                                   n_threads_batch=threads, n_ctx=n_ctx, n_batch=512,
+                                   logits_all=logits_all, n_gpu_layers=n_gpu_layers,
+                                   verbose=False)
 
     def decode_speed(self, ids: list[int], gen: int) -> dict:
         """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase, and the tokens."""

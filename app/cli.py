@@ -36,15 +36,23 @@ def _split_options(p: argparse.ArgumentParser) -> None:
                         "cpu-only (none hot) or gpu-only (all hot)")
     p.add_argument("--tier-dtype", default="auto",
                    choices=choices.TIER_CHOICES,
-                   help="hot FFN rows on the GPU tier: auto (by each tensor's file type and the "
-                        "device: int4 for Q4-family rows where PyTorch's int4 matmul runs, int8 "
-                        "for Q5/Q6/Q8, fp16 for float files) or one type for all")
+                   help="FFN rows on the GPU tier: auto = file (the file's own blocks, its bytes "
+                        "and values), or one re-quantized type for all (ember info shows each "
+                        "type's bits per weight and error)")
     p.add_argument("--tier-attention", default="auto",
                    choices=choices.ATTENTION_CHOICES,
-                   help="attention weights and the KV pool under --gpu-budget: auto (on a GPU "
-                        "tier in bf16, fp16 before Ampere, when the budget holds them; on the "
-                        "host's file blocks otherwise), host, or that type on the tier (on any "
-                        "device, the CPU too)")
+                   help="attention, its KV pool and the LM head under --gpu-budget: auto (on "
+                        "the tier in the file's blocks where the plan puts them), host, or that "
+                        "format on the tier (on any device, the CPU too)")
+
+
+def _gpu_option(p: argparse.ArgumentParser) -> None:
+    from ember.offload.hybrid.gpu_cards import CARDS  # a plain table: no torch behind it
+
+    p.add_argument("--gpu", choices=tuple(CARDS), metavar="NAME",
+                   help="the card a --gpu-budget plan is priced for: "
+                        f"{', '.join(CARDS)} (default: this machine's CUDA device, else "
+                        "the table's first card with the budget's memory)")
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -178,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context used for the KV-cache estimate (default: what an engine would "
                         "get: the model's trained length, capped by free RAM)")
     _split_options(p)
+    _gpu_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="info")
 
@@ -238,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = bench.add_parser("placement", help="hot/cold placement: ILP vs greedy on a 70B-shaped "
                          "problem, or with --shape Ember's split vs whole-layer offload")
     b.add_argument("--shape", choices=("llama2-7b", "llama2-13b", "llama2-70b"),
-                   help="forecast this paper shape: Ember's neuron split and llama.cpp-style "
+                   help="forecast this paper shape: Ember's whole-model plan and llama.cpp's "
                         "whole-layer offload, predicted ms/token at --gpu-budget")
     b.add_argument("--quant", default="Q4_K_M", choices=("Q4_K_M", "Q4_0", "Q8_0", "F16"),
                    help="the file's quant mix (with --shape)")
@@ -246,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU memory for both plans (with --shape; default 24GiB)")
     b.add_argument("--ctx", type=int, default=choices.BENCH_CTX, metavar="N",
                    help="context the KV cache is sized for (with --shape)")
+    _gpu_option(b)
     b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
     b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
     b.add_argument("--group-size", type=int, metavar="N",

@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
-# The GPU tier's checks on a CUDA machine, in one go (issue 17); prints one JSON summary.
+# The GPU tier's checks on a CUDA machine, in one go (issues 17 and 30); prints one JSON summary.
 #
 #   bench/gpu_check.sh [OUT_DIR]          (from the repo root; OUT_DIR defaults to $OUT or
 #                                          /tmp/gpu_check; logs and summary.json go there)
 #
 # Made for a lent machine that has CUDA PyTorch and nothing to download from: the only
 # Python package Ember needs that such an image lacks is `gguf` (pure Python), carried as a
-# wheel in .whl/ (made here beforehand, see README "GPU tier"):
+# wheel in .whl/ (made here beforehand, see docs on the GPU tier):
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
-# No model travels (the default model is 253 MB): a random-weight TinyLlama-1.1B-shaped
-# Q4_K_M file is written on the spot by bench.make_model (real shape, real types).
+# A llama-cpp-python wheel built with CUDA may be carried there too; without one (or with a
+# CPU-only one) the llama.cpp side of each budget is skipped or runs on the CPU, and the
+# summary says which ("llama_cpp"). No model travels (the default model is 253 MB): a
+# random-weight TinyLlama-1.1B-shaped Q4_K_M file is written on the spot by bench.make_model
+# (real shape, real types).
 #
 # Steps: install (wheels, then Ember editable, no index), build the C++ kernels, the tests
-# marked `cuda` plus the tier-format and tier-attention tests (CPU ones too; not the one
-# that needs the default model, which does not travel), `bench decode` on CUDA at three GPU
-# budgets (at 1 GiB once more with attention kept on the host: --tier-attention auto moves
-# attention and KV to the GPU there, a 1.1B model's 0.5 GiB of bf16 attention and KV not
-# fitting 512 MiB) and on the CPU without a split, then one JSON line: what passed, tokens/s
-# per run, the hot fraction, the tier formats and bytes, where attention ran and in what
-# type, per-layer hot/cold/wait means. Aim: under 5 minutes.
+# marked `cuda` plus the tier tests (the file's blocks decoded on the GPU, int8/int4
+# attention and LM head, three budgets each, a verified tree's rows against plain decode's
+# bit for bit, CUDA graphs of the hot FFN), `bench decode` on CUDA at three GPU budgets
+# (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
+# against llama.cpp `-ngl` at the layers the same budget holds, once with the self drafter
+# (its tokens must equal plain decoding's), once with EMBER_CUDA_GRAPHS=1, and on the CPU
+# without a split; then one JSON line: what passed, tokens/s per run, the plan's per-layer
+# modes and bytes, where attention ran and in what format, per-layer hot/cold/wait means.
+# Aim: under 5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_check}}
@@ -51,14 +56,17 @@ if [ ! -f "$model" ]; then
 fi
 
 step "C++ kernels"
-$PY -c "from ember.offload.body import quant_model; assert quant_model.applies()" \
+$PY -c "from ember.offload.body import file_blocks_model; assert file_blocks_model.applies()" \
     >"$out/kernels.log" 2>&1 || { tail -20 "$out/kernels.log" >&2; exit 1; }
 
 step "tests"
 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py tests/test_tier_weights.py \
-    tests/test_tier_attention.py -k "not default_model" \
-    --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
+    tests/test_tier_attention.py tests/test_tier_blocks.py tests/test_tier_placement.py \
+    -k "not default_model" --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
 tests_rc=$?
+# llama.cpp beside each budget where this image has it (a CUDA build offloads -ngl layers)
+against=()
+if $PY -c "import llama_cpp" 2>/dev/null; then against=(--against llama.cpp); fi
 
 step "model"
 if [ -n "$maker" ] && ! wait "$maker"; then tail "$out/make_model.log" >&2; exit 1; fi
@@ -71,9 +79,10 @@ bench() {  # NAME, then bench decode's options
 }
 bench cpu_dense --device cpu
 for budget in 256MiB 512MiB 1GiB; do
-    bench "cuda_$budget" --device cuda --gpu-budget "$budget"
+    bench "cuda_$budget" --device cuda --gpu-budget "$budget" "${against[@]}"
 done
-bench cuda_1GiB_attention_host --device cuda --gpu-budget 1GiB --tier-attention host
+bench cuda_512MiB_self --device cuda --gpu-budget 512MiB --speculate self
+EMBER_CUDA_GRAPHS=1 bench cuda_1GiB_graphs --device cuda --gpu-budget 1GiB
 
 step "summary"
 $PY - "$out" "$tests_rc" "$(( $(date +%s) - start ))" <<'PY' | tee "$out/summary.json"
@@ -100,13 +109,28 @@ for f in sorted(out.glob("bench_*.json")):
         held = h.get("tier_attention_weights")
         row.update(hot_fraction=h["hot_fraction"], gpu_bytes=h["gpu_bytes"],
                    gpu_ffn_bytes=h["gpu_ffn_bytes"], formats=h["gpu_ffn_formats"],
+                   layer_modes=h.get("layer_modes"),
                    attention_on_gpu=h["on_gpu_tier"]["attention_and_kv"],
-                   attention_kv_charged={k: h["charges"][k] for k in ("attention", "kv_pool")},
+                   lm_head_on_gpu=h["on_gpu_tier"]["lm_head"], charges=h["charges"],
                    attention_held=held,
                    layer_ms={k: round(sum(t[k] for t in timing) / len(timing), 4)
                              for k in ("hot", "cold", "wait")} if timing else None)
+    if "llama.cpp" in r:
+        row["llama_cpp"] = {"decode_tok_s": r["llama.cpp"]["decode"]["median"],
+                            "n_gpu_layers": r["llama.cpp"]["n_gpu_layers"],
+                            "gpu_offload": r["llama.cpp"]["gpu_offload"],
+                            "ember_over_llama_cpp": r["ratio_ember_over_llama_cpp"]["decode"]}
+    if "ember+self" in r:  # speculation through the tier: tokens must equal plain decoding's
+        row["self_identical_to_plain"] = r["ember+self"]["identical_to_plain"]
     runs[f.stem[6:]] = row
+try:
+    import llama_cpp
+    llama = {"installed": True,
+             "gpu_offload": bool(getattr(llama_cpp, "llama_supports_gpu_offload", bool)())}
+except ImportError:
+    llama = {"installed": False, "gpu_offload": False,
+             "note": "no llama-cpp-python on this image: carry a CUDA wheel in .whl/"}
 print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__,
-                  "tests_rc": tests_rc, "tests": tests, "bench_decode": runs,
-                  "seconds": seconds}))
+                  "tests_rc": tests_rc, "tests": tests, "llama_cpp": llama,
+                  "bench_decode": runs, "seconds": seconds}))
 PY

@@ -28,7 +28,7 @@ from ember.models.default_model import default_model_path
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.kv.plan import plan_kv
-from ember.offload.body.quant_model import kv_dtype
+from ember.offload.body.file_blocks_model import kv_dtype
 from ember.offload.options.sampling import SamplingParams
 
 USER_LINES = [

@@ -97,13 +97,14 @@ def _builder_lock(out: Path):
     to go; a build killed midway (Ctrl-C on the first run) leaves that file behind, and every
     later run would wait forever. Holding this lock means no other Ember process is
     building, so such a file is stale and is removed."""
-    with open(out / "ember-build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            (out / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    # an empty file that only carries the lock: nothing is written to it
+    fd = os.open(out / "ember-build.lock", os.O_CREAT | os.O_RDONLY, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (out / "lock").unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def load():

@@ -33,7 +33,7 @@ from .fused_ops import attend_slots, qk_norm_rope_, residual_norm, rms_norm
 
 class DecoderLayer(NamedTuple):
     """One decoder layer's fixed arguments, as plain tensors and switches (the model's
-    reading of them lives in offload/body/quant_model.py). Norm weights are float32 (D,); a
+    reading of them lives in offload/body/file_blocks_model.py). Norm weights are float32 (D,); a
     norm given as None is a step skipped (no q/k head norms, no norm of the attention or FFN
     output before its residual add)."""
 

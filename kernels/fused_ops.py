@@ -83,7 +83,7 @@ def qk_norm_rope_(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int,
 
 
 def attend_slots_reference(q, k_pool, v_pool, slots, scale, softcap: float = 0.0) -> torch.Tensor:
-    """Pools of float32 or float16 (QuantModel's, on the file's quant blocks), in float32: the
+    """Pools of float32 or float16 (FileBlocksModel's, on the file's quant blocks), in float32: the
     gathered keys through PyTorch's attention (grouped K/V heads, no mask: one query sees
     every key it is given), or written out when scores are soft-capped."""
     keys, values = k_pool.index_select(0, slots).float(), v_pool.index_select(0, slots).float()

@@ -11,7 +11,9 @@ each a `TierLinear` (kernels/tier_weights.py: int4, int8, fp16/bf16 or fp32):
 
 so a token costs two matmuls whatever the device. n is the hot count padded to the formats'
 granule (int4 tiles take 32 neurons at a time): padded neurons have zero rows, so they add
-exactly nothing. Nothing here imports a GPU library: the tensors' device decides where it
+exactly nothing. In the file's own blocks (format "file:<types>", kernels/tier_blocks.py) the
+matrices are the file's bytes: gate/up the hot neurons' rows, down the hot neurons' whole
+blocks along its input axis, so n comes in whole groups of down's block (`file_hot_bytes`). Nothing here imports a GPU library: the tensors' device decides where it
 runs (CUDA when the tier is a GPU, the CPU in tests). `hot_ffn_reference` is the same FFN in
 plain PyTorch (the sparse kernel's semantics, `sparse_ffn.neuron_rows_ffn`) on the float values
 the stored codes stand for.
@@ -26,12 +28,43 @@ import torch
 from ember.models.activations import activate, is_gated
 
 from .sparse_ffn import neuron_rows_ffn
+from ember.models import quants
+from gguf import GGMLQuantizationType
+
+from .tier_blocks import TierBlocks
 from .tier_weights import INT4_GROUP, TierLinear, int4_fits, linear_bytes
+
+FILE = "file:"  # a format in the file's blocks names their GGML types: "file:Q4_K,Q4_K"
+
+
+def file_format(type_names: list[str]) -> str:
+    """The format of a matrix kept in the file's blocks of these GGML types."""
+    return FILE + ",".join(type_names)
+
+
+def file_types(fmt: str) -> list[int] | None:
+    """The GGML type ids a "file:..." format names (None: another format)."""
+    if not fmt.startswith(FILE):
+        return None
+    return [int(GGMLQuantizationType[name]) for name in fmt[len(FILE):].split(",")]
 
 
 def granule(formats: tuple[str, str]) -> int:
-    """Hot neurons come in multiples of this (int4's down takes neurons as K, in groups)."""
+    """Hot neurons come in multiples of this (int4's down takes neurons as K, in groups; the
+    file's down takes them in whole blocks of its input axis)."""
+    down = file_types(formats[1])
+    if down is not None:
+        return quants.block_info(down[0])[0]
     return INT4_GROUP if "int4" in formats else 1
+
+
+def file_hot_bytes(n: int, hidden: int, formats: tuple[str, str]) -> int:
+    """Exact tier bytes of n hot neurons kept in the file's blocks (`formats` "file:..."):
+    n rounded down to whole groups (`granule`), their gate/up rows and down's blocks at the
+    file's bytes. The plan prices hot rows with this; the split builds exactly it."""
+    n -= n % granule(formats)
+    rows = sum(quants.row_nbytes(t, hidden) for t in file_types(formats[0]))
+    return n * rows + hidden * quants.row_nbytes(file_types(formats[1])[0], n)
 
 
 def padded(n: int, formats: tuple[str, str]) -> int:
@@ -57,6 +90,8 @@ def hot_ffn_bytes(n: int, hidden: int, gated: bool, formats: tuple[str, str],
     what `HotFFNWeights.nbytes()` will be."""
     if n == 0:
         return 0
+    if file_types(formats[0]) is not None:
+        return file_hot_bytes(n, hidden, formats)
     formats = fitted(formats, n, hidden, gated)
     p = padded(n, formats)
     return (linear_bytes(formats[0], (2 if gated else 1) * p, hidden, half)
@@ -92,6 +127,18 @@ class HotFFNWeights:
         return cls(activation,
                    TierLinear.pack(gu, formats[0], device, half, fast_int8),
                    TierLinear.pack(rows(down_nm).t(), formats[1], device, half, fast_int8), n)
+
+    @classmethod
+    def from_file(cls, gate_up: list, down, activation: str, device: torch.device | str = "cpu",
+                  half: torch.dtype = torch.bfloat16) -> "HotFFNWeights":
+        """From the file's blocks of the hot neurons: gate_up [gate rows, up rows] or [up
+        rows] (n, hidden) each, down (hidden, n) their whole blocks (QTensors), kept as they
+        are on `device`."""
+        if is_gated(activation) != (len(gate_up) == 2):
+            raise ValueError(f"activation {activation!r} takes "
+                             f"{2 if is_gated(activation) else 1} gate/up tensors")
+        return cls(activation, TierBlocks.of(gate_up, device, half),
+                   TierBlocks.of([down], device, half), down.shape[1])
 
     @property
     def n(self) -> int:

@@ -1,7 +1,7 @@
 """x @ W^T with W in GGML Q8_0 blocks, each weight row read once for all rows of x.
 
 The runtime multiplies every GGML block type with `block_matmul`; this module keeps
-`q8_0_quantize` (at load, QuantModel turns tensors of a type block_matmul does not read
+`q8_0_quantize` (at load, FileBlocksModel turns tensors of a type block_matmul does not read
 into Q8_0) and the first
 Q8_0 kernel, which `bench/block_matmul_speed.py` measures against `block_matmul`.
 

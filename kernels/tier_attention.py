@@ -1,6 +1,8 @@
-"""One decoder layer's attention on the GPU tier, weights and K/V in a 16-bit type.
+"""One decoder layer's attention on the GPU tier, its weights in a tier format, K/V in a
+16-bit type.
 
-The tier holds per layer, all in one `dtype` (bf16 or fp16; fp32 when asked):
+The tier holds per layer, in one format (the file's own blocks, kernels/tier_blocks.py; int8
+or int4 codes or bf16/fp16/fp32 values, kernels/tier_weights.py):
 
     qkv   W (q + 2 kv columns, hidden)   q, k and v projections, outputs side by side
     o     W (hidden, q columns)
@@ -8,7 +10,7 @@ The tier holds per layer, all in one `dtype` (bf16 or fp16; fp32 when asked):
 
 and the layer reads and writes its K/V in the paged pool on the same device. For T rows:
 
-    h = rms_norm(x, attn_norm); qkv = h @ W_qkv^T (+ bias)     matmul in `dtype`, out float32
+    h = rms_norm(x, attn_norm); qkv = h @ W_qkv^T (+ bias)     the format's matmul, out float32
     q/k head norms and rotary (float32); K/V stored in the pool's type at the rows' own slots
     o = attention of q over the pool rows `rows.keys`, row t seeing those `rows.mask[t]` allows
     x' = x + post-normed (o @ W_o^T); h' = rms_norm(x', ffn_norm)          returns (x', h')
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 
 from .fused_ops import (attend_slots_reference, qk_norm_rope_reference, residual_norm_reference,
                         rms_norm_reference)
-from .tier_weights import relative_error
+from .tier_weights import TierLinear
 
 TIER_TYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The layer's vectors: its norms and the q/k/v bias
@@ -102,12 +104,14 @@ class AttendRows:
 class TierAttentionWeights:
     """One layer's attention weights on the tier (see the module docstring).
 
-    `error`: per matrix ("qkv", "o"), the relative (Frobenius) error of the stored weights
-    against the float values they were made from (the file's, dequantized), measured at
-    packing."""
+    `qkv` and `o` are tier matrices: a `TierLinear` (kernels/tier_weights.py: bf16, fp16,
+    fp32, int8 or int4 codes) or a `TierBlocks` (kernels/tier_blocks.py: the file's own
+    blocks); each is called x (T, K) -> (T, N) and states its bytes and its conversion error
+    against the float values it was made from (the file's, dequantized; 0 for the file's
+    blocks). Norms and the bias are in `dtype` (the float formats' type, else float32)."""
 
-    qkv: torch.Tensor
-    o: torch.Tensor
+    qkv: object
+    o: object
     norms: dict  # name -> (D,) tensor in `dtype`, only those the layer has (_VECTORS)
     n_heads: int
     n_kv: int
@@ -116,40 +120,59 @@ class TierAttentionWeights:
     eps: float
     scale: float
     softcap: float
-    error: dict
 
     @classmethod
     def pack(cls, qkv: torch.Tensor, o: torch.Tensor, norms: dict, n_heads: int, n_kv: int,
              head_dim: int, interleaved: bool, eps: float, scale: float, softcap: float = 0.0,
              device: torch.device | str = "cpu",
-             dtype: torch.dtype = torch.bfloat16) -> "TierAttentionWeights":
+             dtype: torch.dtype = torch.bfloat16, fmt: str | None = None,
+             half: torch.dtype = torch.bfloat16) -> "TierAttentionWeights":
         """From float values on the host: qkv (q + 2 kv columns, hidden), o (hidden, q
-        columns), `norms` name -> (D,) or None (a step the layer skips)."""
-        if dtype not in TIER_TYPES:
-            raise ValueError(f"tier attention holds bf16, fp16 or fp32, not {dtype}")
+        columns), `norms` name -> (D,) or None (a step the layer skips). `fmt` None: the
+        weights in `dtype`; "int8"/"int4": those codes (scales and activations in `half`),
+        the norms float32."""
+        if fmt is None:
+            if dtype not in TIER_TYPES:
+                raise ValueError(f"tier attention holds bf16, fp16 or fp32, not {dtype}")
+            fmt = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+        else:
+            dtype = torch.float32
+        return cls.of(TierLinear.pack(qkv, fmt, device, half),
+                      TierLinear.pack(o, fmt, device, half), norms, n_heads, n_kv, head_dim,
+                      interleaved, eps, scale, softcap, dtype)
+
+    @classmethod
+    def of(cls, qkv, o, norms: dict, n_heads: int, n_kv: int, head_dim: int,
+           interleaved: bool, eps: float, scale: float, softcap: float = 0.0,
+           dtype: torch.dtype = torch.float32) -> "TierAttentionWeights":
+        """From tier matrices made already (e.g. `TierBlocks` of the file's q/k/v and o),
+        the vectors stored beside them on their device in `dtype`."""
         unknown = set(norms) - set(_VECTORS)
         if unknown:
             raise ValueError(f"unknown attention tensors {sorted(unknown)}")
+        kept = {k: v.float().to(dtype).contiguous().to(qkv.device) for k, v in norms.items()
+                if v is not None}
+        return cls(qkv, o, kept, n_heads, n_kv, head_dim, interleaved, eps, scale, softcap)
 
-        def stored(t: torch.Tensor) -> torch.Tensor:
-            return t.float().to(dtype).contiguous().to(device)
-
-        qkv_s, o_s = stored(qkv), stored(o)
-        error = {"qkv": relative_error(qkv_s.cpu(), qkv), "o": relative_error(o_s.cpu(), o)}
-        kept = {k: stored(v) for k, v in norms.items() if v is not None}
-        return cls(qkv_s, o_s, kept, n_heads, n_kv, head_dim, interleaved, eps, scale,
-                   softcap, error)
+    @property
+    def fmt(self) -> str:
+        return self.qkv.fmt
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.qkv.dtype
+        """The vectors' type (the weights' too in a float format)."""
+        return self.norms["attn_norm"].dtype
 
     @property
     def device(self) -> torch.device:
         return self.qkv.device
 
+    @property
+    def error(self) -> dict:
+        return {"qkv": self.qkv.error, "o": self.o.error}
+
     def tensors(self) -> list[torch.Tensor]:
-        return [self.qkv, self.o, *self.norms.values()]
+        return [*self.qkv.tensors.values(), *self.o.tensors.values(), *self.norms.values()]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
@@ -161,9 +184,10 @@ class TierAttentionWeights:
         """The same layer with float32 copies of the stored values on the host (the
         reference's weights: what the stored ones stand for)."""
         return TierAttentionWeights(
-            self.qkv.float().cpu(), self.o.float().cpu(),
+            TierLinear.pack(self.qkv.dequantize(), "fp32"),
+            TierLinear.pack(self.o.dequantize(), "fp32"),
             {k: v.float().cpu() for k, v in self.norms.items()}, self.n_heads, self.n_kv,
-            self.head_dim, self.interleaved, self.eps, self.scale, self.softcap, self.error)
+            self.head_dim, self.interleaved, self.eps, self.scale, self.softcap)
 
 
 def available() -> bool:
@@ -175,7 +199,7 @@ def available() -> bool:
 def _project_qkv(w: TierAttentionWeights, x: torch.Tensor, cos, sin) -> torch.Tensor:
     """x (T, hidden) float32 -> qkv (T, q + 2 kv) float32, q/k normed and rotated."""
     h = rms_norm_reference(x, w.norms["attn_norm"], w.eps)
-    qkv = F.linear(h.to(w.dtype), w.qkv).float()
+    qkv = w.qkv(h).float()
     bias = w.norm("qkv_bias")
     if bias is not None:
         qkv = qkv + bias
@@ -194,7 +218,7 @@ def _store_kv(w: TierAttentionWeights, qkv: torch.Tensor, k_pool, v_pool, own: t
 
 
 def _finish(w: TierAttentionWeights, x: torch.Tensor, o: torch.Tensor):
-    a = F.linear(o.to(w.dtype), w.o).float()
+    a = w.o(o).float()
     return residual_norm_reference(x, a, w.norm("post_attn_norm"), w.norms["ffn_norm"], w.eps)
 
 

@@ -15,7 +15,8 @@ A `TierLinear` is y (T, N) = x (T, K) @ W^T for a weight W (N, K) stored as:
 Every format states its exact bytes (`linear_bytes`, what the memory plan charges) and is
 tested against `dequantize` (the float W its codes stand for). Nothing here imports a GPU
 library: the tensors' device decides where it runs, and the only per-device difference is
-which aten op packs and multiplies int4 tiles (the same codes go in on both).
+which aten op packs and multiplies int4 tiles (the same codes go in on both), chosen in one
+place (`int4_ops`). The file's own blocks are a tier format too (kernels/tier_blocks.py).
 """
 
 from __future__ import annotations
@@ -178,9 +179,8 @@ class TierLinear:
         x = x.to(self.compute)
         t = self.tensors
         if self.fmt == "int4":
-            op = (torch.ops.aten._weight_int4pack_mm if self.device.type == "cuda"
-                  else torch.ops.aten._weight_int4pack_mm_for_cpu)
-            return op(x.contiguous(), t["packed"], INT4_GROUP, t["scale_zero"])
+            return int4_ops(self.device).mm(x.contiguous(), t["packed"], INT4_GROUP,
+                                            t["scale_zero"])
         if self.fmt == "int8":
             if self.fast_int8:
                 return torch.ops.aten._weight_int8pack_mm(x.contiguous(), t["q"], t["scale"])
@@ -202,11 +202,33 @@ class TierLinear:
             eye, t["packed"], INT4_GROUP, t["scale_zero"].float()).t().contiguous()
 
 
+@dataclass(frozen=True)
+class Int4Ops:
+    """One device's int4 tiles: how codes (N, K) int32 in 0..15 go into its packer, the
+    packer, and the matmul that reads its layout (the same codes and scales on every
+    device; only the tile layout differs)."""
+
+    codes: object  # (N, K) int32 -> what `pack` takes
+    pack: object  # (that, inner K tiles) -> the device's tiles
+    mm: object  # (x, tiles, group, scale_zero) -> x @ W^T
+
+
+def _cuda_codes(q: torch.Tensor) -> torch.Tensor:
+    return ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)  # two a byte, even index high
+
+
+def int4_ops(device: torch.device) -> Int4Ops:
+    """The int4 ops of `device`: CUDA's (`_convert_weight_to_int4pack`, which takes two codes
+    a byte) or the CPU's (`..._for_cpu`, which takes the codes themselves). The one place the
+    two devices' int4 code differs."""
+    if torch.device(device).type == "cuda":
+        return Int4Ops(_cuda_codes, torch.ops.aten._convert_weight_to_int4pack,
+                       torch.ops.aten._weight_int4pack_mm)
+    return Int4Ops(lambda q: q, torch.ops.aten._convert_weight_to_int4pack_for_cpu,
+                   torch.ops.aten._weight_int4pack_mm_for_cpu)
+
+
 def _pack_int4(q: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Codes (N, K) int32 -> the device's int4 tiles. CUDA takes two codes a byte (even
-    index in the high nibble); the CPU op takes the codes themselves."""
-    tiles = _inner_k_tiles(q.shape[1])
-    if device.type == "cuda":
-        pairs = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8).to(device)
-        return torch.ops.aten._convert_weight_to_int4pack(pairs, tiles)
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(device), tiles)
+    """Codes (N, K) int32 -> the device's int4 tiles (`int4_ops`)."""
+    ops = int4_ops(device)
+    return ops.pack(ops.codes(q).to(device), _inner_k_tiles(q.shape[1]))

@@ -65,7 +65,7 @@ class LoadedModel:
     """An opened model: its source (config, the file's weights, tokenizer) and the float32
     reference `Transformer`, built only when something asks for `model`.
 
-    The runtime reads the file's own blocks (offload/body/quant_model.py), so running a model never
+    The runtime reads the file's own blocks (offload/body/file_blocks_model.py), so running a model never
     needs the float copy (four times a 4-bit file's bytes); the reference serves tests,
     `--weights fp32`, and the paths that still compute on float weights.
     """

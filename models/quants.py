@@ -32,6 +32,7 @@ __all__ = [
     "block_info",
     "row_nbytes",
     "dequantize",
+    "decode_blocks",
 ]
 
 T = GGMLQuantizationType
@@ -150,4 +151,21 @@ def dequantize(raw: torch.Tensor, qtype: int, shape: tuple[int, ...], *,
     step = max(1, _CHUNK_ELEMENTS // block_size)
     for start in range(0, n_blocks, step):
         kernel(blocks[start:start + step], flat[start:start + step])
+    return out
+
+
+def decode_blocks(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """Whole blocks (n, type_size) uint8, on any device -> their values (n, block_size)
+    float32 on that device, bit for bit what `dequantize` gives (the same per-type kernels:
+    torch ops only, so a GPU decodes blocks it holds without a host round trip)."""
+    block_size, type_size = block_info(qtype)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != type_size:
+        raise ValueError(f"{type_name(qtype)} blocks must be (n, {type_size}) uint8, got "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")
+    out = torch.empty(blocks.shape[0], block_size, dtype=torch.float32, device=blocks.device)
+    blocks = blocks.contiguous()
+    if block_size == 1 and blocks.storage_offset() % type_size:
+        blocks = blocks.clone()  # F32/F16/BF16 view the bytes as a wider dtype: align them
+    if blocks.shape[0]:
+        DEQUANT[int(qtype)](blocks, out)
     return out

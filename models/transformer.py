@@ -7,7 +7,7 @@ serves both. Tensors carry no batch dimension: hidden states are (T, hidden).
 Weights are read by canonical GGUF names from a `WeightStore` and dequantized to float32 here;
 the hybrid engine may replace `FeedForward` modules with split ones. Every op is PyTorch, on
 whatever device the model is moved to: this is the reference the CPU runtime
-(offload/body/quant_model.py) is tested against, and the forward a CUDA device runs.
+(offload/body/file_blocks_model.py) is tested against, and the forward a CUDA device runs.
 """
 
 from __future__ import annotations
@@ -243,6 +243,7 @@ class Transformer(nn.Module):
     # differently from a one-row one (MKL's GEMM for T >= 4 rows vs its GEMV), which can flip
     # a near-tie greedy token, so the runner verifies this model's tree rows one at a time.
     batch_invariant = False
+    head_batch_invariant = False  # its float32 head, likewise
 
     def __init__(self, cfg: ModelConfig, w: WeightStore, on_layer=None):
         """`on_layer(i)`, if given, is called after block i is built (loading progress)."""

@@ -1,7 +1,7 @@
 """Where the rows of a speculative token tree sit in the cache, and what each of them reads.
 
 Used by the reference attention (models/transformer.py) and the file-blocks runtime
-(offload/body/quant_model.py), which reads each row's keys from the paged pool in place.
+(offload/body/file_blocks_model.py), which reads each row's keys from the paged pool in place.
 """
 
 from __future__ import annotations

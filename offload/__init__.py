@@ -10,7 +10,7 @@ only (`tests/test_layering.py` checks it):
   and speculative steps share, sampling, stop strings, the events a stream yields.
 - `hybrid/`: FFN layers split by a placement into hot rows on the GPU tier and cold rows on
   CPU threads, the memory plan and the placement solve behind them.
-- `body/`: the model body an engine runs on the CPU: the file's own blocks (`quant_model`),
+- `body/`: the model body an engine runs, built once: the file's own blocks (`file_blocks_model`),
   the rows a split takes from them, input thresholds.
 - `kv/`: the paged KV cache, its blocks and how many each tier gets.
 - `options/`: what an engine is built with, as plain values (no torch): each flag's choices

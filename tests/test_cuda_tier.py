@@ -15,13 +15,14 @@ from ember.kernels.tier_attention import AttendRows, tier_attention, tier_attent
 from ember.kernels.sparse_ffn import neuron_rows_ffn
 from ember.kernels.tier_weights import TierLinear, dequantize_int4, quantize_int4
 from ember.models.loader import load_model
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.hybrid.tier_dtypes import TierCaps
 
 from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 from .test_tier_attention import _attention_budget, _layer, _pools, _rows_cases, _rotary
+from .test_tier_placement import check_budgets
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 
@@ -77,7 +78,7 @@ def _cpu_reference(loaded):
     return greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)), PROMPT, 8)
 
 
-@pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+@pytest.mark.skipif(not file_blocks_model.applies(), reason="C++ kernels not built")
 @pytest.mark.parametrize("tier", ["auto", "int4", "int8", "fp16", "bf16", "fp32"])
 def test_a_cuda_split_decodes_as_the_cpu_model_within_its_plan(tiny_q4_k_m, tier):
     if tier not in _formats() + ["auto"]:
@@ -91,7 +92,7 @@ def test_a_cuda_split_decodes_as_the_cpu_model_within_its_plan(tiny_q4_k_m, tier
     engine = Engine(loaded, EngineOptions(device="cuda", n_ctx=64, gpu_budget=budget,
                                           tier_dtype=tier, tier_attention="host"))
     try:
-        assert isinstance(engine.model, quant_model.QuantModel)  # not the float32 model
+        assert isinstance(engine.model, file_blocks_model.FileBlocksModel)  # not the float32 model
         plan = engine.hybrid.plan
         held = torch.cuda.memory_allocated() - before
         charged = plan.charges()["ffn_hot"]
@@ -128,9 +129,8 @@ def test_tier_attention_on_cuda_is_the_host_reference(tier, case):
     cos, sin = _rotary(T, w.head_dim, start)
     k_pool, v_pool = _pools(w, 40, dtype, g)
     want = tier_attention_reference(w, x, k_pool.clone(), v_pool.clone(), rows, cos, sin)
-    on_gpu = type(w)(w.qkv.cuda(), w.o.cuda(), {k: v.cuda() for k, v in w.norms.items()},
-                     w.n_heads, w.n_kv, w.head_dim, w.interleaved, w.eps, w.scale, w.softcap,
-                     w.error)
+    on_gpu, _ = _layer(dtype, bias=True, qk_norm=True, softcap=30.0 if T > 1 else 0.0,
+                       device="cuda")  # the same values, packed on the GPU
     gpu_rows = AttendRows(rows.keys.cuda(), rows.own.cuda(),
                           None if rows.mask is None else rows.mask.cuda())
     k_before = k_pool.clone()
@@ -143,16 +143,16 @@ def test_tier_attention_on_cuda_is_the_host_reference(tier, case):
     assert k_gpu.dtype == dtype and not torch.equal(k_gpu.cpu(), k_before)
 
 
-@pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+@pytest.mark.skipif(not file_blocks_model.applies(), reason="C++ kernels not built")
 @pytest.mark.parametrize("tier", ["auto", "bf16", "fp16", "fp32"])
 def test_attention_and_kv_on_cuda_decode_as_the_cpu_model_within_the_plan(tiny_q4_k_m, tier):
     if tier not in _attention_types() + ["auto"]:
         pytest.skip(f"{tier} is not offered on this GPU")
     loaded = load_model(tiny_q4_k_m[2])
     want, gaps = _cpu_reference(loaded)
-    caps = TierCaps.of(torch.device("cuda"))
-    dtype = caps.half if tier == "auto" else getattr(torch, {"bf16": "bfloat16", "fp16":
-                                                             "float16", "fp32": "float32"}[tier])
+    # auto: the file's blocks, K/V in float16; a float type: both in it
+    dtype = torch.float16 if tier == "auto" else getattr(
+        torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[tier])
     budget = _attention_budget(loaded.config, dtype, extra=300_000)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -165,14 +165,20 @@ def test_attention_and_kv_on_cuda_decode_as_the_cpu_model_within_the_plan(tiny_q
             pytest.skip("auto judged hot FFN rows the better use of this budget")
         pool = engine.kv.device_pool
         assert pool.k.device.type == "cuda" and pool.k.dtype == dtype
-        assert all(w.device.type == "cuda" and w.dtype == dtype for w in hybrid.attention)
+        assert all(w.device.type == "cuda" for w in hybrid.attention)
+        if tier != "auto":
+            assert all(w.dtype == dtype for w in hybrid.attention)
         charges = plan.charges()
         assert charges["attention"] == sum(w.nbytes() for w in hybrid.attention)
         assert charges["kv_pool"] == pool.k.nbytes + pool.v.nbytes
-        charged = charges["attention"] + charges["kv_pool"] + charges["ffn_hot"]
+        head = engine.model.head
+        assert charges["lm_head"] == (head.nbytes if plan.lm_head_on_gpu else 0)
+        charged = (charges["attention"] + charges["kv_pool"] + charges["ffn_hot"]
+                   + charges["lm_head"])
         tensors = 2 + sum(len(w.tensors()) for w in hybrid.attention) + sum(
             len(side.tensors) for layer in hybrid.layers if layer.hot
-            for side in (layer.hot.gate_up, layer.hot.down))
+            for side in (layer.hot.gate_up, layer.hot.down)) + (
+            sum(len(m.tensors) for m in head.chunks) if plan.lm_head_on_gpu else 0)
         held = torch.cuda.memory_allocated() - before
         assert charged <= held <= charged + 512 * tensors and plan.gpu_bytes <= budget
         got, _ = greedy_with_gaps(engine, PROMPT, 8)
@@ -183,7 +189,7 @@ def test_attention_and_kv_on_cuda_decode_as_the_cpu_model_within_the_plan(tiny_q
         engine.close()
 
 
-@pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+@pytest.mark.skipif(not file_blocks_model.applies(), reason="C++ kernels not built")
 def test_cuda_kv_blocks_swap_to_the_pinned_host_pool_and_back_bit_for_bit(tiny_q4_k_m):
     loaded = load_model(tiny_q4_k_m[2])
     dtype = TierCaps.of(torch.device("cuda")).half
@@ -206,3 +212,38 @@ def test_cuda_kv_blocks_swap_to_the_pinned_host_pool_and_back_bit_for_bit(tiny_q
             assert torch.equal(got_k.cpu(), k) and torch.equal(got_v.cpu(), v)
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(not file_blocks_model.applies(), reason="C++ kernels not built")
+@pytest.mark.parametrize("fmt", ["file", "int8", "int4"])
+def test_the_whole_tier_on_cuda_decodes_as_the_cpu_model_at_three_budgets(tiny_q4_k_m, fmt):
+    """Attention, its KV, the LM head and the FFN on the GPU in the file's blocks (decoded
+    on the device), int8 or int4: at three budgets the charges are the tensors' bytes,
+    greedy output is the CPU model's up to a near-tie, and a verified tree's rows are plain
+    decoding's bit for bit."""
+    if fmt == "int4" and "int4" not in _formats():
+        pytest.skip("int4 is not offered on this GPU")
+    loaded = load_model(tiny_q4_k_m[2])
+    want, gaps = _cpu_reference(loaded)
+    check_budgets(loaded, fmt, want, gaps, PROMPT, 64, 8, device="cuda")
+
+
+def test_cuda_graphs_replay_the_hot_ffns_bits(tiny_q4_k_m, monkeypatch):
+    from ember.kernels import cuda_graphs
+    from ember.models.loader import open_model
+
+    monkeypatch.setenv(cuda_graphs.ENV, "1")
+    w = open_model(tiny_q4_k_m[2]).weights
+    hot = HotFFNWeights.from_file([w.get("blk.0.ffn_gate.weight"), w.get("blk.0.ffn_up.weight")],
+                                  w.get("blk.0.ffn_down.weight"), "silu_glu", "cuda")
+
+    def fn(x):
+        return hot_ffn(x, hot)
+
+    graph = cuda_graphs.graphed(fn, torch.device("cuda"))
+    assert isinstance(graph, cuda_graphs.GraphedRows)
+    for seed in range(3):
+        x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed)).cuda()
+        assert torch.equal(graph(x), fn(x))
+    x = torch.randn(4, 256).cuda()  # a chunk: eager
+    assert torch.equal(graph(x), fn(x))

@@ -9,7 +9,7 @@ import torch
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.kv.plan import blocks_for_one_sequence
-from ember.offload.body.quant_model import kv_dtype
+from ember.offload.body.file_blocks_model import kv_dtype
 from ember.offload.options.sampling import GREEDY
 
 N_CTX = 96

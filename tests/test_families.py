@@ -14,8 +14,8 @@ from ember.kernels import decoder_step
 from ember.models import synthetic
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model, open_model
-from ember.offload.body import quant_model
-from ember.offload.body.quant_model import QuantModel
+from ember.offload.body import file_blocks_model
+from ember.offload.body.file_blocks_model import FileBlocksModel
 
 FAMILIES = list(synthetic.FAMILY_CONFIGS)
 # Token ids of the tiny vocabulary (bos 2, then byte, character and piece tokens), long
@@ -26,7 +26,7 @@ PROMPTS = [
     [2, 350, 351, 352, 353, 354, 355, 330, 331, 332, 333, 9, 10, 11, 12, 13, 14, 15, 16, 17],
 ]
 
-needs_native = pytest.mark.skipif(not quant_model.applies(),
+needs_native = pytest.mark.skipif(not file_blocks_model.applies(),
                                   reason="C++ kernels not built on this machine")
 
 
@@ -91,7 +91,7 @@ def test_the_file_blocks_runtime_matches_the_reference(family_models, name):
     """F32 files: the engines' default CPU runtime gives the float32 reference's logits to
     float rounding, in one prefill and one token at a time (the decode path)."""
     loaded = load_model(family_models[name][2])
-    blocks = QuantModel(loaded.source)
+    blocks = FileBlocksModel.plain(loaded.source)
     for ids in PROMPTS:
         ref = _logits(loaded.model, ids)
         torch.testing.assert_close(_logits(blocks, ids), ref, rtol=1e-4, atol=1e-4)
@@ -105,9 +105,9 @@ def test_the_file_blocks_runtime_matches_the_reference(family_models, name):
 def test_the_one_call_pass_matches_its_python_chain(family_models, name):
     """C++ DecoderStep (biases, soft-capped scores, fused tensors' row views) against
     decoder_step_reference, bit for bit."""
-    model = QuantModel(open_model(family_models[name][2]))
+    model = FileBlocksModel.plain(open_model(family_models[name][2]))
     native = _logits(model, PROMPTS[1])
-    model._run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
+    model.whole.run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
     assert torch.equal(native, _logits(model, PROMPTS[1]))
 
 
@@ -162,7 +162,7 @@ def test_logits_match_llama_cpp(family_models, name, record_property, capsys):
     cfg, _, path = family_models[name]
     llm = _llama_cpp(path)
     loaded = load_model(path)
-    blocks = QuantModel(loaded.source)
+    blocks = FileBlocksModel.plain(loaded.source)
     worst, gap, positions = 0.0, float("inf"), 0
     for ids in PROMPTS:
         theirs = _their_logits(llm, ids)
@@ -207,7 +207,7 @@ def test_q8_0_files_round_as_llama_cpp_does(family_models, name, tmp_path):
                                 qtype=lambda n: q8 if n.startswith("blk.") else 0)
     llm = _llama_cpp(path)
     loaded = load_model(path)
-    blocks = QuantModel(loaded.source)
+    blocks = FileBlocksModel.plain(loaded.source)
     ours_vs, exact_vs, same, positions = 0.0, 0.0, 0, 0
     for ids in PROMPTS:
         theirs = _their_logits(llm, ids)
@@ -291,7 +291,7 @@ def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_mod
         for what, extra in variants.items():
             engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, **extra))
             try:
-                assert engine.model.ffns is not None, what
+                assert engine.model.runs is not None, what
                 assert 0 < engine.hybrid_report()["hot_fraction"] < 1, what
                 assert greedy(engine) == want, what
                 # The GPU tier keeps hot rows in the file's precision class (fp16 for an F32

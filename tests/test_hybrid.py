@@ -298,7 +298,11 @@ def test_generate_with_gpu_budget_reports_the_split(capsys, tiny_gemma_gguf):
 
 def test_info_prints_the_gpu_plan_and_rejects_impossible_budgets(capsys, tiny_gemma_gguf):
     code, out, _ = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "2MB")
-    assert code == 0 and "GPU tier budget" in out and "hot FFN neurons" in out
+    assert code == 0 and "GPU tier budget" in out and "host weight bytes per token" in out
+    # The plan of FFN rows (attention on the host): hot rows on the tier, cold ones derived
+    code, out, _ = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "2MB",
+                        "--tier-attention", "host")
+    assert code == 0 and "hot FFN neurons" in out
     assert "cold FFN rows in host RAM" in out  # derived bytes, beside the mapped file
     code, _, err = _cli(capsys, "info", "--model", str(tiny_gemma_gguf), "--gpu-budget", "10KB")
     assert code == 2 and "below the minimum" in err

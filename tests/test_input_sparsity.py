@@ -11,15 +11,15 @@ from ember.kernels import block_matmul as bm
 from ember.kernels import input_sparse as isp
 from ember.models.kv import ContiguousKVCache
 from ember.models.loader import load_model
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.profile.input_calibration import (SlotStats, allocate, collect_slot_stats,
                                              reference_passes)
 from ember.offload.body.input_sparsity import (MATMULS, SLOTS, apply_input_sparsity,
                                                 check_thresholds, slot_weights)
-from ember.offload.body.quant_model import QuantModel
+from ember.offload.body.file_blocks_model import FileBlocksModel
 from ember.models.errors import ConfigError
 
-needs_native = pytest.mark.skipif(not quant_model.applies(),
+needs_native = pytest.mark.skipif(not file_blocks_model.applies(),
                                   reason="C++ kernels not built on this machine")
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 
@@ -53,7 +53,7 @@ def run(model, ids: list[int], decode: int = 4) -> list[torch.Tensor]:
 @needs_native
 @pytest.mark.parametrize("name", ["llama-silu_glu", "gemma3"])
 def test_thresholded_step_matches_masked_dense_reference_exactly(tiny_models, name):
-    model = QuantModel(load_model(tiny_models[name][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models[name][2]).source)
     runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
     got = run(model, PROMPT)
     with reference_passes(model, masked_reference(runtime)):
@@ -68,7 +68,7 @@ def test_thresholded_step_matches_masked_dense_reference_exactly(tiny_models, na
 
 @needs_native
 def test_thresholds_change_the_output_and_zero_thresholds_nearly_do_not(tiny_models):
-    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
     dense = run(model, PROMPT, decode=0)[0]
     runtime = apply_input_sparsity(model, thresholds_for(model, 0.0))
     # threshold 0 keeps every nonzero input: the tiles hold the file's values, and only the
@@ -84,7 +84,7 @@ def test_thresholds_change_the_output_and_zero_thresholds_nearly_do_not(tiny_mod
 
 @needs_native
 def test_counters_count_what_the_kernel_kept(tiny_models):
-    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
     runtime = apply_input_sparsity(model, thresholds_for(model, 0.5, slots=("down",)))
     seen = {}
 
@@ -142,7 +142,7 @@ def test_slot_stats_threshold_and_error():
 
 @needs_native
 def test_collect_slot_stats_covers_every_slot(tiny_models):
-    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
     stats = collect_slot_stats(model, PROMPT * 3, 2, 16)
     assert set(stats) == {(i, s) for i in range(len(model.layers)) for s in SLOTS}
     assert stats[(0, "down")].sample.shape[1] == model.cfg.ffn_size
@@ -176,6 +176,8 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert report["glu"]["method"] == "input thresholds" and report["predictors"] == []
+    assert set(report["stages_s"]) == {"calibration", "input statistics", "slot costs", "search",
+                                       "payoff", "check"}
     quality = report["quality"]
     assert quality["meets_quality_budget"] is True
     # the perplexity ratio comes with the sparsity realized while it was measured
@@ -231,25 +233,29 @@ def uneven_model(tmp_path_factory):
         for name in ("attn_output", "ffn_down"):
             weights[f"blk.{i}.{name}.weight"] *= 1e-3
     path = synthetic.write_gguf(tmp_path_factory.mktemp("uneven") / "m.gguf", cfg, weights)
-    return QuantModel(load_model(path).source)
+    return FileBlocksModel.plain(load_model(path).source)
 
 
 @needs_native
 def test_global_allocation_beats_uniform_where_layers_differ(uneven_model):
-    from ember.offload.profile.input_allocation import dense_reference, kl_from_dense
     from ember.offload.profile.input_calibration import allocator
 
     model, n = uneven_model, len(uneven_model.layers)
     text = [(7 * t + 3) % 200 + 3 for t in range(240)]
     stats = collect_slot_stats(model, text, 2, 64)
     runtime = apply_input_sparsity(model, [{} for _ in range(n)])
-    ref = dense_reference(model, text[:120], 2, 64)
+    seg = torch.tensor([2] + text[:63])
+
+    def log_probs():  # the whole vocabulary, the model's own pass as thresholded now
+        return torch.log_softmax(model.logits(model.hidden(seg, model.new_cache(64))), -1)
+
+    dense = log_probs()
     kls = {}
     for method in ("uniform", "block", "global"):
         alloc = allocator(method, model, runtime, stats, text, 2, 64)(0.5)
         assert alloc.mean_sparsity() >= 0.5 - 1e-9
         runtime.set_thresholds(alloc.thresholds)
-        kls[method] = kl_from_dense(model, ref, 64)
+        kls[method] = float((dense.exp() * (dense - log_probs())).sum(-1).mean())
         if method == "global":  # the loud layer keeps its inputs; the quiet ones give theirs
             assert sum(alloc.levels[0].values()) < min(sum(alloc.levels[i].values())
                                                        for i in (1, 2))
@@ -318,11 +324,11 @@ def test_a_copy_in_ram_is_never_released_under_other_readers(tiny_models):
     from the same source afterwards computes what it computed before."""
     source = load_model(tiny_models["llama-silu_glu"][2], in_ram=lambda s: True).source
     assert source.weights.in_ram
-    dense_before = run(QuantModel(source), PROMPT)
-    model = QuantModel(source)
+    dense_before = run(FileBlocksModel.plain(source), PROMPT)
+    model = FileBlocksModel.plain(source)
     runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
     assert runtime.release_file_copies() == 0
-    for a, b in zip(dense_before, run(QuantModel(source), PROMPT), strict=True):
+    for a, b in zip(dense_before, run(FileBlocksModel.plain(source), PROMPT), strict=True):
         assert torch.equal(a, b)
 
 
@@ -330,7 +336,7 @@ def test_a_copy_in_ram_is_never_released_under_other_readers(tiny_models):
 def test_released_file_copies_leave_the_output_alone_and_stay_released(tiny_models):
     """The tiles replace the file's copies of thresholded matmuls: releasing those pages
     changes nothing a thresholded pass computes, and the slots cannot go back to dense."""
-    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
     runtime = apply_input_sparsity(model, thresholds_for(model, 0.4))
     before = run(model, PROMPT)
     released = runtime.release_file_copies()
@@ -453,3 +459,22 @@ def test_an_input_threshold_profile_splits_nothing(tmp_path, tiny_models):
     for path in (predictors, junk):
         options = EngineOptions(device="cpu", profile=str(path))
         assert splits_ffns(source, options) and gated_by_predictors(source, options)
+
+
+@needs_native
+def test_payoff_bounds_a_slot_by_the_bytes_its_thresholds_skip(tiny_models):
+    """The bytes bound: each layer's slot bytes times the share of its calibration sample at
+    or under its threshold, over a dense token's weight bytes (LM head included)."""
+    from ember.offload.profile.input_payoff import bytes_skipped
+
+    model = FileBlocksModel.plain(load_model(tiny_models["llama-silu_glu"][2]).source)
+    stats = collect_slot_stats(model, [(5 * t + 1) % 200 + 3 for t in range(120)], 2, 64)
+    n = len(model.layers)
+    thresholds = [{"down": stats[(i, "down")].threshold(0.5)} for i in range(n)]
+    thresholds[0]["o"] = stats[(0, "o")].threshold(0.25)
+    got = bytes_skipped(model, thresholds, stats)
+    total = model.weight_bytes_per_token()
+    down = sum(model.layers[i].down.nbytes for i in range(n))
+    assert set(got) == {"down", "o"}
+    assert got["down"] == pytest.approx(0.5 * down / total, rel=0.02)
+    assert got["o"] == pytest.approx(0.25 * model.layers[0].wo.nbytes / total, rel=0.05)

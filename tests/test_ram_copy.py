@@ -11,13 +11,13 @@ from ember.models import ram_copy
 from ember.models.errors import ConfigError, ModelFormatError
 from ember.models.gguf_file import GGUFFile
 from ember.models.loader import load_model, open_model
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.runtime.resources import RAM_COPY_SHARE, reads_weights_into_ram
 from ember.offload.options.sampling import GREEDY
 
 CPU = torch.device("cpu")
-needs_native = pytest.mark.skipif(not quant_model.applies(),
+needs_native = pytest.mark.skipif(not file_blocks_model.applies(),
                                   reason="C++ kernels not built on this machine")
 
 
@@ -99,7 +99,7 @@ def test_auto_copies_a_file_that_fits_easily_and_maps_one_that_does_not(tiny_q4_
     source = open_model(tiny_q4_k_m[2])
     size = source.weights.total_bytes()
     auto = EngineOptions(mmap="auto")
-    if not quant_model.runs_on_file_blocks(auto, CPU):
+    if not file_blocks_model.runs_on_file_blocks(auto, CPU):
         pytest.skip("C++ kernels not built: the engine builds the float model")
     assert reads_weights_into_ram(source, auto, CPU, available=int(size / RAM_COPY_SHARE) + 1)
     assert not reads_weights_into_ram(source, auto, CPU, available=size)

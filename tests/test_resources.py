@@ -36,7 +36,7 @@ def test_the_need_counts_weights_kv_pools_and_the_allowance(monkeypatch, tiny_ge
     weights = summarize(source, 256)["memory"]["weights_fp32_bytes"]
     from ember.offload.kv.plan import plan_kv
 
-    from ember.offload.body.quant_model import kv_dtype
+    from ember.offload.body.file_blocks_model import kv_dtype
 
     cpu = resources.resolve_device("cpu")
     pools = plan_kv(source.config, 256, value_bytes=kv_dtype(options, cpu).itemsize).to_dict()

@@ -73,9 +73,9 @@ def test_tree_verification_logits_equal_decode_bit_for_bit(tiny_models, weights)
     """Verifying a chain gives exactly the logits plain decode gives: one pass over all rows
     with the batch-invariant file-blocks model ("auto"), one row at a time with the fp32
     reference."""
-    from ember.offload.body import quant_model
+    from ember.offload.body import file_blocks_model
 
-    if weights != "fp32" and not quant_model.applies():
+    if weights != "fp32" and not file_blocks_model.applies():
         pytest.skip("no C++ kernels here")
     engine = _engine(tiny_models["gemma3"][2], weights=weights)
     assert engine.model.batch_invariant == (weights != "fp32")

@@ -16,10 +16,10 @@ from ember.kernels.tier_attention import (AttendRows, TierAttentionWeights, atte
                                           tier_attention, tier_attention_reference)
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model, open_model
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.options.sampling import SamplingParams
 from ember.offload.hybrid.memory_plan import workspace_bytes
-from ember.offload.hybrid.tier_dtypes import attention_dtype
+from ember.offload.hybrid.tier_dtypes import attention_dtype, attention_format
 from ember.offload.kv.plan import plan_kv
 from ember.offload.runtime.engine import Engine, EngineOptions
 
@@ -28,13 +28,14 @@ from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 SEVEN_B = Path("/work/models/llama2-7b-q4_k_m.gguf")
 GREEDY = SamplingParams(temperature=0.0)
-needs_kernels = pytest.mark.skipif(not quant_model.applies(),
+needs_kernels = pytest.mark.skipif(not file_blocks_model.applies(),
                                    reason="C++ kernels not built on this machine")
 
 
 # -- the kernel -----------------------------------------------------------------------------
 
-def _layer(dtype, *, bias=False, qk_norm=False, sandwich=False, softcap=0.0, seed=0):
+def _layer(dtype, *, bias=False, qk_norm=False, sandwich=False, softcap=0.0, seed=0,
+           device="cpu"):
     g = torch.Generator().manual_seed(seed)
     hidden, n_heads, n_kv, hd = 64, 4, 2, 16
     q_cols, kv_cols = n_heads * hd, n_kv * hd
@@ -52,7 +53,7 @@ def _layer(dtype, *, bias=False, qk_norm=False, sandwich=False, softcap=0.0, see
              "q_norm": norm(hd) if qk_norm else None, "k_norm": norm(hd) if qk_norm else None}
     w = TierAttentionWeights.pack(rand(q_cols + 2 * kv_cols, hidden), rand(hidden, q_cols),
                                   norms, n_heads, n_kv, hd, False, 1e-6, hd ** -0.5, softcap,
-                                  "cpu", dtype)
+                                  device, dtype)
     return w, g
 
 
@@ -122,34 +123,39 @@ def test_the_tier_copy_states_its_bytes_and_its_error(dtype):
         assert w.error["qkv"] > 0
 
 
-def test_the_attention_type_follows_the_flag_and_the_device():
+def test_the_attention_format_follows_the_flag_and_the_device():
     cpu = torch.device("cpu")
-    assert attention_dtype("auto", cpu) is None  # the CPU stand-in keeps its C++ attention
-    assert attention_dtype("auto", cpu, gpu=True) == torch.bfloat16  # what `info` plans
-    assert attention_dtype("host", cpu, gpu=True) is None
-    assert [attention_dtype(c, cpu) for c in ("bf16", "fp16", "fp32")] == \
-        [torch.bfloat16, torch.float16, torch.float32]
+    assert attention_format("auto", cpu) == "file"  # the file's blocks, where the plan puts it
+    assert attention_format("host", cpu) is None
+    assert [attention_format(c, cpu) for c in ("file", "int8", "bf16", "fp16", "fp32")] == \
+        ["file", "int8", "bf16", "fp16", "fp32"]
+    # K/V beside them: float16 unless attention is in a float type
+    assert [attention_dtype(c, cpu) for c in ("auto", "file", "int8", "bf16", "fp32")] == \
+        [torch.float16, torch.float16, torch.float16, torch.bfloat16, torch.float32]
+    assert attention_dtype("host", cpu) is None
     with pytest.raises(ConfigError, match="--tier-attention"):
-        attention_dtype("int8", cpu)
+        attention_format("q8", cpu)
     with pytest.raises(ConfigError, match="--tier-attention"):
         EngineOptions(tier_attention="fp8")
 
 
 # -- through the engine ---------------------------------------------------------------------
 
-def _attention_budget(cfg, dtype=torch.bfloat16, extra=0, n_ctx=64):
-    """Working space, attention and its KV (n_ctx tokens) on the tier, plus `extra` bytes
-    for FFN rows."""
+def _attention_budget(cfg, dtype=torch.bfloat16, extra=0, n_ctx=64, head=False):
+    """Working space, attention and its KV (n_ctx tokens) on the tier (and with `head` the
+    LM head in `dtype`), plus `extra` bytes for FFN rows."""
     hd = cfg.head_dim
     attention = cfg.n_layers * attention_bytes(cfg.hidden_size, cfg.n_heads * hd,
                                                cfg.n_kv_heads * hd, hd, dtype, cfg.qkv_bias,
                                                cfg.qk_norm, cfg.sandwich_norms)
     kv = plan_kv(cfg, n_ctx, value_bytes=dtype.itemsize)
-    return workspace_bytes(cfg) + attention + kv.device_blocks * kv.block_bytes + extra
+    head_bytes = cfg.vocab_size * cfg.hidden_size * dtype.itemsize if head else 0
+    return workspace_bytes(cfg) + attention + kv.device_blocks * kv.block_bytes + head_bytes + extra
 
 
 def _charges_are_the_tensors(engine: Engine, dtype: torch.dtype) -> None:
-    """The plan charged, for attention and the KV pool, the bytes their tensors take."""
+    """The plan charged, for attention, the KV pool (K/V in `dtype`) and the LM head, the
+    bytes their tensors take."""
     plan, hybrid = engine.hybrid.plan, engine.hybrid
     assert plan.attention_on_gpu and hybrid.attention is not None
     charges = plan.charges()
@@ -158,8 +164,11 @@ def _charges_are_the_tensors(engine: Engine, dtype: torch.dtype) -> None:
                                        for w in hybrid.attention for t in w.tensors())
     pool = engine.kv.device_pool
     assert charges["kv_pool"] == pool.k.nbytes + pool.v.nbytes
-    assert pool.k.dtype == dtype and all(w.dtype == dtype for w in hybrid.attention)
-    assert charges["lm_head"] == 0 and charges["predictors"] == 0  # they stay on the host
+    assert pool.k.dtype == dtype
+    if hybrid.attention[0].fmt in ("bf16", "fp16", "fp32"):
+        assert all(w.dtype == dtype for w in hybrid.attention)
+    head = engine.model.head.nbytes if plan.lm_head_on_gpu else 0
+    assert charges["lm_head"] == head and charges["predictors"] == 0
     assert plan.gpu_bytes <= plan.budget
 
 
@@ -170,7 +179,8 @@ def test_a_split_with_attention_on_the_tier_decodes_as_the_unsplit_model(tiny_q4
     want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
                                   PROMPT, 8)
     dtype = attention_dtype(tier, torch.device("cpu"))
-    budget = _attention_budget(loaded.config, dtype, extra=300_000)  # some FFN rows hot
+    # the LM head too, and one 256-neuron group of each layer's FFN (~384 kB)
+    budget = _attention_budget(loaded.config, dtype, extra=400_000, head=True)
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
                                           tier_attention=tier))
     try:
@@ -178,7 +188,8 @@ def test_a_split_with_attention_on_the_tier_decodes_as_the_unsplit_model(tiny_q4
         report = engine.hybrid_report()
         assert 0 < report["hot_fraction"] < 1
         held = report["tier_attention_weights"]
-        assert held["dtype"] == tier and held["bytes"] == report["charges"]["attention"]
+        assert held["format"] == tier and held["bytes"] == report["charges"]["attention"]
+        assert report["on_gpu_tier"]["lm_head"]
         bound = 0.0 if tier == "fp32" else 5e-3  # against the file's values
         assert held["error_qkv"]["max"] <= bound and held["error_o"]["max"] <= bound
         got, _ = greedy_with_gaps(engine, PROMPT, 8)
@@ -212,11 +223,16 @@ def test_a_named_attention_type_that_does_not_fit_is_an_error(tiny_q4_k_m):
                                           "--tier-attention host"):
         Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=small,
                                      tier_attention="bf16"))
-    # auto on the CPU keeps attention on the file's blocks whatever the budget
+    # auto with room for everything: the whole model on the tier in the file's blocks, which
+    # a CPU tier runs in the one C++ pass
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=1 << 30))
     try:
-        assert not engine.hybrid.plan.attention_on_gpu and engine.hybrid.attention is None
-        assert engine.kv.device_pool.k.dtype == quant_model.KV_DTYPE
+        plan = engine.hybrid.plan
+        assert plan.attention_on_gpu and plan.lm_head_on_gpu
+        assert plan.placement.total_hot_fraction() == 1.0
+        assert engine.model.runs is None and engine.model.batch_invariant
+        assert engine.hybrid_report()["tier_attention_weights"]["format"] == "file"
+        _charges_are_the_tensors(engine, file_blocks_model.KV_DTYPE)
     finally:
         engine.close()
 
@@ -295,7 +311,9 @@ def test_speculation_through_tier_attention_is_lossless(tiny_q4_k_m, drafter):
 
 # -- what `ember info` plans ----------------------------------------------------------------
 
-def _info_plan(source, budget, tier_attention="auto"):
+def _info_plan(source, budget, tier_attention="bf16"):
+    """The FFN-rows plan with attention in bf16 (`auto` now asks for the whole-model plan in
+    the file's bytes: tests/test_layer_plan.py)."""
     from ember.app.commands.info import _gpu_plan
 
     args = argparse.Namespace(gpu_budget=budget, ctx_size=4096, split="auto", tier_dtype="auto",

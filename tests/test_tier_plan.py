@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from ember.models.loader import load_model, open_model
-from ember.offload.body import quant_model
+from ember.offload.body import file_blocks_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.hybrid.memory_plan import workspace_bytes
 from ember.offload.hybrid.forecast import forecast
+from ember.offload.hybrid.gpu_cards import CARDS
 from ember.offload.hybrid.tier_dtypes import TierCaps, TierChoice, format_for_type
 
 from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
@@ -23,7 +24,7 @@ from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
 SEVEN_B = Path("/work/models/llama2-7b-q4_k_m.gguf")
 
-pytestmark = pytest.mark.skipif(not quant_model.applies(),
+pytestmark = pytest.mark.skipif(not file_blocks_model.applies(),
                                 reason="C++ kernels not built on this machine")
 
 
@@ -52,7 +53,7 @@ def test_each_tier_format_runs_charged_exactly_and_decodes_as_the_dense_model(ti
     try:
         report = engine.hybrid_report()
         assert 0 < report["hot_fraction"] < 1
-        want_formats = ({"int4"}, {"int8"}) if tier == "auto" else ({tier}, {tier})
+        want_formats = ({"file"}, {"file"}) if tier == "auto" else ({tier}, {tier})
         got = report["gpu_ffn_formats"]
         assert (set(got["gate_up"]["formats"]), set(got["down"]["formats"])) == want_formats
         _charges_match(engine)
@@ -72,8 +73,9 @@ def test_the_default_model_split_decodes_as_unsplit_until_a_near_tie(default_gre
     try:
         report = engine.hybrid_report()
         assert 0 < report["hot_fraction"] < 1
-        # Q4_K / Q5_0 / Q6_K / Q8_0 rows: int4 where the file has 4 bits, int8 elsewhere.
-        assert set(report["gpu_ffn_formats"]["gate_up"]["formats"]) <= {"int4", "int8"}
+        # Q4_K / Q5_0 / Q6_K / Q8_0 rows: the file's own blocks, its values
+        assert set(report["gpu_ffn_formats"]["gate_up"]["formats"]) == {"file"}
+        assert report["gpu_ffn_formats"]["down"]["error_max"] == 0
         _charges_match(engine)
         got, _ = greedy_with_gaps(engine, ids, 12)
         assert_agrees_until_near_tie(want, gaps, got)
@@ -87,7 +89,12 @@ def test_auto_formats_follow_the_file_type_and_the_device():
                                                "BF16", "F32", None)] == \
         ["int4", "int4", "int4", "int8", "int8", "fp16", "bf16", "fp16", "fp32"]
     assert [format_for_type(t, old) for t in ("Q4_K", "BF16")] == ["int8", "fp16"]
-    assert TierChoice("auto", sm80).formats(["Q4_K", "Q6_K"], "Q4_K") == ("int8", "int4")
+    # auto and file: the file's own blocks, whatever the device; float rows (the float32
+    # reference's) by type as above
+    for choice in ("auto", "file"):
+        assert TierChoice(choice, sm80).formats(["Q4_K", "Q6_K"], "Q4_K") == \
+            ("file:Q4_K,Q6_K", "file:Q4_K")
+    assert TierChoice("auto", sm80).formats([None, None], None) == ("fp32", "fp32")
     assert TierChoice("fp32", sm80).formats(["Q4_K"], "Q6_K") == ("fp32", "fp32")
 
 
@@ -98,8 +105,9 @@ def test_the_7b_plan_holds_3x_the_float32_plans_ffn_parameters():
     source = open_model(SEVEN_B)
 
     def plan(tier):
+        # attention on the host: the plan of FFN rows in their tier formats
         args = argparse.Namespace(gpu_budget="4GiB", ctx_size=4096, split="auto",
-                                  tier_dtype=tier, device="cpu")
+                                  tier_dtype=tier, tier_attention="host", device="cpu")
         return _gpu_plan(source.config, args, min(4096, source.config.context_length), source)
 
     quantized, float32 = plan("auto"), plan("fp32")
@@ -110,16 +118,14 @@ def test_the_7b_plan_holds_3x_the_float32_plans_ffn_parameters():
 
 def test_the_70b_forecast_puts_both_plans_side_by_side():
     r = forecast("llama2-70b", "Q4_K_M", 24 << 30)
-    ember, layers = r["ember_split"], r["whole_layer_offload"]
+    ember, layers = r["ember_plan"], r["whole_layer_offload"]
     assert 0 < layers["gpu_layers"] < 80 and layers["gpu_bytes"] <= 24 << 30
     assert 0 < ember["hot_fraction"] < 1 and ember["gpu_bytes"] <= 24 << 30
-    assert ember["dense_ms_per_token"] > 0 and layers["ms_per_token"] > 0
-    # int4/int8 hot rows hold more FFN parameters than whole Q4_K_M layers at equal bytes
-    # would lose to their attention and KV: both within 25% of each other here.
-    assert 0.75 < ember["ffn_parameters_on_gpu"] / layers["ffn_parameters_on_gpu"] < 1.5
-    bigger = forecast("llama2-70b", "Q4_K_M", 40 << 30)
+    assert ember["ms_per_token"] > 0 and layers["ms_per_token"] > 0
+    assert sum(ember["layer_modes"].values()) == 80 and ember["host_weight_bytes_per_token"] > 0
+    bigger = forecast("llama2-70b", "Q4_K_M", 24 << 30, card=CARDS["rtx4090"])
     assert bigger["whole_layer_offload"]["ms_per_token"] < layers["ms_per_token"]
-    assert bigger["ember_split"]["dense_ms_per_token"] < ember["dense_ms_per_token"]
+    assert bigger["ember_plan"]["ms_per_token"] < ember["ms_per_token"]
 
 
 def _kv_devices():
@@ -162,7 +168,8 @@ def test_info_states_the_conversion_error_the_engine_measures(tiny_q4_k_m):
 
     loaded = load_model(tiny_q4_k_m[2])
     cfg = loaded.config
-    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=1 << 30))
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=1 << 30,
+                                          tier_dtype="int8", tier_attention="host"))
     try:
         measured = engine.hybrid_report()["gpu_ffn_formats"]
         assert engine.hybrid_report()["hot_fraction"] == 1.0

@@ -224,7 +224,7 @@ def test_engine_load_reports_progress_per_layer(tiny_gemma_gguf):
 
     calls = []
     # The float32 model (what --weights fp32 builds) reports each layer it builds; the default
-    # runtime builds none (test_quant_model).
+    # runtime builds none (test_file_blocks_model).
     engine = Engine.load(tiny_gemma_gguf, EngineOptions(device="cpu", n_ctx=64, weights="fp32"),
                          progress=lambda fraction, stage: calls.append((fraction, stage)))
     fractions = [f for f, _ in calls]

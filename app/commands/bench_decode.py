@@ -92,7 +92,7 @@ def _bandwidth_report(engine, decode_median: float, copy_bps: float) -> dict:
     """Weights read per decode step (Ember's, and the file's own: what reading every
     projection and the LM head as stored costs) times tokens/s, against the measured copy
     bandwidth."""
-    from ember.offload.body.quant_model import file_bytes_per_token
+    from ember.offload.body.file_layers import file_bytes_per_token
 
     model, source = engine.model, engine.loaded.source
     per_token = model.weight_bytes_per_token()
@@ -140,9 +140,14 @@ def run(args) -> int:
                                           dataclasses.replace(engine.options, speculate=name))
     other = None
     if args.against:
-        from ember.app.baseline import LlamaCpp
+        from ember.app.baseline import LlamaCpp, layers_in_budget
 
-        other = LlamaCpp(model_path(args), threads, args.prompt_tokens + args.gen_tokens + 16)
+        # With a GPU budget, llama.cpp gets the layers the same budget holds (-ngl)
+        budget = engine.options.gpu_budget
+        ngl = 0 if budget is None else layers_in_budget(engine.loaded.source, budget,
+                                                         engine.n_ctx)
+        other = LlamaCpp(model_path(args), threads, args.prompt_tokens + args.gen_tokens + 16,
+                         n_gpu_layers=ngl)
     for e in engines.values():
         _ember_run(e, ids[:8], 4)  # warm-up: first-call allocations, page faults
     if other:
@@ -187,6 +192,8 @@ def run(args) -> int:
     report["ember"]["hybrid"] = engine.hybrid_report()
     report["ember"]["cpu"] = _cpu_report()
     if other:
+        report["llama.cpp"]["n_gpu_layers"] = other.n_gpu_layers
+        report["llama.cpp"]["gpu_offload"] = other.gpu_offload
         ratio = {k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]
                  for k in ("prefill", "decode")}
         for name in engines:

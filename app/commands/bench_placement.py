@@ -1,6 +1,6 @@
 """`ember bench placement`: the ILP against the greedy baseline on a 70B-shaped problem, or
-with `--shape` a forecast of Ember's split against whole-layer offload
-(offload/hybrid/forecast.py).
+with `--shape` a forecast of Ember's whole-model plan against llama.cpp's whole-layer offload
+on a named card (offload/hybrid/forecast.py).
 
 The problem is synthetic but sized like Llama-2/3 70B: 80 FFN layers of 28,672 neurons at
 hidden 8192, GQA attention with 8 KV heads of 128. Per layer, neuron frequencies follow a power
@@ -125,26 +125,28 @@ def run(args) -> int:
 
 
 def _forecast(args) -> int:
-    """`--shape`: Ember's split and whole-layer offload side by side (offload/hybrid/forecast.py)."""
-    from ember.offload.hybrid.forecast import forecast
+    """`--shape`: Ember's whole-model plan and llama.cpp's whole-layer offload side by side
+    on one card (offload/hybrid/forecast.py)."""
     from ember.models.sizes import format_size, parse_size
+    from ember.offload.hybrid.forecast import forecast
+    from ember.offload.hybrid.gpu_cards import card
 
     if args.ctx < 1:
         raise ConfigError("--ctx must be at least 1")
     report = forecast(args.shape, args.quant, parse_size(args.gpu_budget, "--gpu-budget"),
-                      args.ctx, args.seed)
+                      args.ctx, args.seed, card(args.gpu) if args.gpu else None)
     if not args.json:
-        e, w = report["ember_split"], report["whole_layer_offload"]
-        print(f"{args.shape} {args.quant} at --gpu-budget {args.gpu_budget} "
-              f"(predicted, bandwidth model: GPU {report['assumptions']['gpu_gbps']:.0f} GB/s, "
-              f"CPU {report['assumptions']['cpu_gbps']:.0f} GB/s)")
-        print(f"  Ember split     {e['hot_fraction']:.0%} of FFN neurons hot "
-              f"({e['ffn_parameters_on_gpu'] / 1e9:.1f}B parameters, "
-              f"{format_size(e['gpu_bytes'])}), attention on the host: "
-              f"{e['dense_ms_per_token']:.1f} ms/token dense, "
-              f"{e['sparse_ms_per_token']:.1f} sparse")
+        e, w, c = report["ember_plan"], report["whole_layer_offload"], report["card"]
+        print(f"{args.shape} {args.quant} at --gpu-budget {args.gpu_budget} on {c['name']} "
+              f"({c['gbps']:.0f} GB/s, PCIe {c['pcie_gen']}.0 x{c['pcie_lanes']}; "
+              f"host {report['assumptions']['host_gbps']:.1f} GB/s), predicted")
+        modes = ", ".join(f"{n} {m}" for m, n in e["layer_modes"].items() if n)
+        print(f"  Ember plan      {modes}, LM head on the "
+              f"{'tier' if e['lm_head_on_gpu'] else 'host'} ({format_size(e['gpu_bytes'])}): "
+              f"{e['ms_per_token']:.1f} ms/token dense (CUDA graph; "
+              f"{report['ember_plan_eager_ms_per_token']:.1f} eager), "
+              f"{report['ember_sparse_plan']['ms_per_token']:.1f} sparse")
         print(f"  whole layers    {w['gpu_layers']} layers on the GPU "
-              f"({w['ffn_parameters_on_gpu'] / 1e9:.1f}B FFN parameters, "
-              f"{format_size(w['gpu_bytes'])}): {w['ms_per_token']:.1f} ms/token")
+              f"({format_size(w['gpu_bytes'])}): {w['ms_per_token']:.1f} ms/token")
     print_json(report)
     return 0

@@ -27,7 +27,7 @@ def run(args) -> int:
     from ember.offload.profile.input_calibration import collect_slot_stats
     from ember.offload.profile.input_payoff import decode_seconds
     from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity
-    from ember.offload.body.quant_model import QuantModel, applies
+    from ember.offload.body.file_blocks_model import FileBlocksModel, applies
 
     if not applies():
         raise ConfigError("ember bench sparsity needs Ember's C++ CPU kernels (a C++ compiler "
@@ -36,7 +36,7 @@ def run(args) -> int:
         raise ConfigError("--sparsity targets must be between 0 and 1, e.g. 0.4 0.5")
     set_threads(args.threads)
     source = open_model(model_path(args))
-    model = QuantModel(source)
+    model = FileBlocksModel.plain(source)
     vocab = model.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (args.prompt_tokens,), generator=g).tolist()

@@ -22,6 +22,9 @@ def run(args) -> int:
     s["memory"]["weights_in"] = _weights_in(source)
     plan = _gpu_plan(source.config, args, context.tokens, source)
     if plan is not None:
+        from ember.offload.hybrid.tier_dtypes import format_table
+
+        s["tier_formats"] = format_table(source.weights)
         rows, dtype = _host_rows(source, plan)
         s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
                          "tier_conversion_error": _tier_errors(source.config, source, plan),
@@ -64,14 +67,20 @@ def run(args) -> int:
     if plan is not None:
         print("\n".join("  " + line for line in plan.describe(_host_rows(source, plan))))
         err = s["gpu_plan"]["tier_conversion_error"]
+        if plan.sizes.model is not None:
+            print("    every tensor on the tier in the file's own blocks: nothing converted")
+            return 0
         print(f"    conversion error against the file's rows (64 rows of the first, middle and "
               f"last layers, relative): gate/up {err['gate_up']:.2%}, down {err['down']:.2%}")
         att = s["gpu_plan"]["attention_conversion_error"]
-        if att is not None:
-            print(f"    attention as {plan.attention_type()} (the same rows): q/k/v "
-                  f"{att['qkv']:.2%}, output {att['o']:.2%}; planned as a CUDA engine "
-                  "places it (on a CPU tier it stays on the file's blocks unless "
-                  "--tier-attention names a type)")
+        if att is not None and plan.attention_type() != "file":
+            print(f"    attention and the LM head as {plan.attention_type()} (the same rows): "
+                  f"q/k/v {att['qkv']:.2%}, output {att['o']:.2%}")
+        print("  tier formats    bits a weight / error against the file, per type in the file "
+              "(64 rows of its first tensor):")
+        for kind, row in s["tier_formats"].items():
+            print(f"    {kind:<6} " + ", ".join(
+                f"{fmt} {f['bits']:.2f}/{f['error']:.2%}" for fmt, f in row["formats"].items()))
     return 0
 
 
@@ -160,43 +169,86 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     this machine has: the budget describes a GPU."""
     if args.gpu_budget is None:
         return None
+    if _whole_model(args):
+        return _layer_plan(cfg, args, n_ctx, source)
     from ember.offload.runtime.device import resolve_device
     from ember.offload.kv.plan import plan_kv
     from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
     from ember.models.sizes import parse_size
     from ember.offload.hybrid.host_reads import HostReads
-    from ember.offload.hybrid.tier_dtypes import TierChoice, attention_dtype
+    from ember.offload.body.file_layers import FileLayers
+    from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
+    from ember.offload.hybrid.tier_dtypes import TierChoice, attention_format, attention_kv_dtype
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
     device = resolve_device(getattr(args, "device", "auto"))
     tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"), device)
     choice = getattr(args, "tier_attention", "auto")
-    attention = attention_dtype(choice, device, gpu=True)
+    fmt = attention_format(choice, device)
+    attention = None if fmt is None else attention_kv_dtype(fmt)
     # The KV pool at attention's type on the tier, else the host runtime's float16.
     kv = plan_kv(cfg, n_ctx, value_bytes=2 if attention is None else attention.itemsize)
     # auto: attention moves where it spares the host more reads than hot rows would
     reads = HostReads.of_file(cfg, source.weights, n_ctx) if choice == "auto" else None
+    moved = {}
+    if fmt is not None:  # attention and the LM head in their tier format, to the byte
+        file = FileLayers.read(source)
+        moved = dict(attention_format=fmt, attention=tier_attention_bytes(file, fmt, tier.half),
+                     lm_head=tier_head_bytes(file, fmt, tier.half))
     sizes = ComponentBytes.estimate(cfg, kv.device_blocks * kv.block_bytes,
                                     formats=layer_formats(cfg, source, tier), half=tier.half,
                                     attention_movable=attention is not None,
-                                    attention_dtype=attention, extras_movable=False,
-                                    host_reads=reads)
+                                    attention_dtype=attention, host_reads=reads, **moved)
     return plan_memory(cfg, budget, sizes, args.split)
 
 
+def _whole_model(args) -> bool:
+    """The plan of every tensor in the file's bytes (per layer gpu/split/cpu, the LM head):
+    what `--tier-attention auto` with the file's formats asks for."""
+    return (getattr(args, "tier_attention", "auto") == "auto"
+            and getattr(args, "tier_dtype", "auto") in ("auto", "file"))
+
+
+def _layer_plan(cfg, args, n_ctx: int, source):
+    """The whole-model plan, priced for `--gpu NAME`, this machine's CUDA device, or the
+    first card of the table with the budget's memory."""
+    from ember.models.sizes import parse_size
+    from ember.offload.hybrid.gpu_cards import card, check_budget
+    from ember.offload.hybrid.layer_plan import plan_speeds
+    from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
+    from ember.offload.kv.plan import plan_kv
+    from ember.offload.runtime.device import resolve_device
+
+    budget = parse_size(args.gpu_budget, "--gpu-budget")
+    device = resolve_device(getattr(args, "device", "auto"))
+    named = getattr(args, "gpu", None)
+    speeds = plan_speeds(budget, card(named) if named else None,
+                         device if device.type == "cuda" else None)
+    check_budget(speeds.tier, budget)
+    kv = plan_kv(cfg, n_ctx, value_bytes=2)  # float16 K and V
+    sizes = ComponentBytes.of_file_blocks(cfg, source.weights, n_ctx,
+                                          kv.device_blocks * kv.block_bytes)
+    return plan_memory(cfg, budget, sizes, args.split, speeds=speeds)
+
+
 def _attention_errors(source, plan) -> dict[str, float] | None:
-    """Sampled conversion error of attention in the plan's type (None: it cannot move)."""
+    """Sampled conversion error of attention in the plan's type (None: it cannot move;
+    0 in the file's own blocks)."""
     from ember.offload.hybrid.tier_dtypes import sampled_attention_error
 
+    if plan.attention_type() == "file":
+        return {"qkv": 0.0, "o": 0.0}
     if plan.attention_type() is None:
         return None
     return sampled_attention_error(source.weights, source.config.n_layers,
-                                   plan.sizes.attention_dtype)
+                                   plan.attention_type())
 
 
 def _tier_errors(cfg, source, plan) -> dict[str, float]:
     from ember.offload.hybrid.tier_dtypes import sampled_errors
 
+    if plan.sizes.model is not None:  # the file's own blocks: nothing converted
+        return {"gate_up": 0.0, "down": 0.0}
     return sampled_errors(source.weights, cfg.n_layers, cfg.gated, list(plan.sizes.formats),
                           plan.sizes.half)
 

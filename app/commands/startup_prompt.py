@@ -38,7 +38,7 @@ def prompt_of_length(encode, n: int, text: str = PROSE_TEXT) -> str:
 def prepare(path: str, n_tokens: int, n_ctx: int) -> dict:
     from ember.models.loader import open_model
     from ember.offload.kv.plan import plan_kv
-    from ember.offload.body.quant_model import kv_dtype
+    from ember.offload.body.file_blocks_model import kv_dtype
 
     source = open_model(path)
     cfg, tokenizer = source.config, source.tokenizer

@@ -1,4 +1,4 @@
-"""Input thresholds at run time: each thresholded matmul of a `QuantModel` reads only the
+"""Input thresholds at run time: each thresholded matmul of a `FileBlocksModel` reads only the
 weight columns of inputs with |x| > its threshold (kernels/input_sparse.py).
 
 A layer has four matmul slots, each with one input: "qkv" (the attention-normed hidden state,
@@ -60,9 +60,9 @@ def check_thresholds(thresholds, n_layers: int) -> Thresholds:
 
 @dataclass
 class InputSparsity:
-    """Thresholds applied to one QuantModel, with the layouts they read and their counters."""
+    """Thresholds applied to one FileBlocksModel, with the layouts they read and their counters."""
 
-    model: object  # QuantModel
+    model: object  # FileBlocksModel
     thresholds: Thresholds
     layout: str = "tiles"
     layouts: dict[tuple[int, str], list[isp.InputMajor]] = field(default_factory=dict)
@@ -78,7 +78,7 @@ class InputSparsity:
             raise ConfigError(f"the file's copy of layer {back[0][0]}'s {back[0][1]} weights was "
                               f"released (release_file_copies): that slot cannot run dense again")
         step = self.model.native_step()
-        for i, layer in enumerate(self.model.layers):
+        for i in range(len(self.model.layers)):
             for s, slot in enumerate(SLOTS):
                 key = (i, slot)
                 value = thresholds[i].get(slot) if i < len(thresholds) else None
@@ -86,13 +86,22 @@ class InputSparsity:
                     if key in self.stats:
                         step.set_input_sparse(i, s, [], [], [], -1.0, self.stats[key])
                     continue
-                if key not in self.layouts:
-                    self.layouts[key] = [isp.relayout(w) for w in slot_weights(layer, slot)]
-                    self.stats[key] = torch.zeros(2, dtype=torch.int64)
-                ims = self.layouts[key]
+                ims = self.tiles(i, slot)
+                self.stats.setdefault(key, torch.zeros(2, dtype=torch.int64))
                 step.set_input_sparse(i, s, [w.packed for w in ims], [w.qtype for w in ims],
                                       [w.shape[0] for w in ims], float(value), self.stats[key])
         self.thresholds = [dict(t) for t in thresholds]
+
+    def tiles(self, layer: int, slot: str) -> list[isp.InputMajor]:
+        """One slot's input-major tiles, derived from the file's blocks the first time asked
+        (a profile's probes read them too, through their own one-layer steps)."""
+        key = (layer, slot)
+        if key not in self.layouts:
+            _check_types(self.model, [{slot: 0.0} if i == layer else {}
+                                      for i in range(len(self.model.layers))])
+            self.layouts[key] = [isp.relayout(w) for w in slot_weights(self.model.layers[layer],
+                                                                         slot)]
+        return self.layouts[key]
 
     def reset_counters(self) -> None:
         for s in self.stats.values():
@@ -128,7 +137,7 @@ class InputSparsity:
         later) gets them back from the file. The pages of a copy in RAM (or of tensors a
         library read into memory) would read as zeros to those readers, so that copy is left
         whole (the tiles then cost their bytes again)."""
-        if not getattr(self.model._file, "mapped", False):
+        if not getattr(self.model.file.weights, "mapped", False):
             return 0
         for key in self.layouts:
             if key not in self.released and self.thresholds[key[0]].get(key[1]) is not None:
@@ -174,7 +183,7 @@ def _check_types(model, thresholds: Thresholds) -> None:
 
 
 def apply_input_sparsity(model, thresholds: Thresholds, layout: str = "tiles") -> InputSparsity:
-    """Threshold `model`'s (a QuantModel's) matmul inputs as `thresholds` says, over
+    """Threshold `model`'s (a FileBlocksModel's) matmul inputs as `thresholds` says, over
     input-major tiles of the file's blocks (`layout`: one of LAYOUTS, all meaning the tiles)."""
     thresholds = check_thresholds(thresholds, len(model.layers))
     if layout not in LAYOUTS:

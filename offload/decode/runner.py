@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ember.models.errors import ConfigError, PromptTooLong
-from ember.models.transformer import Transformer
 
+from ..body.protocol import BodyModel
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
 from ..kv.paged import DROPPED, PagedKVCache
-from ..body.quant_model import BlockLMHead
 
 
 # A prefill that can be cancelled (a server's client may leave) runs in chunks sized to take
@@ -44,7 +43,7 @@ class Session:
 
 
 class Runner:
-    def __init__(self, model: Transformer, kv: PagedKVCache, n_ctx: int,
+    def __init__(self, model: BodyModel, kv: PagedKVCache, n_ctx: int,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         if n_ctx > model.cfg.context_length:
             raise ConfigError(f"context size {n_ctx} exceeds the model's maximum "
@@ -193,7 +192,7 @@ class Runner:
         """Target logits (N, vocab) at every node of `tree`."""
         self.tree_hidden(name, tree)
         hidden = torch.cat(tree.hidden)
-        if isinstance(self.model.head, BlockLMHead):  # batch-invariant: all rows at once
+        if self.model.head_batch_invariant:  # all rows at once
             return self.model.logits(hidden)
         return torch.cat([self.model.logits(hidden[i: i + 1]) for i in range(len(tree))])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
 
 import torch
 
@@ -23,25 +22,7 @@ from ember.models.transformer import FeedForward
 from .cpu_worker import CpuWorker
 from .ffn import bundle_dtype
 from .setup import resolve_cold_dtype
-
-
-@dataclass(frozen=True)
-class SideCosts:
-    cpu_ms_per_active: float
-    cpu_base_ms: float
-    gpu_ms_per_neuron: float
-    gpu_base_ms: float
-    split_ms: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SideCosts":
-        values = {k: float(d[k]) for k in cls.__dataclass_fields__}
-        if any(not (v >= 0) or v == float("inf") for v in values.values()):
-            raise ValueError("costs must be finite and non-negative")
-        return cls(**values)
+from .side_costs import SideCosts
 
 
 def _median_ms(fn, reps: int) -> float:

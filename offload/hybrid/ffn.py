@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn
+from ember.kernels.cuda_graphs import graphed
+from ember.kernels.hot_ffn import HotFFNWeights, file_types, granule, hot_ffn
+from ember.kernels.tier_blocks import down_columns
 from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn, sparse_ffn_thresholded
 from ember.models.transformer import activate
 
@@ -90,6 +92,9 @@ class HybridFFN(nn.Module):
         self.sparse_rows = False
         self.counters = LayerCounters()
         self.transfer: TierTransfer | None = None  # made on first use, for the hot side's device
+        # The hot side's one-row calls replayed from a CUDA graph where asked for
+        # (kernels/cuda_graphs.py); else hot_ffn itself.
+        self._hot_call = None if hot is None else graphed(lambda x: hot_ffn(x, hot), hot.device)
         # The dense module this was split from (set by hybrid.setup; kept on the host only).
         object.__setattr__(self, "source", None)
 
@@ -109,16 +114,21 @@ class HybridFFN(nn.Module):
         bundles, which compute the selected neurons only."""
         rows = as_rows(ffn)
         size = rows.ffn_size
+        formats, half = ("fp32", "fp32"), torch.bfloat16
+        if tier is not None:
+            formats, half = tier.formats(*rows.types()), tier.half
+        in_file = file_types(formats[0]) is not None
         hot_idx = np.asarray(hot_idx, dtype=np.int64)
+        if in_file:  # the file's down holds neurons in whole blocks: hot sets are groups
+            hot_idx = whole_groups(hot_idx, granule(formats), size)
         mask = np.ones(size, dtype=bool)
         mask[hot_idx] = False
         cold_idx = np.flatnonzero(mask).astype(np.int64)
         hot = cold = None
-        if hot_idx.size:
+        if hot_idx.size and in_file:
+            hot = file_hot_weights(rows, hot_idx, granule(formats), gpu, half)
+        elif hot_idx.size:
             gate, up, down_nm = rows.neuron_rows(torch.from_numpy(hot_idx))
-            formats, half = ("fp32", "fp32"), torch.bfloat16
-            if tier is not None:
-                formats, half = tier.formats(*rows.types()), tier.half
             hot = HotFFNWeights.from_rows(gate, up, down_nm, rows.activation, gpu, formats, half)
         cold_file = None
         if cold_idx.size and (bundles or hot_idx.size or selector is not None):
@@ -162,11 +172,11 @@ class HybridFFN(nn.Module):
         if x.device == self.hot.device:
             # x is on the tier already (attention runs there): no copies, and the result
             # stays there for the cold side's sum (on CUDA this times the launches only).
-            out = hot_ffn(x, self.hot)
+            out = self._hot_call(x)
         else:
             if self.transfer is None or self.transfer.device != self.hot.device:
                 self.transfer = TierTransfer(self.hot.device)
-            out = self.transfer.to_host(hot_ffn(self.transfer.to_tier(x), self.hot)).to(x.device)
+            out = self.transfer.to_host(self._hot_call(self.transfer.to_tier(x))).to(x.device)
         if decode:
             self.counters.hot_s += time.perf_counter() - t0
         return out
@@ -242,6 +252,33 @@ class HybridFFN(nn.Module):
         if self.cold_file is not None:
             cold = self.cold_file.down.nbytes  # the file's down as tiles, hot columns too
         return hot + cold
+
+
+def whole_groups(hot_idx: np.ndarray, group: int, size: int) -> np.ndarray:
+    """The hot set a plan asked for (any neurons) as whole groups of `group` consecutive
+    neurons (the file's down blocks): len(hot_idx) // group groups, those holding most of
+    the asked-for neurons first (ties: lower index), sorted. A granule-aligned ask of whole
+    groups comes back as is."""
+    n_groups = len(hot_idx) // group
+    if n_groups == 0:
+        return np.zeros(0, dtype=np.int64)
+    asked = np.bincount(hot_idx // group, minlength=size // group)
+    order = np.lexsort((np.arange(len(asked)), -asked))[:n_groups]
+    chosen = np.sort(order)
+    return (chosen[:, None] * group + np.arange(group)[None, :]).reshape(-1).astype(np.int64)
+
+
+def file_hot_weights(rows, hot_idx: np.ndarray, group: int, gpu: torch.device,
+                     half: torch.dtype) -> HotFFNWeights:
+    """The hot neurons (whole groups) in the file's blocks on the tier: gate/up their rows,
+    down their blocks; a layer hot in full keeps the file's tensors themselves (on a CPU
+    tier the very same bytes)."""
+    if len(hot_idx) == rows.ffn_size:
+        return HotFFNWeights.from_file(rows.gate_up, rows.down, rows.activation, gpu, half)
+    idx = torch.from_numpy(hot_idx)
+    groups = torch.from_numpy(np.unique(hot_idx // group))
+    return HotFFNWeights.from_file([t.select_rows(idx) for t in rows.gate_up],
+                                   down_columns(rows.down, groups), rows.activation, gpu, half)
 
 
 def masked_rows_ffn(x: torch.Tensor, w: SparseFFNWeights, mask: torch.Tensor) -> torch.Tensor:

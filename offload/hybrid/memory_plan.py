@@ -1,5 +1,11 @@
 """What goes on the GPU tier under `--gpu-budget`, and how many FFN neurons are hot.
 
+Two kinds of plan. Given sizes of every tensor in the file's own bytes
+(`ComponentBytes.of_file_blocks`), the whole-model plan (issue 30, layer_plan.py): per layer
+"gpu", "split" or "cpu" and the LM head, chosen by the ILP on the forecast's time per token
+(`MemoryPlan.layer_modes`, `MemoryPlan.forecast`). Otherwise the plan of FFN rows below,
+attention moving whole or not at all.
+
 The tier is charged, in this order, for what every token reads in full (so a byte of budget
 buys the same on each): a working-space allowance for one prefill chunk's activations, then
 attention (weights, norms) together with its KV pool, the predictors, the LM head, and
@@ -30,112 +36,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from ember.kernels.hot_ffn import granule, hot_ffn_bytes
-from ember.kernels.tier_attention import attention_bytes
+from ember.kernels.hot_ffn import granule
 from ember.models.config import ModelConfig
 from ember.models.errors import ConfigError
+from ember.models.sizes import format_size
 from ember.placement.layout import Placement
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK
 from ..options.choices import SPLITS
-from .host_reads import HostReads
-from ember.models.sizes import format_size
-
-FP32 = 4
-
-
-@dataclass(frozen=True)
-class ComponentBytes:
-    """Bytes each part takes on whichever tier holds it (fp32 body, as the engine stores it)."""
-
-    attention: int  # all layers' projections and norms, plus the final norm
-    kv_pool: int  # the device KV pool
-    lm_head: int
-    predictors: int
-    neuron: tuple[int, ...]  # per layer: one more hot neuron's bytes (the marginal cost)
-    # per layer (gate_up's, down's) tier format, and what hot_ffn_bytes needs besides
-    formats: tuple[tuple[str, str], ...] = ()
-    hidden: int = 0
-    gated: bool = True
-    half: torch.dtype = torch.bfloat16
-    attention_movable: bool = True  # False: attention runs on the host's file blocks
-    attention_dtype: torch.dtype = torch.float32  # what attention's tensors take on the tier
-    extras_movable: bool = True  # False: the LM head and predictors stay on the host
-    host_reads: HostReads | None = None  # given: attention moves only where it pays
-
-    @classmethod
-    def estimate(cls, cfg: ModelConfig, kv_pool: int, lm_head: int | None = None,
-                 predictors: int = 0, formats: list[tuple[str, str]] | None = None,
-                 half: torch.dtype = torch.bfloat16, attention_movable: bool = True,
-                 attention_dtype: torch.dtype | None = None, extras_movable: bool = True,
-                 host_reads: HostReads | None = None) -> "ComponentBytes":
-        """lm_head None: the float32 head a GPU tier would hold. formats None: float32 hot
-        rows in every layer. attention_dtype None: the float32 model's attention (its
-        layers and the final norm); else the tier copies `QuantModel.use_tier_attention`
-        makes, to the byte. `kv_pool`: the device pool's bytes at the K/V type's width."""
-        if lm_head is None:
-            lm_head = cfg.vocab_size * cfg.hidden_size * FP32
-        hd, h = cfg.head_dim, cfg.hidden_size
-        if attention_dtype is None:
-            proj = 2 * h * cfg.n_heads * hd + 2 * h * cfg.n_kv_heads * hd
-            norms = (4 if cfg.sandwich_norms else 2) * h + (2 * hd if cfg.qk_norm else 0)
-            attention = cfg.n_layers * (proj + norms) * FP32 + h * FP32
-        else:
-            attention = cfg.n_layers * attention_bytes(
-                h, cfg.n_heads * hd, cfg.n_kv_heads * hd, hd, attention_dtype, cfg.qkv_bias,
-                cfg.qk_norm, cfg.sandwich_norms)
-        formats = tuple(formats or [("fp32", "fp32")] * cfg.n_layers)
-        per_neuron = tuple(neuron_bytes(h, cfg.gated, f, half) for f in formats)
-        return cls(attention, kv_pool, lm_head, predictors, per_neuron, formats, h, cfg.gated,
-                   half, attention_movable, attention_dtype or torch.float32, extras_movable,
-                   host_reads)
-
-    def hot_bytes(self, layer: int, n: int) -> int:
-        """Exact tier bytes of n hot neurons in `layer` (what its HotFFNWeights will take)."""
-        if not self.formats:  # sizes made by hand (tests): the per-neuron cost alone
-            return n * self.neuron[layer]
-        return hot_ffn_bytes(n, self.hidden, self.gated, self.formats[layer], self.half)
-
-    def slack(self, layer: int) -> int:
-        """Bytes beyond n * neuron[layer] that hot_bytes may add (int4 padding, int8's
-        per-layer row scales): kept free when a solver places neurons by the marginal cost."""
-        if not self.formats:
-            return 0
-        g = granule(self.formats[layer])
-        return max(0, self.hot_bytes(layer, 1) - self.neuron[layer]) + (g - 1) * self.neuron[layer]
-
-
-def neuron_bytes(hidden: int, gated: bool, formats: tuple[str, str] = ("fp32", "fp32"),
-                 half: torch.dtype = torch.bfloat16) -> int:
-    """GPU-tier bytes of one more hot neuron (gate if any, up and down) in `formats`: the
-    marginal cost over whole groups (exact for fp32: 4 bytes a weight)."""
-    g = granule(formats) * 64
-    return -(-(hot_ffn_bytes(2 * g, hidden, gated, formats, half)
-               - hot_ffn_bytes(g, hidden, gated, formats, half)) // g)
-
-
-def cold_neuron_bytes(hidden: int, gated: bool, cold_dtype: str) -> int:
-    """Host bytes of one cold neuron's bundle (kernels/ffn_bundles.py): its gate (if any), up
-    and down rows, int8 with an fp32 scale each or fp32. Derived from the file (its down made
-    neuron-major), so charged on top of the mapped file."""
-    per_row = hidden + 4 if cold_dtype == "int8" else hidden * FP32
-    return (3 if gated else 2) * per_row
-
-
-def host_ffn_bytes(cfg: ModelConfig, placement: Placement, cold_dtype: str) -> int:
-    """Host RAM the cold neurons' bundles take under `placement`."""
-    per = cold_neuron_bytes(cfg.hidden_size, cfg.gated, cold_dtype)
-    return sum((placement.ffn_sizes[i] - placement.hot_count(i)) * per
-               for i in range(placement.n_layers))
-
-
-def workspace_bytes(cfg: ModelConfig, chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
-    """Activations of one prefill chunk through one layer: the tier's working space."""
-    width = 2 * cfg.hidden_size + (2 if cfg.gated else 1) * cfg.ffn_size
-    width = max(width, cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim)
-    return chunk * width * FP32
+# What the tier's parts take: defined beside, named here too (callers import them from here)
+from .component_bytes import (ComponentBytes, cold_neuron_bytes, host_ffn_bytes,  # noqa: F401
+                              neuron_bytes, workspace_bytes)
 
 
 @dataclass(frozen=True)
@@ -148,6 +59,10 @@ class MemoryPlan:
     lm_head_on_gpu: bool
     placement: Placement  # hot neurons per layer
     sizes: ComponentBytes
+    # A whole-model plan (sizes.model given): per layer "gpu", "split" or "cpu"; () for a
+    # plan of FFN rows alone (attention all on one side: attention_on_gpu)
+    layer_modes: tuple[str, ...] = ()
+    forecast: dict | None = None  # the whole-model plan's predicted time and its card
 
     @property
     def ffn_bytes(self) -> int:
@@ -168,8 +83,29 @@ class MemoryPlan:
                 out[kind][fmt] = out[kind].get(fmt, 0) + 1
         return out
 
+    def tier_layers(self) -> list[int]:
+        """Layers whose attention and KV sit on the tier."""
+        if self.layer_modes:
+            return [i for i, m in enumerate(self.layer_modes) if m != "cpu"]
+        return list(range(self.placement.n_layers)) if self.attention_on_gpu else []
+
+    def host_weight_bytes(self) -> int:
+        """Weight bytes the host reads per token, every cold neuron counted (whole-model
+        plans; None otherwise)."""
+        from .decode_costs import host_weight_bytes
+
+        hot = [self.placement.hot_count(i) for i in range(self.placement.n_layers)]
+        return host_weight_bytes(self.sizes.model, self.layer_modes, hot, self.lm_head_on_gpu)
+
     def charges(self) -> dict[str, int]:
         s = self.sizes
+        if self.layer_modes:
+            layers = [s.model.layers[i] for i in self.tier_layers()]
+            return {"workspace": self.workspace,
+                    "attention": sum(l.attention for l in layers),
+                    "kv_pool": sum(l.kv for l in layers), "predictors": 0,
+                    "lm_head": s.lm_head if self.lm_head_on_gpu else 0,
+                    "ffn_hot": self.ffn_bytes}
         return {
             "workspace": self.workspace,
             "attention": s.attention if self.attention_on_gpu else 0,
@@ -195,14 +131,21 @@ class MemoryPlan:
                                "attention_bytes": self.sizes.attention,
                                "kv_pool_bytes": self.sizes.kv_pool},
             **self.placement.summary(),
+            **({"layer_modes": list(self.layer_modes),
+                "host_weight_bytes_per_token": self.host_weight_bytes(),
+                "forecast": self.forecast} if self.layer_modes else {}),
         }
 
     def attention_type(self) -> str | None:
-        """bf16/fp16/fp32: the type attention and K/V take on the tier; None where they
+        """file/bf16/fp16/fp32: the type attention and K/V take on the tier; None where they
         cannot move (the host's file blocks run them)."""
         from .tier_dtypes import dtype_name
 
-        return dtype_name(self.sizes.attention_dtype) if self.sizes.attention_movable else None
+        if self.sizes.model is not None:
+            return "file"
+        if not self.sizes.attention_movable:
+            return None
+        return self.sizes.attention_format or dtype_name(self.sizes.attention_dtype)
 
     def _where(self, name: str, n: int) -> str:
         """Where a component of `charges()` sits, for `describe`."""
@@ -225,8 +168,12 @@ class MemoryPlan:
         lines = [f"GPU tier budget {format_size(self.budget)} ({self.split}): "
                  f"{format_size(self.gpu_bytes)} planned"]
         for name, n in self.charges().items():
-            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}  "
-                         f"{self._where(name, n)}")
+            where = "" if self.layer_modes else "  " + self._where(name, n)
+            lines.append(f"  {name:<11} {format_size(n) if n else '-':>10}{where}")
+        if self.layer_modes:
+            from .layer_plan import layer_lines
+
+            lines += layer_lines(self)
         fractions = [self.placement.hot_fraction(i) for i in range(self.placement.n_layers)]
         per_layer = (f"{fractions[0]:.0%} in every layer" if len(set(fractions)) <= 1 else
                      "per layer " + " ".join(f"{f:.0%}" for f in fractions))
@@ -237,6 +184,8 @@ class MemoryPlan:
                               for kind, c in self.format_counts().items())
             lines.append(f"  hot rows held as {kinds} (layers); "
                          f"{self.hot_parameters / 1e9:.2f}B FFN parameters on the tier")
+        if host_ffn is not None and not host_ffn[0] and self.layer_modes:
+            host_ffn = None  # a whole-model plan splits no layer: no cold rows to tell of
         if host_ffn is not None and host_ffn[1] == "file":
             lines.append(f"  cold FFN rows in host RAM: {format_size(host_ffn[0])} in the "
                          "file's blocks (cold gate/up rows copied, down as input-major "
@@ -250,7 +199,7 @@ class MemoryPlan:
 
 def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str = "auto",
                 preferred: Placement | None = None, neuron_order=None,
-                choose=None) -> MemoryPlan:
+                choose=None, speeds=None, activity=None) -> MemoryPlan:
     """Plan the GPU tier for `budget` bytes.
 
     Args:
@@ -260,6 +209,11 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
         neuron_order: per layer, neurons hottest first (from a profile) for cutting down.
         choose: (room in bytes, per-layer bytes of a hot neuron) -> Placement (a solver
             over a profile's statistics); takes precedence over `preferred` under split "auto".
+        speeds: for a whole-model plan (sizes made by `ComponentBytes.of_file_blocks`),
+            the card and host it is priced for (decode_costs.DecodeSpeeds; None:
+            layer_plan.plan_speeds(budget)).
+        activity: for a whole-model plan, per layer each neuron's firing probability, where
+            a predictor lets the host skip cold neurons (None: dense).
     """
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -272,6 +226,8 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
                           f"{format_size(space)} (working space for a "
                           f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk); raise it")
     left = budget - space
+    if sizes.model is not None:
+        return _plan_layers(cfg, budget, space, sizes, split, neuron_order, speeds, activity)
     attention = sizes.attention_movable and sizes.attention + sizes.kv_pool <= left
     if attention and sizes.host_reads is not None:
         attention = _moving_attention_pays(ffn_sizes, sizes, left, split, preferred,
@@ -300,6 +256,24 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
         raise ConfigError(f"--split gpu-only needs every FFN neuron on the GPU tier: at least "
                           f"{format_size(need)}, but --gpu-budget is {format_size(budget)}")
     if plan.gpu_bytes > budget:  # a bug, not user input: the rules above must prevent it
+        raise RuntimeError(f"memory plan over budget: {plan.gpu_bytes} > {budget}")
+    return plan
+
+
+def _plan_layers(cfg: ModelConfig, budget: int, space: int, sizes: ComponentBytes, split: str,
+                 order, speeds, activity) -> MemoryPlan:
+    """The whole-model plan: the ILP's modes and hot counts (hottest first by `order`)."""
+    from .layer_plan import forecast_entry, plan_speeds, solve_modes
+
+    speeds = speeds or plan_speeds(budget)
+    solved = solve_modes(sizes.model, budget - space, speeds, split, activity)
+    placement = Placement.from_counts((cfg.ffn_size,) * cfg.n_layers,
+                                      [o.hot for o in solved.choice], order)
+    plan = MemoryPlan(budget, split, space, any(m != "cpu" for m in solved.modes), False,
+                      solved.head_on_gpu,
+                      placement, sizes, solved.modes,
+                      forecast_entry(sizes.model, speeds, solved))
+    if plan.gpu_bytes > budget:  # a bug, not user input
         raise RuntimeError(f"memory plan over budget: {plan.gpu_bytes} > {budget}")
     return plan
 

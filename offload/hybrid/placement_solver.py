@@ -13,7 +13,7 @@ from ember.placement.layout import Placement
 from ember.placement.problem import PlacementProblem, default_group_size
 from ember.placement.solve import solve
 
-from .cost_probe import SideCosts
+from .side_costs import SideCosts
 
 DEFAULT_TIME_LIMIT_S = 5.0
 

@@ -2,7 +2,7 @@
 
 `split_ffns` plans the GPU tier and slices each FFN layer straight into its homes (hot rows
 to the GPU tier, cold rows stay in host RAM), one layer at a time, from the file's blocks
-(an engine on them, offload/body/quant_model.py) or from the float32 model's FFNs; it changes
+(an engine on them, offload/body/file_blocks_model.py) or from the float32 model's FFNs; it changes
 nothing it reads, so engines on one file stay independent.
 
 `build_hybrid` is the legacy path on the float32 `Transformer` (`--weights fp32/q8`, a GPU
@@ -28,7 +28,7 @@ from .cpu_worker import CpuWorker
 from ..body.ffn_rows import as_rows
 from .ffn import HybridFFN, Selector
 from .memory_plan import ComponentBytes, MemoryPlan, neuron_bytes, plan_memory
-from .tier_dtypes import TierChoice, dtype_name
+from .tier_dtypes import TierChoice
 
 
 
@@ -57,9 +57,13 @@ class HybridModel:
     gpu: torch.device  # the GPU tier's device (the CPU when there is no GPU)
     cold_dtype: str = "fp32"  # the cold side's rows: "fp32" or "int8" bundles, or "file"
     # Per layer, attention's weights on the tier (kernels/tier_attention.py), when the
-    # file-blocks runtime moved them there (QuantModel.use_tier_attention)
+    # file-blocks runtime moved them there (offload/body/tier_layers.py)
     attention: list | None = None
     file_bytes_released: int = 0  # mapped file pages the cold side's copies replaced
+    # Per layer "gpu", "split" or "cpu" as the file-blocks model was built (placed_model.py),
+    # and whether it runs whole there (every neuron, not through its HybridFFN)
+    layer_modes: tuple[str, ...] | None = None
+    whole_layers: tuple[bool, ...] | None = None
 
     @property
     def attention_device(self) -> torch.device:
@@ -79,7 +83,9 @@ class HybridModel:
 
     def report(self) -> dict:
         """The plan plus what the layers computed since the last reset."""
-        computed = [layer.computed_fraction() for layer in self.layers]
+        whole = self.whole_layers or (False,) * len(self.layers)
+        computed = [1.0 if w else layer.computed_fraction()
+                    for w, layer in zip(whole, self.layers)]
         known = [c for c in computed if c is not None]
         return {
             **self.plan.to_dict(),
@@ -101,6 +107,7 @@ class HybridModel:
             # The mapped file's FFN pages let go where the cold side holds the file's blocks.
             "file_bytes_released": self.file_bytes_released,
             "tier_attention_weights": attention_summary(self.attention),
+            "layer_modes": None if self.layer_modes is None else list(self.layer_modes),
         }
 
     def close(self) -> None:
@@ -125,12 +132,12 @@ def tier_summary(layers: list[HybridFFN]) -> dict:
 
 
 def attention_summary(layers: list | None) -> dict | None:
-    """What attention holds on the tier (None: nothing, it runs on the host): its type, the
-    bytes of its tensors, and per matrix (qkv, o) the conversion error from the file's
-    values (relative Frobenius, mean and max over layers)."""
+    """What attention holds on the tier (None: nothing, it runs on the host): its format
+    ("file": the file's blocks), the bytes of its tensors, and per matrix (qkv, o) the
+    conversion error from the file's values (relative Frobenius, mean and max over layers)."""
     if not layers:
         return None
-    out = {"dtype": dtype_name(layers[0].dtype), "device": str(layers[0].device),
+    out = {"format": layers[0].fmt, "layers": len(layers), "device": str(layers[0].device),
            "bytes": sum(w.nbytes() for w in layers)}
     for kind in ("qkv", "o"):
         errors = [w.error[kind] for w in layers]
@@ -172,7 +179,9 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                ungated: list[bool] | None = None, tier: TierChoice | None = None,
                attention_movable: bool = True, attention_dtype: torch.dtype | None = None,
                extras_movable: bool = True, need_attention: str | None = None,
-               host_reads=None, release_file_pages: bool = False) -> HybridModel:
+               host_reads=None, release_file_pages: bool = False,
+               attention_format: str | None = None, attention_bytes: int | None = None,
+               lm_head_bytes: int | None = None) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
     shared: `ffns` are per layer float FeedForwards or row sources (offload/body/ffn_rows.py, e.g.
     the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
@@ -186,19 +195,23 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
     `host_reads` (host_reads.HostReads): attention moves only where it pays.
     `release_file_pages`: a layer whose cold side holds the file's blocks (`--cold-dtype
     file`) lets the mapped file's pages of its FFN go once split (not for a copy in RAM).
-
-    The LM head is charged at fp32 (what a GPU tier would hold)."""
+    `attention_format`, `attention_bytes`, `lm_head_bytes`: the tier format attention and
+    the LM head move in and their exact bytes (offload/body/tier_layers.py); without them
+    the LM head is charged at fp32 (what the float32 model's GPU tier holds)."""
     if cold_dtype not in COLD_CHOICES:
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "
                           f"{', '.join(COLD_CHOICES)}")
     cold_dtype = resolve_cold_dtype(cold_dtype)
     formats = [tier_formats(tier, f) for f in ffns]
-    sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, predictors=predictor_bytes,
+    sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, lm_head=lm_head_bytes,
+                                    predictors=predictor_bytes,
                                     formats=formats,
                                     half=torch.bfloat16 if tier is None else tier.half,
                                     attention_movable=attention_movable,
                                     attention_dtype=attention_dtype,
-                                    extras_movable=extras_movable, host_reads=host_reads)
+                                    extras_movable=extras_movable, host_reads=host_reads,
+                                    attention_format=attention_format,
+                                    attention=attention_bytes)
     plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
     if need_attention and not plan.attention_on_gpu:
         _no_room_for_attention(plan, need_attention)
@@ -278,7 +291,7 @@ def profile_predictors(profile, cfg) -> LayerPredictors:
 def profile_chooser(profile, predictors: LayerPredictors | None, sparse: bool, cfg):
     """room -> Placement solved from the profile's statistics and measured costs (None when
     the profile has no costs: its own placement is then cut to the room hottest-first)."""
-    from .cost_probe import SideCosts
+    from .side_costs import SideCosts
     from .placement_solver import chooser
 
     if "costs" not in profile.meta:

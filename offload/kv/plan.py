@@ -51,7 +51,7 @@ def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
             host_budget: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
             value_bytes: int = 4) -> KVPlan:
     """Blocks per tier; `value_bytes` per K or V element (4: float32, 2: the file-blocks
-    runtime's float16, offload/quant_model.kv_dtype)."""
+    runtime's float16, offload/file_blocks_model.kv_dtype)."""
     if block_size < 1:
         raise ConfigError(f"KV block size must be at least 1, got {block_size}")
     block_bytes = 2 * block_size * cfg.n_kv_heads * cfg.head_dim * value_bytes  # K and V

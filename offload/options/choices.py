@@ -26,11 +26,15 @@ REMOVED_WEIGHTS = {"q8": "removed: the default runtime (--weights auto) reads th
 MMAP_CHOICES = ("auto", "on", "off")
 # --split under --gpu-budget: hot neurons fill the budget, none hot, or every one hot.
 SPLITS = ("auto", "cpu-only", "gpu-only")
-# Hot FFN rows on the GPU tier: "auto" picks by file type and device (offload/hybrid/tier_dtypes.py).
+# FFN rows on the GPU tier: "auto" = "file", the file's own blocks (kernels/tier_blocks.py);
+# or one re-quantized format for all (offload/hybrid/tier_dtypes.py).
+FILE = "file"
 TIER_FORMATS = ("int4", "int8", "fp16", "bf16", "fp32")
-TIER_CHOICES = ("auto",) + TIER_FORMATS
-# Attention and its KV pool under --gpu-budget.
-ATTENTION_CHOICES = ("auto", "host", "bf16", "fp16", "fp32")
+TIER_CHOICES = ("auto", FILE) + TIER_FORMATS
+# Attention, its KV pool and the LM head under --gpu-budget: "auto" on the tier in the file's
+# blocks where the plan puts them, "host", or that format on the tier.
+ATTENTION_FORMATS = (FILE, "int8", "int4", "bf16", "fp16", "fp32")
+ATTENTION_CHOICES = ("auto", "host") + ATTENTION_FORMATS
 # Host-side FFN rows of a split: "file" keeps GLU layers on the file's blocks.
 COLD_DTYPES = ("fp32", "int8", "file")
 COLD_CHOICES = ("auto",) + COLD_DTYPES

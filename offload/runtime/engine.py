@@ -16,7 +16,7 @@ from ember.models.chat_format import NON_TEXT_TOKENS, ChatFormat, ChatMessage
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
-from ..body.quant_model import runs_on_file_blocks
+from ..body.file_blocks_model import runs_on_file_blocks
 from ..decode.events import DoneEvent, Timings, TokenEvent
 from ..decode.loop import PlainStep, Step, decode_loop
 from ..decode.runner import Runner

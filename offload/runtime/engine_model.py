@@ -12,13 +12,18 @@ import torch
 from ember.models.errors import ConfigError
 from ember.models.loader import LoadedModel
 
+from ..body.file_blocks_model import FileBlocksModel, kv_dtype, runs_on_file_blocks
+from ..body.file_layers import FileLayers
 from ..body.input_sparsity import apply_input_sparsity
-from ..body.quant_model import QuantModel, kv_dtype, runs_on_file_blocks
+from ..body.protocol import BodyModel
+from ..body.tier_layers import tier_attention_bytes, tier_head_bytes
 from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictors, build_hybrid,
                             profile_chooser, profile_predictors, resolve_cold_dtype,
                             restore_dense, split_ffns)
 from ..hybrid.host_reads import HostReads
-from ..hybrid.tier_dtypes import TierChoice, attention_dtype
+from ..hybrid.placed_model import build_placed_model
+from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_dtype, attention_format,
+                                  attention_kv_dtype)
 from ..kv.plan import KVPlan
 from ..options.engine_options import EngineOptions
 from .profile_file import default_profile_path, load_profile
@@ -26,7 +31,7 @@ from .profile_file import default_profile_path, load_profile
 
 @dataclass
 class EngineModel:
-    model: object  # what the Runner drives: a QuantModel or the float32 Transformer
+    model: BodyModel  # what the Runner drives: a FileBlocksModel or the float32 Transformer
     compute: torch.device  # where attention and its KV cache run
     kv_dtype: torch.dtype  # what its KV cache holds
     weights: str  # the body's weights: "native" (the file's blocks) or "fp32"
@@ -41,33 +46,47 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
                        kv_plan: KVPlan, n_ctx: int) -> EngineModel:
     """Build the body for `options` on `device` and a context of `n_ctx` tokens; `kv_plan`
     says what the KV pool takes of a GPU tier."""
-    # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
-    # hybrid split slices its FFN rows from them too.
-    blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, device) else None
+    # The file's own blocks, read for this engine (nothing shared is rewired); a hybrid
+    # split slices its FFN rows from them too, and the model is built once over both.
+    file = FileLayers.read(loaded.source) if runs_on_file_blocks(options, device) else None
     profile, path = _find_profile(loaded, options)
     quality = None if profile is None else _profile_quality(profile)
     input_sparsity, hybrid = None, None
-    thresholded = use_input_thresholds(profile, blocks, options)
+    thresholded = use_input_thresholds(profile, file, options)
     if thresholded and options.gpu_budget is None:
         # GLU models: the profile thresholds matmul inputs rather than predicting neurons
+        blocks = FileBlocksModel(file)
         input_sparsity = _threshold_inputs(blocks, applied_thresholds(profile, options), profile)
     else:
-        hybrid = _split_ffn(loaded, options, device, kv_plan, n_ctx, profile, blocks)
+        hybrid = _split_ffn(loaded, options, device, kv_plan, n_ctx, profile, file)
         if thresholded and hybrid is not None:
             _threshold_split(hybrid, profile)
+        blocks = None if file is None else _file_blocks_model(file, hybrid, options, device)
     if blocks is not None:
-        if hybrid is not None:
-            blocks.use_ffns(hybrid.layers)
-            if hybrid.plan.attention_on_gpu:  # the plan moved attention and its KV
-                hybrid.attention = blocks.use_tier_attention(
-                    hybrid.gpu, hybrid.plan.sizes.attention_dtype)
-        head = blocks.head.stored.qtype_name.lower()
+        head = file.head.qtype_name.lower()
         return EngineModel(blocks, blocks.attention_device, blocks.kv_dtype, "native", head,
                            hybrid, input_sparsity, path, quality)
     compute = device if hybrid is None else hybrid.attention_device
     model = _float_model(loaded, compute, hybrid)
     return EngineModel(model, compute, torch.float32, "fp32", "fp32", hybrid, input_sparsity,
                        path, quality)
+
+
+def _file_blocks_model(file: FileLayers, hybrid: HybridModel | None, options: EngineOptions,
+                       device: torch.device) -> FileBlocksModel:
+    """The model over the file's layers, each run where the split's plan put it."""
+    if hybrid is None:
+        return FileBlocksModel(file)
+    fmt = _attention_format(options, device)
+    return build_placed_model(file, hybrid, fmt, TierCaps.of(device).half)
+
+
+def _attention_format(options: EngineOptions, device: torch.device) -> str | None:
+    """The tier format attention and the LM head may take (None: no tier, or
+    `--tier-attention host`)."""
+    if options.gpu_budget is None:
+        return None
+    return attention_format(options.tier_attention, device)
 
 
 def kv_value_bytes(options: EngineOptions, device: torch.device) -> int:
@@ -106,7 +125,8 @@ def _find_profile(loaded: LoadedModel, options: EngineOptions):
 
 
 def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device,
-               kv_plan: KVPlan, n_ctx: int, profile, blocks: QuantModel | None) -> HybridModel | None:
+               kv_plan: KVPlan, n_ctx: int, profile,
+               blocks: FileLayers | None) -> HybridModel | None:
     """Split FFN layers by the GPU-tier plan (None: no split): rows from the file's
     `blocks` when the engine runs on them, else from the float32 model's FFNs."""
     if options.gpu_budget is None and options.split == "auto" and profile is None:
@@ -130,22 +150,28 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
         # Layers no predictor gates compute every cold neuron: with nothing hot they run
         # on the file's blocks, with no bundles derived.
         gates = predictors.predict if sparse else [None] * len(blocks.layers)
-        # Attention and its KV move to the tier in its 16-bit type when asked (or, on a
-        # GPU, when the budget holds them and that spares the host the most reads); else
-        # they run on the blocks in host RAM. The LM head and the predictors stay on the host.
-        attention = attention_dtype(options.tier_attention, device)
+        # Attention, its KV and the LM head move to the tier in the file's blocks (or the
+        # format `--tier-attention` names) where the plan puts them: when asked, or when the
+        # budget holds them and that spares the host the most reads; else they run on the
+        # blocks in host RAM. The predictors stay on the host.
+        fmt = _attention_format(options, device)
         named = options.tier_attention not in ("auto", "host")
-        if attention is not None and not named:
+        if fmt is not None and not named:
             how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights, n_ctx)
+        half = how["tier"].half
+        moved = {} if fmt is None else dict(
+            attention_format=fmt, attention_bytes=tier_attention_bytes(blocks, fmt, half),
+            lm_head_bytes=tier_head_bytes(blocks, fmt, half))
+        how["predictor_bytes"] = 0  # the file-blocks runtime runs them on the host
         hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
                             kv_bytes, ungated=[g is None for g in gates],
-                            attention_movable=attention is not None, attention_dtype=attention,
-                            extras_movable=False,
+                            attention_movable=fmt is not None,
+                            attention_dtype=None if fmt is None else attention_kv_dtype(fmt),
                             need_attention=f"--tier-attention {options.tier_attention}"
                             if named else None,
                             # only a map's pages: a copy's would read as zeros
-                            release_file_pages=getattr(blocks._file, "mapped", False),
-                            **how)
+                            release_file_pages=getattr(blocks.weights, "mapped", False),
+                            **moved, **how)
     else:
         hybrid = build_hybrid(loaded.model, budget, device, kv_bytes, **how)
     if sparse:
@@ -160,7 +186,7 @@ def use_input_thresholds(profile, blocks, options) -> bool:
             and options.ffn_mode != "dense")
 
 
-def _threshold_inputs(blocks: QuantModel, thresholds, profile):
+def _threshold_inputs(blocks: FileBlocksModel, thresholds, profile):
     """Run `thresholds` on the host's input-major tiles."""
     runtime = apply_input_sparsity(blocks, thresholds, profile.meta.get("input_layout", "tiles"))
     # the engine's thresholds are fixed: the tiles replace the file's copies of those matmuls,

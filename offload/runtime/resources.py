@@ -27,7 +27,7 @@ from .device import resolve_device
 from .engine_model import kv_value_bytes
 from .profile_file import default_profile_path, thresholds_inputs
 from ..kv.plan import plan_kv
-from ..body.quant_model import runs_on_file_blocks
+from ..body.file_blocks_model import runs_on_file_blocks
 
 GIB = 1 << 30
 # Activations, logits, torch's own buffers and the tokenizer: well under this for the default

@@ -18,7 +18,7 @@ import torch
 
 from ember.models.errors import ConfigError
 
-from ..body.quant_model import BlockLMHead
+from ..body.file_layers import BlockLMHead
 from ..decode.runner import Runner
 from .token_tree import TokenTree
 
@@ -85,7 +85,7 @@ class ShortlistHead:
     """
 
     def __init__(self, model, size: int):
-        """`model`: the engine's model (QuantModel or the float Transformer)."""
+        """`model`: the engine's model (FileBlocksModel or the float Transformer)."""
         self.model = model
         # A head the runtime keeps in host RAM (hybrid.setup.HostLMHead) wraps the real one.
         self.head = getattr(model.head, "inner", model.head)

@@ -31,7 +31,7 @@ def make_drafter(engine, options):
 def _draft_runner(engine, path: str):
     from ember.models.loader import load_model
 
-    from ..body import quant_model
+    from ..body import file_blocks_model
     from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
     from ..kv.paged import PagedKVCache
     from ..decode.runner import Runner
@@ -42,8 +42,8 @@ def _draft_runner(engine, path: str):
         raise ConfigError(f"--draft-model {path}: no such file or folder") from None
     check_same_tokenizer(engine.tokenizer, loaded.tokenizer, path)
     device = engine.model.device
-    if device.type == "cpu" and quant_model.applies():  # the draft's own file blocks
-        model = quant_model.QuantModel(loaded.source)
+    if device.type == "cpu" and file_blocks_model.applies():  # the draft's own file blocks
+        model = file_blocks_model.FileBlocksModel.plain(loaded.source)
     else:  # the float32 model, op by op (a GPU device, or no C++ kernels)
         model = loaded.model.to(device)
     n_ctx = min(engine.n_ctx, loaded.config.context_length)

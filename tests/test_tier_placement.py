@@ -1,0 +1,272 @@
+"""Issue 30 on the CPU tier: attention, its KV pool, the LM head and FFN rows on the tier in
+the file's own blocks (and in int8 and int4), each layer placed "gpu", "split" or "cpu" by
+the plan. At three budgets (everything fits; attention, KV and head with half the FFN; them
+with no FFN rows) greedy output equals the unsplit engine's up to the first near-tie, on a
+tiny Q4_K_M llama and on the default model, and the plan charges the bytes the tensors
+take. The CUDA path (the tier decoding the file's blocks with torch ops) runs here too, by
+choosing it for the CPU in the one place that chooses (`block_kernels_on`). Speculation
+stays lossless and the KV swap round-trips through it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ember.kernels import tier_blocks
+from ember.kernels.hot_ffn import hot_ffn_bytes
+from ember.models.loader import load_model
+from ember.offload.body import file_blocks_model
+from ember.offload.body.file_layers import FileLayers
+from ember.offload.body.protocol import BodyModel
+from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
+from ember.offload.options.sampling import SamplingParams
+from ember.offload.hybrid.memory_plan import workspace_bytes
+from ember.offload.hybrid.placed_model import read_layer_modes
+from ember.offload.hybrid.setup import tier_formats
+from ember.offload.hybrid.tier_dtypes import TierChoice
+from ember.offload.kv.plan import plan_kv
+from ember.offload.runtime.engine import Engine, EngineOptions
+
+from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
+
+PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
+GREEDY = SamplingParams(temperature=0.0)
+CPU = torch.device("cpu")
+needs_kernels = pytest.mark.skipif(not file_blocks_model.applies(),
+                                   reason="C++ kernels not built on this machine")
+pytestmark = needs_kernels
+
+
+def _options(fmt: str, budget: int, n_ctx: int, device: str = "cpu", **extra) -> EngineOptions:
+    """Attention and the LM head in `fmt`, the hot FFN rows in it too (the file's blocks:
+    tier dtype auto)."""
+    return EngineOptions(device=device, n_ctx=n_ctx, threads=2, gpu_budget=budget,
+                         tier_attention=fmt, tier_dtype="auto" if fmt == "file" else fmt,
+                         **extra)
+
+
+def _budgets(loaded, fmt: str, n_ctx: int, device: torch.device = CPU) -> dict[str, int]:
+    """What attention, its KV, the LM head and the FFN take on the tier in `fmt`, from the
+    runtime's own byte counts: everything; them with half the FFN; them alone."""
+    cfg = loaded.config
+    file = FileLayers.read(loaded.source)
+    tier = TierChoice.resolve("auto" if fmt == "file" else fmt, device)
+    kv = plan_kv(cfg, n_ctx, value_bytes=2)
+    fixed = (workspace_bytes(cfg) + tier_attention_bytes(file, fmt, tier.half)
+             + kv.device_blocks * kv.block_bytes + tier_head_bytes(file, fmt, tier.half))
+    ffn = sum(hot_ffn_bytes(cfg.ffn_size, cfg.hidden_size, cfg.gated, tier_formats(tier, rows),
+                            tier.half) for rows in file.ffn_rows())
+    return {"fits": fixed + ffn, "half": fixed + ffn // 2, "none": fixed}
+
+
+def _charges_are_the_tensors(engine: Engine) -> None:
+    plan, hybrid, model = engine.hybrid.plan, engine.hybrid, engine.model
+    charges = plan.charges()
+    assert plan.attention_on_gpu and plan.lm_head_on_gpu
+    assert charges["attention"] == sum(w.nbytes() for w in hybrid.attention)
+    assert charges["attention"] == sum(t.numel() * t.element_size()
+                                       for w in hybrid.attention for t in w.tensors())
+    pool = engine.kv.device_pool
+    assert charges["kv_pool"] == pool.k.nbytes + pool.v.nbytes
+    assert pool.k.dtype == torch.float16
+    assert charges["lm_head"] == model.head.nbytes
+    for i, layer in enumerate(hybrid.layers):
+        real = 0 if layer.hot is None else sum(
+            t.numel() * t.element_size() for side in (layer.hot.gate_up, layer.hot.down)
+            for t in side.tensors.values())
+        assert real == layer.gpu_bytes() == plan.sizes.hot_bytes(i, len(layer.hot_idx))
+    assert charges["ffn_hot"] == sum(layer.gpu_bytes() for layer in hybrid.layers)
+    assert plan.gpu_bytes <= plan.budget
+
+
+def check_budgets(loaded, fmt, want, gaps, prompt, n_ctx, n, device="cpu"):
+    """At the three budgets, on `device`: charges are the tensors' bytes, the layers' modes
+    follow the room, greedy output is the reference's up to its first near-tie."""
+    budgets = _budgets(loaded, fmt, n_ctx, torch.device(device))
+    for name, budget in budgets.items():
+        engine = Engine(loaded, _options(fmt, budget, n_ctx, device))
+        try:
+            _charges_are_the_tensors(engine)
+            modes = read_layer_modes(engine.hybrid.plan).modes
+            fraction = engine.hybrid_report()["hot_fraction"]
+            if name == "fits":  # the whole model on the tier
+                assert set(modes) == {"gpu"} and fraction == 1.0
+            elif name == "half":
+                assert "split" in modes or {"gpu", "split"} >= set(modes) and 0 < fraction < 1
+            else:
+                assert fraction == 0 and all(m == "split" for m in modes)
+            held = engine.hybrid_report()["tier_attention_weights"]
+            assert held["format"] == fmt and held["layers"] == loaded.config.n_layers
+            if fmt == "file":
+                assert held["error_qkv"]["max"] == 0 and held["error_o"]["max"] == 0
+            got, _ = greedy_with_gaps(engine, prompt, n)
+            assert_agrees_until_near_tie(want, gaps, got)
+            if name == "half":
+                verified_chain_is_decode(engine, prompt)
+        finally:
+            engine.close()
+
+
+def verified_chain_is_decode(engine: Engine, prompt: list[int]) -> None:
+    """A drafted chain verified in one tree gives, row for row, the very logits decoding it
+    token by token gives (lossless speculation rests on it; tier attention is a masked SDPA,
+    not batch-invariant, so its tree rows go one at a time)."""
+    from ember.offload.speculative.token_tree import TokenTree
+
+    runner, chain = engine.runner, [60, 61, 62, 63, 64]
+    runner.prefill("chain", prompt)
+    want = [runner.decode("chain", t) for t in chain]
+    runner.reset("chain")
+    runner.prefill("chain", prompt)
+    tree = TokenTree.root(chain[0])
+    for t in chain[1:]:
+        tree.add(len(tree) - 1, t)
+    assert runner.begin_tree("chain", len(tree)) == len(tree)
+    got = runner.verify("chain", tree)
+    assert all(torch.equal(got[i], want[i]) for i in range(len(chain)))
+    runner.reset("chain")
+
+
+@pytest.mark.parametrize("fmt", ["file", "int8", "int4"])
+def test_the_tiny_q4_k_m_on_the_tier_decodes_as_unsplit_at_three_budgets(tiny_q4_k_m, fmt):
+    if fmt == "int4" and not TierChoice.resolve("auto", CPU).caps.int4:
+        pytest.skip("no int4 matmul in this PyTorch build")
+    loaded = load_model(tiny_q4_k_m[2])
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
+    want, gaps = greedy_with_gaps(dense, PROMPT, 8)
+    check_budgets(loaded, fmt, want, gaps, PROMPT, 64, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["file", "int8", "int4"])
+def test_the_default_model_on_the_tier_decodes_as_unsplit_at_three_budgets(
+        default_greedy_reference, fmt):
+    if fmt == "int4" and not TierChoice.resolve("auto", CPU).caps.int4:
+        pytest.skip("no int4 matmul in this PyTorch build")
+    loaded, ids, want, gaps = default_greedy_reference
+    check_budgets(loaded, fmt, want, gaps, ids, 256, 12)
+
+
+def test_the_cuda_path_decodes_the_files_blocks_on_the_tier(tiny_q4_k_m, monkeypatch):
+    """With the tier's torch path chosen for the CPU (what a CUDA tier runs), every layer's
+    attention runs from the file's blocks decoded on the tier, the FFN and the LM head too,
+    and greedy output still equals the unsplit engine's up to a near-tie."""
+    loaded = load_model(tiny_q4_k_m[2])
+    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
+                                  PROMPT, 8)
+    monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    for name, budget in _budgets(loaded, "file", 64).items():
+        engine = Engine(loaded, _options("file", budget, 64))
+        try:
+            assert engine.model.runs is not None and not engine.model.batch_invariant
+            assert all(run.attention is not None for run in engine.model.runs)
+            assert not engine.model.head_batch_invariant  # the tier's head
+            _charges_are_the_tensors(engine)
+            got, _ = greedy_with_gaps(engine, PROMPT, 8)
+            assert_agrees_until_near_tie(want, gaps, got)
+            verified_chain_is_decode(engine, PROMPT)
+        finally:
+            engine.close()
+
+
+def test_the_whole_model_on_a_cpu_tier_is_the_one_call_pass(tiny_q4_k_m):
+    """Everything fits: on a CPU tier the file's blocks run in the C++ pass, so the tokens
+    are the unsplit engine's exactly and tree rows still verify in one pass."""
+    loaded = load_model(tiny_q4_k_m[2])
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
+    engine = Engine(loaded, _options("file", _budgets(loaded, "file", 64)["fits"], 64))
+    try:
+        assert engine.model.runs is None and engine.model.batch_invariant
+        want = dense.generate(PROMPT, sampling=GREEDY, max_tokens=8, ignore_eos=True)
+        got = engine.generate(PROMPT, sampling=GREEDY, max_tokens=8, ignore_eos=True)
+        assert got.token_ids == want.token_ids
+    finally:
+        engine.close()
+        dense.close()
+
+
+@pytest.mark.parametrize("drafter", ["self", "lookup"])
+@pytest.mark.parametrize("torch_path", [False, True], ids=["block-kernels", "torch"])
+def test_speculation_through_the_tier_is_lossless(tiny_q4_k_m, drafter, torch_path,
+                                                 monkeypatch):
+    if torch_path:
+        monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    loaded = load_model(tiny_q4_k_m[2])
+    budget = _budgets(loaded, "file", 64)["half"]
+    prompt = PROMPT + PROMPT[1:]  # repeats: the lookup drafter finds drafts
+    plain = Engine(loaded, _options("file", budget, 64))
+    spec = Engine(loaded, _options("file", budget, 64, speculate=drafter))
+    try:
+        want = plain.generate(prompt, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        got = spec.generate(prompt, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        assert got == want and spec.speculation["verifications"] > 0
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_tier_kv_blocks_swap_and_come_back_bit_for_bit(tiny_q4_k_m, monkeypatch):
+    monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    loaded = load_model(tiny_q4_k_m[2])
+    engine = Engine(loaded, _options("file", _budgets(loaded, "file", 64)["none"], 64))
+    try:
+        kv = engine.kv
+        first = greedy_with_gaps(engine, PROMPT, 4, session="a")[0]
+        seq = engine.runner.sessions["a"].seq_id
+        view = kv.view(seq)
+        before = [tuple(t.clone() for t in view.read(layer, 0, view.length))
+                  for layer in range(loaded.config.n_layers)]
+        kv.swap_out(seq)
+        greedy_with_gaps(engine, list(reversed(PROMPT)), 4, session="b")
+        kv.swap_in(seq)
+        for layer, (k, v) in enumerate(before):
+            got_k, got_v = view.read(layer, 0, view.length)
+            assert torch.equal(got_k, k) and torch.equal(got_v, v)
+        again = engine.generate(PROMPT + first, sampling=GREEDY, max_tokens=3, ignore_eos=True,
+                                session="a")
+        assert len(again.token_ids) == 3
+    finally:
+        engine.close()
+
+
+def test_the_plan_is_read_in_one_place():
+    """`read_layer_modes` reads the planner's `layer_modes` and `lm_head_on_gpu` where the
+    plan has them, else derives them from the hot counts and `attention_on_gpu`."""
+    from ember.placement.layout import Placement
+
+    placement = Placement.from_counts((8, 8, 8), [8, 3, 0])
+    derived = SimpleNamespace(placement=placement, attention_on_gpu=True, lm_head_on_gpu=True)
+    got = read_layer_modes(derived)
+    assert got.modes == ("gpu", "split", "split") and all(got.attention_on_tier)
+    host = SimpleNamespace(placement=placement, attention_on_gpu=False, lm_head_on_gpu=False)
+    assert read_layer_modes(host).modes == ("split", "split", "cpu")
+    assert not any(read_layer_modes(host).attention_on_tier)
+    planned = SimpleNamespace(placement=placement, attention_on_gpu=True, lm_head_on_gpu=False,
+                              layer_modes=("gpu", "split", "cpu"))
+    got = read_layer_modes(planned)
+    assert got.modes == ("gpu", "split", "cpu") and got.attention_on_tier == (True, True, False)
+    with pytest.raises(ValueError, match="layer modes"):
+        read_layer_modes(SimpleNamespace(placement=placement, attention_on_gpu=True,
+                                         lm_head_on_gpu=False, layer_modes=("gpu", "tier")))
+
+
+def test_both_models_satisfy_the_runners_protocol(tiny_q4_k_m):
+    loaded = load_model(tiny_q4_k_m[2])
+    blocks = file_blocks_model.FileBlocksModel.plain(loaded.source)
+    assert isinstance(blocks, BodyModel) and isinstance(loaded.model, BodyModel)
+    # built once: nothing public rewires how a built model computes
+    assert not [n for n in dir(blocks) if n.startswith("use_") and n != "use_context"]
+
+
+def test_cuda_graphs_stay_off_without_cuda(monkeypatch):
+    """EMBER_CUDA_GRAPHS=1 on a machine or a tier without CUDA: the function itself runs."""
+    from ember.kernels import cuda_graphs
+
+    fn = lambda x: x * 2  # noqa: E731
+    monkeypatch.setenv(cuda_graphs.ENV, "1")
+    assert cuda_graphs.graphed(fn, CPU) is fn
+    monkeypatch.delenv(cuda_graphs.ENV)
+    assert not cuda_graphs.available()
+    assert cuda_graphs.graphed(fn, torch.device("cuda")) is fn
