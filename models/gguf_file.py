@@ -4,7 +4,8 @@ Every field is checked against the file before it is used, because model files c
 internet: counts and string lengths must fit in the bytes that remain, tensor extents must lie
 inside the data section without overlapping, shapes must agree with the quant block size.
 Nothing is allocated in proportion to a count read from the file until that count has been
-checked against the file size.
+checked against the file size. A model split into parts (gguf_split.py) is opened by its first
+part and reads as one file: the tensors of every part, the first part's metadata.
 
 The `gguf` package supplies the format's constants (value types, quant block sizes) and the
 writer Ember uses for its tiny test models. Its `GGUFReader` is not used for loading: it takes
@@ -14,7 +15,7 @@ writer Ember uses for its tiny test models. Its `GGUFReader` is not used for loa
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import ModelFormatError, UnsupportedModelError
 from .fields import typed
+from .gguf_split import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, first_part_name, part_paths
 from .ram_copy import read_into_ram
 
 GGUF_MAGIC = b"GGUF"
@@ -72,8 +74,9 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     qtype: int
-    offset: int  # absolute byte offset in the file
+    offset: int  # absolute byte offset in the file (in its part, for a split model)
     nbytes: int
+    part: int = 0  # which part of a split model holds it (`GGUFFile.parts`)
 
     @property
     def qtype_name(self) -> str:
@@ -178,7 +181,9 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, what: str, depth: int = 0) -
 class GGUFFile:
     """An open, validated GGUF file. Tensor data stays on disk until read (memory-mapped)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, part: int = 0, count: int = 1):
+        """`path`: the file, or a split model's first part. `part` (0-based) and `count` are
+        set only when the first part opens the others."""
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFormatError(self.path, "no such model file")
@@ -196,6 +201,11 @@ class GGUFFile:
         self.alignment = self._alignment()
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
         self.tensors = self._place_tensors(infos, size)
+        self.parts: list[GGUFFile] = [self]  # a split model's parts, in order
+        if part == 0:
+            self._join_parts()
+        else:
+            self._check_part(part, count)
 
     # -- header and metadata ------------------------------------------------------------
     def _read_header(self, cur: _Cursor) -> None:
@@ -230,6 +240,49 @@ class GGUFFile:
                 self.path, f"metadata 'general.alignment' must be a power of two, got {alignment!r}"
             )
         return alignment
+
+    # -- split models -------------------------------------------------------------------
+    def _join_parts(self) -> None:
+        """Open the other parts of a split model and take in their tensors."""
+        count = self.field(SPLIT_COUNT, int, 1)
+        if count <= 1:
+            return
+        no = self.field(SPLIT_NO, int, 0)
+        if no != 0:
+            first = first_part_name(self.path) or "the one with split.no 0"
+            raise ModelFormatError(self.path, f"part {no + 1} of {count} of a split model: "
+                                              f"open its first part ({first})")
+        paths = part_paths(self.path, count)
+        if paths is None:
+            raise ModelFormatError(
+                self.path, f"split into {count} parts, but the name does not end in "
+                           f"-00001-of-{count:05d}.gguf, so the other parts cannot be found")
+        for i, path in enumerate(paths[1:], start=1):
+            if not path.is_file():
+                raise ModelFormatError(self.path, f"part {i + 1} of {count} is missing: "
+                                                  f"{path.name} is not beside it")
+            other = GGUFFile(path, part=i, count=count)
+            self.parts.append(other)
+            for name, info in other.tensors.items():
+                if name in self.tensors:
+                    raise ModelFormatError(path, f"tensor '{name}' is also in an earlier part")
+                self.tensors[name] = replace(info, part=i)
+        said = self.field(SPLIT_TENSORS, int, len(self.tensors))
+        if said != len(self.tensors):
+            raise ModelFormatError(self.path, f"metadata '{SPLIT_TENSORS}' says {said} tensors, "
+                                              f"the {count} parts hold {len(self.tensors)}")
+
+    def _check_part(self, part: int, count: int) -> None:
+        got = (self.field(SPLIT_NO, int, None), self.field(SPLIT_COUNT, int, None))
+        if got != (part, count):
+            raise ModelFormatError(self.path, f"named as part {part + 1} of {count}, but its "
+                                              f"metadata says split.no={got[0]}, "
+                                              f"split.count={got[1]}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the file, or of all parts of a split model."""
+        return sum(p.path.stat().st_size for p in self.parts)
 
     # -- tensors ------------------------------------------------------------------------
     def _read_tensor_directory(self, cur: _Cursor) -> list[tuple[str, tuple[int, ...], int, int]]:
@@ -305,16 +358,21 @@ class GGUFFile:
     def read_into_ram(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Hold the file's bytes in RAM on huge pages instead of the map (see ram_copy.py).
         Views taken by `raw` before this keep reading the map; take them after."""
-        size = self.path.stat().st_size
-        if size != len(self._map):
-            raise ModelFormatError(self.path, "the file changed size while open")
-        self._map = read_into_ram(self.path, size, progress)
+        total, before = self.nbytes, 0
+        for part in self.parts:
+            size = part.path.stat().st_size
+            if size != len(part._map):
+                raise ModelFormatError(part.path, "the file changed size while open")
+            report = None if progress is None else (
+                lambda done, _size, before=before: progress(before + done, total))
+            part._map = read_into_ram(part.path, size, report)
+            before += size
         self.in_ram = True
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a 1-D uint8 view of the map (or of the RAM copy): no copy."""
         info = self.tensors[name]
-        return self._map[info.offset : info.offset + info.nbytes]
+        return self.parts[info.part]._map[info.offset : info.offset + info.nbytes]
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)

@@ -155,7 +155,7 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
 def _with_weights_in_ram(source: ModelSource, f: GGUFFile, report) -> ModelSource:
     """`source` with its weights read from a RAM copy of `f`, the file it was opened from
     (the views onto the map are dropped with the old store)."""
-    mib = f.path.stat().st_size >> 20
+    mib = f.nbytes >> 20
     f.read_into_ram(lambda done, size: report(
         OPEN_SHARE * done / max(size, 1), f"reading weights into RAM ({done >> 20} of {mib} MiB)"))
     weights = unfused(family_for_gguf(f.architecture, f.path), WeightStore.from_gguf(f),
@@ -168,12 +168,19 @@ def _open_gguf(f: GGUFFile) -> ModelSource:
     family = family_for_gguf(f.architecture, path)
     spec = vocab_spec_from_gguf(f)
     config = _checked_config(path, lambda: family.config_from_gguf(f, vocab_size=len(spec.tokens)))
-    fingerprint = file_fingerprint(path)
+    fingerprint = _gguf_fingerprint(f)
     tokenizer = Tokenizer.from_vocab(spec, cache_path=tokenizer_cache_path(fingerprint), source=path)
     template = f.field("tokenizer.chat_template", str, None)
     weights = unfused(family, WeightStore.from_gguf(f), config)
     return ModelSource(path, "gguf", config, weights, tokenizer, template, fingerprint,
                        _file_stop_ids(f, len(spec.tokens)))
+
+
+def _gguf_fingerprint(f: GGUFFile) -> str:
+    """`file_fingerprint` of the file; of a split model, a hash over its parts' own."""
+    if len(f.parts) == 1:
+        return file_fingerprint(f.path)
+    return hashlib.sha256("".join(file_fingerprint(p.path) for p in f.parts).encode()).hexdigest()
 
 
 def _file_stop_ids(f: GGUFFile, n_tokens: int) -> tuple[int, ...]:

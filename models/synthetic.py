@@ -184,11 +184,13 @@ def confident_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor],
 
 def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tensor],
                qtype: int | Callable[[str], int] = 0, vocab=None,
-               chat_template: str | None = None) -> Path:
+               chat_template: str | None = None, split_tensors: int = 0) -> Path:
     """Write a GGUF file the way llama.cpp's converter lays it out. qtype 0 is F32.
 
     `vocab`: a byte-level BPE vocabulary (tests/synthetic_vocab.py's ByteLevelVocab,
     cfg.vocab_size its length) instead of the tiny SentencePiece one; `chat_template`: tokenizer.chat_template.
+    `split_tensors` > 0 splits the file into parts of at most that many tensors, named as
+    llama.cpp's gguf-split names them; the path returned is then the first part's.
 
     2-D matrices are stored as `qtype`, or as `qtype(name)` for a mix such as Q4_K_M's
     (norms stay F32); LLaMA q/k rows are permuted so RoPE rotates adjacent pairs, as in
@@ -200,7 +202,7 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
 
     path = Path(path)
     arch = cfg.architecture
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_tensors)
     writer.add_name(cfg.name)
     a = arch + "."
     writer.add_uint32(a + "context_length", cfg.context_length)
@@ -249,7 +251,7 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return writer.format_shard_names(path)[0]
 
 
 def _rope_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:

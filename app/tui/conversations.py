@@ -1,8 +1,9 @@
 """The App's conversation management: open, new, rename, delete, search and switch.
 
 `Conversations` is a mixin for `ChatApp` (app.py), which provides what it uses: `store` (a
-ChatStore), `conversation` (the one open), `default_system_prompt`, `busy` (a reply is pending)
-and the App's own `query_one`, `notify` and `push_screen`. Its message handlers use Textual's
+ChatStore), `conversation` (the one open), `default_system_prompt`, `busy` (a reply is pending),
+`port` and `switch_model` (a conversation opened returns to the model it last ran on) and the
+App's own `query_one`, `notify` and `push_screen`. Its message handlers use Textual's
 naming convention (`on_<widget>_<message>`), which, unlike `@on`, also works in a mixin.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from textual.widgets import Input, ListView
 
 from .screens.dialogs import Confirm, TextPrompt
-from .store import Conversation
+from .store import ChatStore, Conversation
 from .widgets.message_list import MessageList
 from .widgets.prompt_input import PromptInput
 from .widgets.sidebar import ConversationItem, ConversationList, Sidebar
@@ -22,16 +23,7 @@ CURRENT_KEY = "current_conversation"
 
 class Conversations:
     def _initial_conversation(self) -> Conversation:
-        """The conversation open when the app last closed, else the latest, else a new one."""
-        saved = self.store.get_state(CURRENT_KEY)
-        if saved is not None and saved.isdigit():
-            conversation = self.store.conversation(int(saved))
-            if conversation is not None:
-                return conversation
-        existing = self.store.list_conversations()
-        if existing:
-            return existing[0]
-        return self.store.create_conversation(self.default_system_prompt)
+        return initial_conversation(self.store, self.default_system_prompt, self.port.model)
 
     async def _open(self, conversation: Conversation) -> None:
         self.conversation = conversation
@@ -61,7 +53,10 @@ class Conversations:
                         severity="warning")
             await self._refresh_sidebar()
             return
-        await self._open(self.store.conversation(item.conversation_id))
+        conversation = self.store.conversation(item.conversation_id)
+        await self._open(conversation)
+        if conversation.model and conversation.model != self.port.model:
+            self.switch_model(conversation.model)
         self.query_one(PromptInput).focus()
 
     async def on_input_changed(self, event: Input.Changed) -> None:
@@ -72,7 +67,8 @@ class Conversations:
         if self.busy:
             self.notify("Wait for the reply, or press Esc to stop it.", severity="warning")
             return
-        await self._open(self.store.create_conversation(self.default_system_prompt))
+        await self._open(self.store.create_conversation(self.default_system_prompt,
+                                                        model=self.port.model))
         self.query_one(PromptInput).focus()
 
     def action_rename(self) -> None:
@@ -110,6 +106,21 @@ class Conversations:
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one(Sidebar)
         sidebar.display = not sidebar.display
+
+
+def initial_conversation(store: ChatStore, system_prompt: str = "",
+                         model: str = "") -> Conversation:
+    """The conversation open when the app last closed, else the latest, else a new one (with
+    `system_prompt`, on `model`)."""
+    saved = store.get_state(CURRENT_KEY)
+    if saved is not None and saved.isdigit():
+        conversation = store.conversation(int(saved))
+        if conversation is not None:
+            return conversation
+    existing = store.list_conversations()
+    if existing:
+        return existing[0]
+    return store.create_conversation(system_prompt, model=model)
 
 
 def title_from(text: str) -> str:

@@ -1,7 +1,8 @@
 """The narrow interface between the chat App and an engine.
 
-The App only ever calls `load()` once and then `stream_reply()` and `stats()`, always from one
-worker thread at a time (the Engine is not thread-safe). `load()` reports its progress through a
+The App calls `load()` once and then `stream_reply()` and `stats()`, always from one worker
+thread at a time (the Engine is not thread-safe). Switching models is a new port for the new
+model with the same options (`for_model`), loaded in turn; the old one is closed. `load()` reports its progress through a
 callback; `stream_reply` yields the engine's own events: a `TokenEvent` per text delta and one
 final `DoneEvent` with the finish reason and timings; `stats()`, once loaded and after each
 reply, says where the KV cache stands, how the FFN is split and how speculation fares.
@@ -14,7 +15,9 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
+from ember.models.catalog import DEFAULT_MODEL, catalog_model
 from ember.models.chat_format import ChatMessage
+from ember.models.resolve import resolve_model
 from ember.offload.decode.events import DoneEvent, TokenEvent
 from ember.offload.options.engine_options import EngineOptions
 
@@ -23,6 +26,7 @@ from .settings import ChatSettings
 
 class EnginePort(Protocol):
     name: str  # shown in the status bar
+    model: str  # what --model takes for it (a name or a path), remembered per conversation
 
     @property
     def n_ctx(self) -> int:
@@ -41,6 +45,13 @@ class EnginePort(Protocol):
 
         `session` names the conversation, so the engine keeps one KV cache per conversation.
         """
+
+    def for_model(self, model: str) -> "EnginePort":
+        """A port for `model` (a name or a path, as --model takes) with the same options,
+        not loaded yet."""
+
+    def close(self) -> None:
+        """Let go of the engine (its threads, its memory) once the App is done with it."""
 
     def stats(self) -> dict:
         """The engine's state: {} before `load()`, else a dict with
@@ -62,10 +73,11 @@ class EnginePort(Protocol):
 class EngineBackend:
     """The real engine behind the port: loads lazily, so the UI is up before torch is."""
 
-    def __init__(self, model_path: str | Path | None = None,
+    def __init__(self, model: str | Path | None = None,
                  options: EngineOptions = EngineOptions()):
-        self.name = Path(model_path).name if model_path else "Gemma 3 270M (default)"
-        self._model_path = model_path
+        """`model`: a path or a name, as --model takes it (None: the default model)."""
+        self.model = str(model) if model else DEFAULT_MODEL
+        self.name = display_name(self.model)
         self.options = options
         self._engine = None
         self._chat_format: str | None = None  # the format of the latest reply's prompt
@@ -78,7 +90,15 @@ class EngineBackend:
     def load(self, progress: Callable[[float, str], None] | None = None) -> None:
         from ember.offload.runtime.engine import Engine
 
-        self._engine = Engine.load(self._model_path, self.options, progress=progress)
+        self._engine = Engine.load(resolve_model(self.model), self.options, progress=progress)
+
+    def for_model(self, model: str) -> "EngineBackend":
+        return EngineBackend(model, self.options)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def stats(self) -> dict:
         engine = self._engine
@@ -101,3 +121,12 @@ class EngineBackend:
         return self._engine.stream(prompt_ids, sampling=settings.sampling(),
                                    max_tokens=settings.max_tokens, cancel=cancel,
                                    session=session)
+
+
+def display_name(model: str) -> str:
+    """How the status bar names `model`: a catalog model by its title, a file by its name,
+    a store's model by the name `ember models` lists."""
+    entry = catalog_model(model)
+    if entry is not None:
+        return entry.title
+    return Path(model).name if Path(model).expanduser().exists() else model

@@ -20,7 +20,7 @@ from pathlib import Path
 from .settings import ChatSettings
 
 DEFAULT_TITLE = "New chat"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: conversations.model
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS conversations (
     title         TEXT NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
     settings      TEXT NOT NULL DEFAULT '{}',  -- ChatSettings as JSON
+    model         TEXT NOT NULL DEFAULT '',    -- the --model name it last ran on; '' none yet
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL
 );
@@ -44,6 +45,13 @@ CREATE TABLE IF NOT EXISTS app_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)
 """
 
 
+_CONVERSATION = "id, title, system_prompt, settings, model"  # the columns of a Conversation
+
+
+def _conversation(row) -> Conversation:
+    return Conversation(row[0], row[1], row[2], ChatSettings.from_json(row[3]), row[4])
+
+
 def default_db_path() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "ember" / "chat.db"
@@ -55,6 +63,8 @@ class Conversation:
     title: str
     system_prompt: str
     settings: ChatSettings
+    model: str = ""  # the model it last ran on, as --model names it; "" before any
+
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,9 @@ class ChatStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
+        if "model" not in columns:  # a version 1 file: conversations remembered no model
+            self._db.execute("ALTER TABLE conversations ADD COLUMN model TEXT NOT NULL DEFAULT ''")
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -85,28 +98,28 @@ class ChatStore:
 
     # -- conversations ------------------------------------------------------------------
     def create_conversation(self, system_prompt: str = "",
-                            settings: ChatSettings = ChatSettings()) -> Conversation:
+                            settings: ChatSettings = ChatSettings(),
+                            model: str = "") -> Conversation:
         now = time.time()
         cur = self._db.execute(
-            "INSERT INTO conversations (title, system_prompt, settings, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?)", (DEFAULT_TITLE, system_prompt, settings.to_json(), now, now))
-        return Conversation(cur.lastrowid, DEFAULT_TITLE, system_prompt, settings)
+            "INSERT INTO conversations (title, system_prompt, settings, model, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (DEFAULT_TITLE, system_prompt, settings.to_json(), model, now, now))
+        return Conversation(cur.lastrowid, DEFAULT_TITLE, system_prompt, settings, model)
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self._db.execute(
-            "SELECT id, title, system_prompt, settings FROM conversations WHERE id = ?",
+            f"SELECT {_CONVERSATION} FROM conversations WHERE id = ?",
             (conversation_id,)).fetchone()
-        if row is None:
-            return None
-        return Conversation(row[0], row[1], row[2], ChatSettings.from_json(row[3]))
+        return None if row is None else _conversation(row)
 
     def list_conversations(self, search: str = "") -> list[Conversation]:
         """Most recently used first; `search` keeps titles containing it (any case)."""
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._db.execute(
-            "SELECT id, title, system_prompt, settings FROM conversations"
+            f"SELECT {_CONVERSATION} FROM conversations"
             " WHERE title LIKE ? ESCAPE '\\' ORDER BY updated_at DESC, id DESC", (pattern,))
-        return [Conversation(r[0], r[1], r[2], ChatSettings.from_json(r[3])) for r in rows]
+        return [_conversation(r) for r in rows]
 
     def rename(self, conversation_id: int, title: str) -> None:
         self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
@@ -115,6 +128,11 @@ class ChatStore:
                         settings: ChatSettings) -> None:
         self._db.execute("UPDATE conversations SET system_prompt = ?, settings = ? WHERE id = ?",
                          (system_prompt, settings.to_json(), conversation_id))
+
+    def set_model(self, conversation_id: int, model: str) -> None:
+        """Remember that the conversation now runs on `model` (as --model names it)."""
+        self._db.execute("UPDATE conversations SET model = ? WHERE id = ?",
+                         (model, conversation_id))
 
     def delete_conversation(self, conversation_id: int) -> None:
         self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))

@@ -22,6 +22,7 @@ KEYS = [
     ("Ctrl+B", "show or hide the sidebar"),
     ("Ctrl+S", "settings: system prompt and sampling for this conversation"),
     ("F3", "placement: each FFN layer's hot (GPU tier) and cold (host) neurons"),
+    ("F4", "models: switch to another model on this machine (the conversation remembers it)"),
     ("Tab, Shift+Tab", "move between sidebar, messages and input"),
     ("F1", "this help"),
     ("Ctrl+Q", "quit"),
