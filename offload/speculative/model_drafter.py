@@ -1,0 +1,140 @@
+"""Drafting with a separate small model that shares the target's tokenizer.
+
+The draft model runs in its own runner and KV cache (session `DRAFT`), which keeps pace with
+the target's tokens: its prompt is prefilled with the target's (`start`), the nodes of each
+draft that the target accepts keep their K/V (committed, not recomputed), and whatever it
+lacks (the target's own token after each verification, or the tokens of plain steps) is
+computed in one pass at the next draft, timed apart as catch-up (`catchup_s`) so the tree
+sizer never books it as the cost of a drafted level.
+
+Each level of the draft tree is one pass of the draft model over that level's nodes (a
+tree-masked batch, as verification does for the target), scored by a shortlist head: the
+0.5B Qwen's output layer is 28% of its bytes, and a head over the ~32k lowest ids (BPE merge
+order: the common pieces), the context's tokens and the stop tokens reads a fifth of that.
+The target verifies every node, so the draft's head only changes how much is accepted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ember.models.errors import ConfigError
+
+from ..decode.runner import Runner
+from .drafters import DEFAULT_SHORTLIST, LookupDrafter, ShortlistHead, top_children
+from .token_tree import TokenTree
+
+DRAFT = "draft"  # the draft runner's one session
+
+
+class ModelDrafter:
+    """Draft token trees with a small model of the same tokenizer (see the module)."""
+
+    name = "model"
+
+    def __init__(self, runner: Runner, stop_ids: tuple[int, ...] = (),
+                 shortlist: int = DEFAULT_SHORTLIST):
+        self.runner = runner
+        self.head = ShortlistHead(runner.model, shortlist, always=stop_ids)
+        self.catchup_s = 0.0  # the latest draft's catch-up seconds (not a level's cost)
+        self._tree: TokenTree | None = None  # the latest draft: its nodes' K/V are reserved
+        self._added = 0  # history tokens the shortlist has seen
+
+    def extra_nodes(self) -> int:
+        return 0
+
+    def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
+        """Prefill the prompt into the draft cache (with the target's: time to first token)."""
+        self._drop_tree()
+        self.runner.sync(DRAFT, list(prompt_ids))
+        self.head.add(prompt_ids)
+        self._added = len(prompt_ids)
+
+    def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
+        t0 = time.perf_counter()
+        self._catch_up(history[:-1])
+        self.catchup_s = time.perf_counter() - t0
+        self.head.add(history[self._added:])
+        self._added = len(history)
+        room = self.runner.begin_tree(DRAFT, max_nodes)
+        tree, frontier = TokenTree.root(history[-1]), [0]
+        for width in widths:
+            if not frontier or len(tree) >= room:
+                break
+            self.runner.tree_hidden(DRAFT, tree)  # the new level's nodes, one pass
+            ranked = self.head.top(torch.cat([tree.hidden[i] for i in frontier]), width)
+            frontier = [c for node, tokens in zip(frontier, ranked)
+                        for c in top_children(tree, node, tokens, width, room)]
+        self._tree = tree
+        # The target's tree: the same nodes, its own hidden states still to compute.
+        return TokenTree(list(tree.tokens), list(tree.parents), list(tree.depths),
+                         [None] * len(tree))
+
+    def _catch_up(self, ids: list[int]) -> None:
+        """Make the draft cache hold `ids` (the target's history before the root): keep the
+        latest draft's nodes along what was accepted, compute the rest in one pass."""
+        tree, self._tree = self._tree, None
+        if tree is not None:
+            base = len(self.runner.tokens(DRAFT))
+            path = [0] if len(ids) > base and ids[base] == tree.tokens[0] else []
+            for token in ids[base + 1:] if path else ():
+                child = tree.children(path[-1]).get(token)
+                if child is None or tree.hidden[child] is None:  # leaves were never run
+                    break
+                path.append(child)
+            if path and tree.hidden[0] is not None:
+                self.runner.commit_path(DRAFT, tree, path)
+            else:
+                self.runner.end_tree(DRAFT)
+        self.runner.sync(DRAFT, ids)
+
+    def _drop_tree(self) -> None:
+        if self._tree is not None:
+            self.runner.end_tree(DRAFT)
+            self._tree = None
+
+
+class CombinedDrafter:
+    """Prompt lookup and a draft model in one tree: the model's tree (sized by the tree
+    sizer), with the lookup's trie (free to draft: n-gram matches in the context) merged in
+    as extra branches of up to `lookup_nodes` nodes. Code answers repeat their prompt's
+    names, signatures and docstrings, where lookup runs many tokens deep."""
+
+    name = "model+lookup"
+
+    def __init__(self, model: ModelDrafter, lookup: LookupDrafter, lookup_depth: int = 8):
+        self.model, self.lookup, self.lookup_depth = model, lookup, lookup_depth
+
+    @property
+    def catchup_s(self) -> float:
+        return self.model.catchup_s
+
+    def extra_nodes(self) -> int:
+        """Tree slots beyond the model's widths that the lookup's branch may fill."""
+        return self.lookup_depth
+
+    def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
+        self.model.start(runner, session, prompt_ids)
+
+    def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
+        tree = self.model.draft(runner, session, history, widths,
+                                max(1, max_nodes - self.lookup_depth))
+        found = self.lookup.draft(runner, session, history, (1,) * self.lookup_depth,
+                                  self.lookup_depth + 1)
+        mapped = {0: 0}
+        for i in range(1, len(found)):  # parents come before children
+            if len(tree) >= max_nodes:
+                break
+            mapped[i] = tree.add(mapped[found.parents[i]], found.tokens[i])
+        return tree
+
+
+def check_same_tokenizer(target, draft, path: str) -> None:
+    """Refuse a draft model whose vocabulary differs: its token ids would mean other text."""
+    if target.vocab_size != draft.vocab_size or any(
+            target.token_bytes(i) != draft.token_bytes(i) for i in range(target.vocab_size)):
+        raise ConfigError(f"the draft model {path} does not use the target model's tokenizer "
+                          f"({draft.vocab_size} vs {target.vocab_size} tokens, or different "
+                          "pieces); choose a draft model from the same family")
