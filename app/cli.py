@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-model", metavar="PATH", help="for the 'model' drafter")
     b.add_argument("--tree", metavar="SPEC", help="draft tree for every drafter")
     b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
-    b.add_argument("--prompts", type=int, default=2, metavar="N", help="prompts per kind")
+    b.add_argument("--prompts", type=int, metavar="N",
+                   help="prompts per kind (default: 2; all those of --prompts-file)")
     b.add_argument("--prompts-file", metavar="PATH",
                    help="chat requests instead, one JSON object a line with a \"request\" "
                         "(e.g. bench/data/humaneval10_chat.jsonl)")

@@ -315,7 +315,8 @@ def test_an_empty_lookup_draft_is_a_plain_step(tiny_models, plain):
 # -- draft models: the cache keeps pace, lookup in the same tree, auto ------------------------
 def test_draft_cache_keeps_pace_with_the_target(tiny_models, plain):
     """Drafting with the target itself (every level accepted), each draft finds the draft
-    cache at most one token behind (the leaf the last draft never ran), never a backlog."""
+    cache at most one token behind (the leaf the last draft never ran, computed with the
+    next draft's first level), never a backlog: nothing is computed apart as catch-up."""
     from ember.offload.speculative.model_drafter import DRAFT
 
     path = tiny_models["gemma3"][2]
@@ -330,7 +331,7 @@ def test_draft_cache_keeps_pace_with_the_target(tiny_models, plain):
     out = spec.generate(ids, sampling=GREEDY, max_tokens=30, ignore_eos=True).token_ids
     assert out == _greedy(plain["gemma3"], PROMPTS[0], 30)
     assert computed[0] == len(ids)  # the prompt, prefilled with the target's
-    assert len(computed) > 5 and max(computed[1:]) <= 1
+    assert sum(computed[1:]) == 0 and spec.speculation["verifications"] > 5
     held = draft_runner.tokens(DRAFT)
     assert held == (ids + out)[: len(held)] and len(held) >= len(ids) + len(out) - 8
 

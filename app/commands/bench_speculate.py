@@ -77,14 +77,14 @@ def _run(engine, ids, gen: int) -> tuple[list[int], float, float, dict | None]:
 
 
 def run(args) -> int:
-    if args.gen_tokens < 2 or args.prompts < 1 or args.runs < 1:
+    if args.gen_tokens < 2 or (args.prompts or 1) < 1 or args.runs < 1:
         raise EmberError("--gen-tokens must be >= 2, --prompts and --runs >= 1")
     if "model" in args.drafters and not args.draft_model:
         raise EmberError("the 'model' drafter needs --draft-model PATH")
     if args.prompts_file:
-        prompts = {"requests": read_requests(Path(args.prompts_file))}
+        prompts = {"requests": read_requests(Path(args.prompts_file))[: args.prompts]}
     else:
-        prompts = {k: v[: args.prompts] for k, v in PROMPTS.items()}
+        prompts = {k: v[: args.prompts or 2] for k, v in PROMPTS.items()}
     print_json(measure(args, prompts, chat=bool(args.prompts_file)))
     return 0
 

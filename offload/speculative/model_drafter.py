@@ -3,9 +3,9 @@
 The draft model runs in its own runner and KV cache (session `DRAFT`), which keeps pace with
 the target's tokens: its prompt is prefilled with the target's (`start`), the nodes of each
 draft that the target accepts keep their K/V (committed, not recomputed), and whatever it
-lacks (the target's own token after each verification, or the tokens of plain steps) is
-computed in one pass at the next draft, timed apart as catch-up (`catchup_s`) so the tree
-sizer never books it as the cost of a drafted level.
+lacks (the leaf of a fully accepted draft, the tokens of plain steps) is computed at the next
+draft: with its first level when it is a few tokens, else in a pass of its own, timed apart
+as catch-up (`catchup_s`) so the tree sizer never books it as the cost of a drafted level.
 
 Each level of the draft tree is one pass of the draft model over that level's nodes (a
 tree-masked batch, as verification does for the target), scored by a shortlist head: the
@@ -27,6 +27,10 @@ from .drafters import DEFAULT_SHORTLIST, LookupDrafter, ShortlistHead, top_child
 from .token_tree import TokenTree
 
 DRAFT = "draft"  # the draft runner's one session
+# Tokens the draft cache may lack that the next draft's first pass computes with its root
+# (the leaf of a fully accepted draft, the target's token after a plain step): more than
+# that is a catch-up pass of its own, timed apart.
+MERGED_LAG = 4
 
 
 class ModelDrafter:
@@ -54,12 +58,19 @@ class ModelDrafter:
 
     def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
         t0 = time.perf_counter()
-        self._catch_up(history[:-1])
+        lag = self._catch_up(history[:-1])
         self.catchup_s = time.perf_counter() - t0
         self.head.add(history[self._added:])
         self._added = len(history)
-        room = self.runner.begin_tree(DRAFT, max_nodes)
-        tree, frontier = TokenTree.root(history[-1]), [0]
+        # The draft's own tree: the few tokens its cache lacks as a chain, then the root, so
+        # they share the first level's pass.
+        room = self.runner.begin_tree(DRAFT, max_nodes + len(lag))
+        chain = lag + history[-1:]
+        tree = TokenTree.root(chain[0])
+        for token in chain[1:]:
+            tree.add(len(tree) - 1, token)
+        first = len(lag)  # the target's root in it
+        frontier = [first] if room > first else []  # (no room: the context is full)
         for width in widths:
             if not frontier or len(tree) >= room:
                 break
@@ -68,13 +79,16 @@ class ModelDrafter:
             frontier = [c for node, tokens in zip(frontier, ranked)
                         for c in top_children(tree, node, tokens, width, room)]
         self._tree = tree
-        # The target's tree: the same nodes, its own hidden states still to compute.
-        return TokenTree(list(tree.tokens), list(tree.parents), list(tree.depths),
-                         [None] * len(tree))
+        # The target's tree: the nodes from its root on, its own hidden states to compute.
+        n = len(tree) - first
+        return TokenTree(tree.tokens[first:], [-1] + [p - first for p in tree.parents[first + 1:]],
+                         [d - first for d in tree.depths[first:]], [None] * n)
 
-    def _catch_up(self, ids: list[int]) -> None:
-        """Make the draft cache hold `ids` (the target's history before the root): keep the
-        latest draft's nodes along what was accepted, compute the rest in one pass."""
+    def _catch_up(self, ids: list[int]) -> list[int]:
+        """Bring the draft cache up to `ids` (the target's history before the root): keep
+        the latest draft's nodes along what was accepted, then compute what is still missing
+        in one pass, unless it is at most MERGED_LAG tokens: those are returned, for the
+        first level's pass."""
         tree, self._tree = self._tree, None
         if tree is not None:
             base = len(self.runner.tokens(DRAFT))
@@ -88,7 +102,11 @@ class ModelDrafter:
                 self.runner.commit_path(DRAFT, tree, path)
             else:
                 self.runner.end_tree(DRAFT)
+        held = self.runner.tokens(DRAFT)
+        if len(held) <= len(ids) <= len(held) + MERGED_LAG and ids[:len(held)] == held:
+            return ids[len(held):]
         self.runner.sync(DRAFT, ids)
+        return []
 
     def _drop_tree(self) -> None:
         if self._tree is not None:
