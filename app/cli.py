@@ -49,9 +49,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=choices.DEVICE_CHOICES,
                    help="where to run (default: auto = CUDA if present, else CPU)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
-    p.add_argument("--ctx-size", type=int, default=choices.DEFAULT_CTX, metavar="N",
-                   help=f"context window in tokens (default: {choices.DEFAULT_CTX}, capped at "
-                        "the model's)")
+    p.add_argument("--ctx-size", type=int, metavar="N",
+                   help="context window in tokens, capped at the model's (default: the model's "
+                        "trained length, capped so its KV cache fits in free RAM; `ember info` "
+                        "says which)")
     p.add_argument("--kv-budget", metavar="SIZE",
                    help="device KV-cache pool, e.g. 256MB (default: one full context)")
     p.add_argument("--kv-host-budget", metavar="SIZE",
@@ -171,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="architecture, sizes, quant types and memory of a model")
     _model_options(p)
-    p.add_argument("--ctx-size", type=int, default=choices.DEFAULT_CTX, metavar="N",
-                   help="context used for the KV-cache estimate")
+    p.add_argument("--ctx-size", type=int, metavar="N",
+                   help="context used for the KV-cache estimate (default: what an engine would "
+                        "get: the model's trained length, capped by free RAM)")
     _split_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="info")
@@ -247,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the file's quant mix (with --shape)")
     b.add_argument("--gpu-budget", metavar="SIZE", default="24GiB",
                    help="GPU memory for both plans (with --shape; default 24GiB)")
-    b.add_argument("--ctx", type=int, default=choices.DEFAULT_CTX, metavar="N",
+    b.add_argument("--ctx", type=int, default=choices.BENCH_CTX, metavar="N",
                    help="context the KV cache is sized for (with --shape)")
     b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
     b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
@@ -264,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GGUF file (default: the embedded Gemma 3 270M)")
     b.add_argument("--against", choices=("llama.cpp",), help="also measure this engine")
     b.add_argument("--threads", type=int, default=2, metavar="N", help="CPU threads (default: 2)")
-    b.add_argument("--ctx-size", type=int, default=choices.DEFAULT_CTX, metavar="N",
-                   help=f"context window for both engines (default: {choices.DEFAULT_CTX}, "
+    b.add_argument("--ctx-size", type=int, default=choices.BENCH_CTX, metavar="N",
+                   help=f"context window for both engines (default: {choices.BENCH_CTX}, "
                         "capped at the model's)")
     b.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate")
     b.add_argument("--runs", type=int, default=3, metavar="N", help="timed runs of each command")

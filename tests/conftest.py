@@ -140,3 +140,22 @@ def _sigint_handler_restored():
 def pytest_configure(config):
     # Tests must never fetch anything: the default model ships as a package.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# Fixtures that load a real model (seconds each, and the tests using them run it): every
+# test that takes one is slow.
+SLOW_FIXTURES = {"default_model_path", "default_engine", "default_greedy_reference"}
+# Modules whose tests start processes, servers or terminals (live server load, kill -9, a
+# pty, start-up timing, the fuzz run): slow whatever model they use.
+SLOW_MODULES = {"test_serve_live", "test_serve_load", "test_tui_kill9", "test_bench_startup",
+                "test_interrupts", "test_soak", "test_fuzz", "test_tui_real_model"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`pytest -m "not slow"` is the loop to run while working (under a minute with the
+    C++ kernels built); CI runs everything. Besides tests marked slow by hand, a test is slow
+    when it takes a real model's fixture or lives in a module that starts processes."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -1,9 +1,11 @@
 """Check that the file paths and `module.name` references in backticks still exist.
 
 Read with `ast` and the file system only. A span is checked when it looks like a project
-file (`offload/kv/paged.py`, `csrc/select.cpp`, `engine.py`) or a dotted name whose first part
-is a project package, module or class (`offload.kv.paged.PagedKVCache`, `paged.PagedKVCache.fork`,
-`Engine.stream`); anything else in backticks (`torch.float16`, `ember chat`, a flag) is prose.
+file (`offload/kv/paged.py`, `csrc/select.cpp`, `engine.py`), a file and a name in it
+(`offload/kv/paged.py:PagedKVCache.fork`, `csrc/decoder_step.cpp:DecoderStep::run`, as
+ARCHITECTURE.md and docs/ cite them) or a dotted name whose first part is a project package,
+module or class (`offload.kv.paged.PagedKVCache`, `paged.PagedKVCache.fork`, `Engine.stream`);
+anything else in backticks (`torch.float16`, `ember chat`, a flag) is prose.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ PLAIN_BASES = {"object", "Protocol", "ABC", "Generic"}
 SPAN = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(.*\))?$")
 PATH = re.compile(r"^[\w.-]+(?:/[\w.-]+)*/?$")
+# `path/to/file.py:Class.method`, `file.cpp:Type::name`
+CITATION = re.compile(r"^((?:[\w-]+/)*[\w-]+\.(?:py|cpp|h)):([\w.:]+)$")
 
 
 @dataclass
@@ -174,11 +178,34 @@ def _dotted_exists(index: Index, span: str) -> bool | None:
     return False if "_" in parts[0].strip("_") else None
 
 
+def _citation_exists(index: Index, span: str) -> bool | None:
+    """True/False for `file.py:Name.member` (or `file.cpp:Type::name`): the file exists and
+    defines the name (in C++: each `::` part appears as a word); None for other spans."""
+    match = CITATION.match(span)
+    if not match:
+        return None
+    path, name = match.groups()
+    files = [f for f in index.files if f == path or f.endswith("/" + path)]
+    if not files:
+        return False
+    if not path.endswith(".py"):
+        texts = [(index.root / f).read_text() for f in files]
+        return any(all(re.search(rf"\b{re.escape(part)}\b", text) for part in name.split("::"))
+                   for text in texts)
+    modules = [index.by_path.get(_module_parts(f), set()) for f in files]
+    return _attribute_exists(index, modules, name.split("."))
+
+
+def _module_parts(file: str) -> tuple[str, ...]:
+    parts = tuple(file[:-3].split("/"))
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
 def missing(index: Index, text: str) -> list[str]:
     """The spans of `text` that name a project file or name that does not exist."""
     out = []
     for span in spans(text):
-        for check in (_path_exists, _dotted_exists):
+        for check in (_citation_exists, _path_exists, _dotted_exists):
             verdict = check(index, span)
             if verdict is False:
                 out.append(span)

@@ -1,5 +1,6 @@
 """ARCHITECTURE.md stays true: every file and `file:name` it cites exists, and the path of
-one decoded token it writes out is at most 8 calls from the chat input to the matmul kernel."""
+one decoded token it writes out is at most 8 calls from the chat input to the matmul kernel,
+each step calling the next in the code itself (read with `ast`, and from the C++ sources)."""
 
 import ast
 import pathlib
@@ -61,6 +62,80 @@ def test_the_token_path_is_written_with_names_and_is_at_most_8_calls_deep():
     assert 3 <= len(steps) <= MAX_TOKEN_PATH, f"{len(steps)} calls on the token path"
     unnamed = [s for s in steps if not any(n for _, n in _citations(s))]
     assert not unnamed, f"steps without a `file:name`: {unnamed}"
+
+
+def _path_citations(text: str) -> list[tuple[str, str]]:
+    """The token path as `(file, name)` pairs, in order: the calls the section's opening
+    paragraph names (from the chat input to the engine's stream), then the first citation of
+    each numbered step."""
+    section = re.search(r"^## The path of one token.*?$(.*?)(?=^## |\Z)", text, re.M | re.S).group(1)
+    opening = section.split("\n1. ", 1)[0]
+    path = [(f, n) for f, n in _citations(opening) if n]
+    for step in _token_path(text):
+        path.append(next((f, n) for f, n in _citations(step) if n))
+    return path
+
+
+def _python_body(path: pathlib.Path, qualified: str) -> ast.AST:
+    scope = ast.parse(path.read_text()).body
+    node = None
+    for part in qualified.split("."):
+        node = next(n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                    and n.name == part)
+        scope = node.body
+    return node
+
+
+def _python_calls(node: ast.AST) -> set[str]:
+    """Names the function calls: `f(...)`, `x.f(...)`."""
+    calls = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            calls.add(n.func.id if isinstance(n.func, ast.Name) else
+                      getattr(n.func, "attr", None))
+    return calls
+
+
+def _cpp_body(path: pathlib.Path, qualified: str) -> str:
+    """The braces-matched body of a C++ function defined as `Type::name(...) ... {`."""
+    text = path.read_text()
+    start = re.search(rf"\b{re.escape(qualified)}\s*\(", text).end()
+    depth, i = 0, text.index("{", start)
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i: j + 1]
+    raise AssertionError(f"unbalanced braces after {qualified}")
+
+
+def _reaches(path: pathlib.Path, name: str, callee: str) -> bool:
+    if path.suffix == ".py":
+        return callee in _python_calls(_python_body(path, name))
+    return re.search(rf"\b{re.escape(callee)}\s*\(", _cpp_body(path, name)) is not None
+
+
+def _is_generator_over_its_input(path: pathlib.Path, name: str) -> bool:
+    return path.suffix == ".py" and any(isinstance(n, (ast.Yield, ast.YieldFrom))
+                                        for n in ast.walk(_python_body(path, name)))
+
+
+def test_each_step_of_the_token_path_calls_the_next_in_the_code():
+    """Read from the code, not the document's list: each step's function calls the next
+    one's. A generator that only iterates what it was handed (the reply's events over the
+    decode loop's tokens) is linked through the function that made both."""
+    path = _path_citations(DOC.read_text())
+    assert len(path) >= 6, path
+    broken, maker = [], None
+    for (file, name), (_, callee_name) in zip(path, path[1:]):
+        callee = re.split(r"::|\.", callee_name)[-1]
+        here = ROOT / file
+        if _reaches(here, name, callee):
+            maker = (here, name)
+        elif maker and _is_generator_over_its_input(here, name) and _reaches(*maker, callee):
+            pass  # the maker hands this generator the callee's own generator
+        else:
+            broken.append(f"{file}:{name} does not call {callee}")
+    assert not broken, "\n".join(broken)
 
 
 def test_the_checker_catches_a_name_that_does_not_exist(tmp_path):

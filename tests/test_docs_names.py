@@ -1,10 +1,12 @@
 """The docs name only files and functions that exist: every `path/to/file.py` and
-`module.name` in backticks in README.md, DEVELOPERS.md and the code's docstrings
-(`doc_names` says which spans count as names)."""
+`module.name` in backticks in README.md, DEVELOPERS.md, ARCHITECTURE.md, every page of docs/
+and the code's docstrings (`doc_names` says which spans count as names), and every relative
+Markdown link between them points at a file."""
 
 from __future__ import annotations
 
 import pathlib
+import re
 import textwrap
 
 import pytest
@@ -12,7 +14,11 @@ import pytest
 from .doc_names import build_index, docstrings, missing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "DEVELOPERS.md")
+DOCS = ("README.md", "DEVELOPERS.md", "ARCHITECTURE.md",
+        *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")))
+README_MAX_LINES = 300  # a user's guide; internals and measurements live in docs/
+# [text](target): a Markdown link; targets with a scheme (https:) or only an #anchor are not files
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 PACKAGES = ("app", "offload", "predictors", "placement", "kernels", "models", "bench")
 
 # Dotted spans that are not Python: keys of model files and fields of JSON replies.
@@ -36,6 +42,29 @@ def index():
 def test_the_developer_docs_name_files_and_functions_that_exist(index, doc):
     gone = [span for span in missing(index, (ROOT / doc).read_text()) if span not in NOT_PYTHON]
     assert not gone, f"{doc} names what does not exist: {gone}"
+
+
+def test_docs_has_pages_and_the_readme_links_each_of_them():
+    pages = [doc for doc in DOCS if doc.startswith("docs/")]
+    readme = (ROOT / "README.md").read_text()
+    assert pages, "docs/ has no pages"
+    unlinked = [page for page in pages if f"]({page})" not in readme]
+    assert not unlinked, f"README.md does not link {unlinked}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_relative_links_point_at_files(doc):
+    path = ROOT / doc
+    targets = [t.split("#")[0] for t in LINK.findall(path.read_text())
+               if ":" not in t and not t.startswith("#")]
+    broken = [t for t in targets if not (path.parent / t).exists()]
+    assert not broken, f"{doc} links to what does not exist: {broken}"
+
+
+def test_the_readme_is_a_users_guide_of_at_most_300_lines():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines: move internals and measurements to docs/")
 
 
 def test_docstrings_name_files_and_functions_that_exist(index):
@@ -64,7 +93,7 @@ def test_the_checker_finds_names_that_are_gone(tmp_path):
             class Layer(torch.nn.Module):
                 pass
         """,
-        "pkg/csrc/select.cpp": "",
+        "pkg/csrc/select.cpp": "struct Selector { void pick(); };",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -73,10 +102,16 @@ def test_the_checker_finds_names_that_are_gone(tmp_path):
     present = ("`pkg/engine.py` `engine.py` `csrc/select.cpp` `pkg/` `engine.Engine` "
                "`engine.LIMIT` `Engine.stream` `Engine.kv` `Engine.stream()` "
                "`pkg.engine.Engine.stream` `ember.pkg.engine` `Layer.to(device)` "
+               "`pkg/engine.py:Engine.stream` `engine.py:LIMIT` `pkg/engine.py:Layer.to` "
+               "`csrc/select.cpp:Selector::pick` "
                "`torch.float16` `config.json` `ember chat`")
     assert missing(index, present) == []
     gone = ("`pkg/runner.py` `runner.py` `csrc/gone.cpp` `engine.steps` `Engine.steps` "
-            "`pkg.engine.Runner` `pkg.runner` `kv_blocks.blocks_for_budget`")
+            "`pkg.engine.Runner` `pkg.runner` `kv_blocks.blocks_for_budget` "
+            "`pkg/engine.py:Engine.steps` `pkg/engine.py:Runner` `pkg/runner.py:Runner` "
+            "`csrc/select.cpp:Selector::drop`")
     assert missing(index, gone) == ["pkg/runner.py", "runner.py", "csrc/gone.cpp", "engine.steps",
                                     "Engine.steps", "pkg.engine.Runner", "pkg.runner",
-                                    "kv_blocks.blocks_for_budget"]
+                                    "kv_blocks.blocks_for_budget", "pkg/engine.py:Engine.steps",
+                                    "pkg/engine.py:Runner", "pkg/runner.py:Runner",
+                                    "csrc/select.cpp:Selector::drop"]

@@ -109,7 +109,7 @@ def test_auto_copies_a_file_that_fits_easily_and_maps_one_that_does_not(tiny_q4_
     assert not reads_weights_into_ram(source, EngineOptions(mmap="off", weights="fp32"), CPU)
     # A split engine reads its FFNs from rows it derives: a copy of the file would hold the
     # FFN tensors for nothing, where the map never brings them in.
-    split = EngineOptions(mmap="auto", split="cpu-only", profile=None)
+    split = EngineOptions(mmap="auto", gpu_budget=1 << 20, split="cpu-only", profile=None)
     assert not reads_weights_into_ram(source, split, CPU, available=100 * size)
 
 

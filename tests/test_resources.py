@@ -98,3 +98,41 @@ def test_the_cli_prints_one_line_and_exits_2(monkeypatch, tiny_gemma_gguf, capsy
     err = capsys.readouterr().err
     assert code == 2
     assert "ember: error: the model needs" in err and "Traceback" not in err
+
+
+def test_the_default_context_is_the_trained_length_when_ram_holds_it(tiny_gemma_gguf):
+    import torch
+
+    source = open_model(tiny_gemma_gguf)
+    size = resources.context_size(source, EngineOptions(device="cpu"), torch.device("cpu"),
+                                  available=64 * GIB)
+    assert (size.tokens, size.limit) == (source.config.context_length, "model")
+    asked = resources.context_size(source, EngineOptions(device="cpu", n_ctx=64),
+                                   torch.device("cpu"), available=64 * GIB)
+    assert (asked.tokens, asked.limit) == (64, "asked")
+
+
+def test_the_default_context_is_capped_so_both_kv_pools_fit_in_the_free_ram(tiny_models):
+    """A model trained for a long context on a machine with little RAM: the largest context
+    (a multiple of 256) whose device and host pools take at most KV_RAM_SHARE of what the
+    weights leave."""
+    import dataclasses
+
+    import torch
+
+    from ember.models import synthetic
+    from ember.offload.kv.plan import plan_kv
+
+    cfg = dataclasses.replace(synthetic.tiny_config(arch="llama", activation="silu_glu"),
+                              context_length=1 << 16)
+    path = synthetic.write_gguf(tiny_models["gemma3"][2].parent / "long.gguf", cfg,
+                                synthetic.tiny_weights(cfg, seed=1))
+    source = open_model(path)
+    options, cpu = EngineOptions(device="cpu"), torch.device("cpu")
+    weights = resources._weights_held(source, options, cpu)[0]
+    one = plan_kv(source.config, 4096, value_bytes=2)
+    per_context = one.min_device_blocks * one.block_bytes  # 4096 tokens on every layer
+    available = weights + resources.RUNTIME_ALLOWANCE + int(2 * 2 * per_context / resources.KV_RAM_SHARE)
+    size = resources.context_size(source, options, cpu, available=available)
+    assert size.limit == "memory" and size.tokens == 2 * 4096
+    assert size.tokens % resources.CONTEXT_STEP == 0

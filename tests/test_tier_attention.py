@@ -300,7 +300,7 @@ def _info_plan(source, budget, tier_attention="auto"):
 
     args = argparse.Namespace(gpu_budget=budget, ctx_size=4096, split="auto", tier_dtype="auto",
                               tier_attention=tier_attention, device="cpu")
-    return _gpu_plan(source.config, args, source)
+    return _gpu_plan(source.config, args, min(4096, source.config.context_length), source)
 
 
 @pytest.mark.skipif(not SEVEN_B.is_file(), reason="no 7B-shaped file")

@@ -100,7 +100,7 @@ def test_the_7b_plan_holds_3x_the_float32_plans_ffn_parameters():
     def plan(tier):
         args = argparse.Namespace(gpu_budget="4GiB", ctx_size=4096, split="auto",
                                   tier_dtype=tier, device="cpu")
-        return _gpu_plan(source.config, args, source)
+        return _gpu_plan(source.config, args, min(4096, source.config.context_length), source)
 
     quantized, float32 = plan("auto"), plan("fp32")
     assert quantized.gpu_bytes <= 4 << 30 and float32.gpu_bytes <= 4 << 30

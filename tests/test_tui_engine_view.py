@@ -322,3 +322,22 @@ def test_backend_writes_a_conversation_in_its_settings_chat_format(tiny_gemma_gg
     assert backend.stats()["chat_format"] == "transcript"
     with pytest.raises(ConfigError, match="no chat template"):
         list(backend.stream_reply(msgs, ChatSettings(chat_format="template"), threading.Event()))
+
+
+def test_a_conversation_that_outgrows_the_context_goes_on_and_says_what_it_left_out(
+        tiny_gemma_gguf):
+    from ember.app.tui.settings import ChatSettings
+    from ember.models.chat_format import ChatMessage
+    from ember.models.loader import load_model
+    from ember.offload.runtime.engine import Engine, EngineOptions
+
+    engine = Engine(load_model(tiny_gemma_gguf),
+                    EngineOptions(device="cpu", n_ctx=128, chat_format="gemma"))
+    backend = PreloadedBackend(engine, "tiny")
+    msgs = [ChatMessage("user", "the cat sat"), ChatMessage("assistant", "on the mat")] * 12
+    msgs.append(ChatMessage("user", "and then"))
+    events = list(backend.stream_reply(msgs, ChatSettings(max_tokens=8), threading.Event()))
+    assert events[-1].token_ids  # a reply, not an error
+    dropped = backend.stats()["dropped_messages"]
+    assert dropped > 0 and dropped % 2 == 0
+    assert len(events[-1].prompt_token_ids) <= engine.n_ctx - 8

@@ -14,10 +14,13 @@ def run(args) -> int:
     from ember.models.summary import summarize
 
     source = open_model(model_path(args))
-    s = summarize(source, args.ctx_size)
+    context = _context(source, args)
+    s = summarize(source, context.tokens)
+    s["engine_context"] = {"tokens": context.tokens, "limit": context.limit,
+                           "why": context.describe()}
     s["chat_format"] = _chat_formats(source)
     s["memory"]["weights_in"] = _weights_in(source)
-    plan = _gpu_plan(source.config, args, source)
+    plan = _gpu_plan(source.config, args, context.tokens, source)
     if plan is not None:
         rows, dtype = _host_rows(source, plan)
         s["gpu_plan"] = {**plan.to_dict(), "host_ffn_bytes": rows, "host_ffn_dtype": dtype,
@@ -39,7 +42,8 @@ def run(args) -> int:
     if extras:
         print(f"  also            {extras}")
     print(f"  vocabulary      {s['vocab_size']:,}" + ("  (tied LM head)" if s["tied_embeddings"] else ""))
-    print(f"  context         {s['context_length']:,} tokens")
+    print(f"  context         {s['context_length']:,} tokens trained; an engine gets "
+          f"{context.tokens:,}: {context.describe()}")
     t = s["tokenizer"]
     print(f"  tokenizer       {t['kind']}; BOS {t['bos'] or 'none'}; a reply ends at "
           + ", ".join(t["stop_tokens"]))
@@ -139,7 +143,17 @@ def _host_rows(source, plan) -> tuple[int, str]:
     return total, "file"
 
 
-def _gpu_plan(cfg, args, source=None):
+def _context(source, args):
+    """The context an engine with these flags gets (resources.context_size)."""
+    from ember.offload.options.engine_options import EngineOptions
+    from ember.offload.runtime.device import resolve_device
+    from ember.offload.runtime.resources import context_size
+
+    options = EngineOptions(n_ctx=args.ctx_size)
+    return context_size(source, options, resolve_device(getattr(args, "device", "auto")))
+
+
+def _gpu_plan(cfg, args, n_ctx: int, source=None):
     """The GPU-tier plan `--gpu-budget` would give, or None: as the engine on the file's
     blocks makes it on a GPU (hot rows in their tier formats; attention and its KV pool in
     the tier's 16-bit type when the budget holds them, `--tier-attention`), whatever device
@@ -158,7 +172,6 @@ def _gpu_plan(cfg, args, source=None):
     tier = TierChoice.resolve(getattr(args, "tier_dtype", "auto"), device)
     choice = getattr(args, "tier_attention", "auto")
     attention = attention_dtype(choice, device, gpu=True)
-    n_ctx = min(args.ctx_size, cfg.context_length)
     # The KV pool at attention's type on the tier, else the host runtime's float16.
     kv = plan_kv(cfg, n_ctx, value_bytes=2 if attention is None else attention.itemsize)
     # auto: attention moves where it spares the host more reads than hot rows would

@@ -79,7 +79,10 @@ def usage(result: Finished) -> dict:
     prompt, completion = len(result.done.prompt_token_ids), len(result.done.token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens,
+                                      # Ember's: a conversation that outgrew the context
+                                      # (offload/runtime/context_fit.py)
+                                      "dropped_messages": result.dropped_messages}}
 
 
 def timings(result: Finished) -> dict:

@@ -74,7 +74,8 @@ class Api:
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
         job = Job(prompt_ids, req.sampling, min(req.max_tokens or self.max_tokens or room, room),
                   deliver=lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item),
-                  stop=req.stop, ignore_eos=req.ignore_eos)
+                  stop=req.stop, ignore_eos=req.ignore_eos,
+                  dropped_messages=getattr(prompt_ids, "dropped_messages", 0))
         try:
             self.worker.submit(job)
         except QueueFull as full:
@@ -133,12 +134,15 @@ class Api:
         """Prompt token ids; ApiError if they do not leave room for one generated token."""
         param = "messages" if req.kind == "chat" else "prompt"
         try:
-            if req.kind == "chat":
-                ids = self.engine.encode_chat(req.messages)
+            if req.kind == "chat":  # the oldest turns left out if it outgrew the context
+                ids = self.engine.fit_chat(req.messages, req.max_tokens or self.max_tokens
+                                           or self.engine.n_ctx)
             elif isinstance(req.prompt, str):
                 ids = self.engine.encode(req.prompt)
             else:
                 ids = list(req.prompt)
+        except PromptTooLong as exc:  # the newest message alone does not fit
+            raise ApiError(400, str(exc), param=param, code="context_length_exceeded") from None
         except EmberError as exc:  # e.g. a chat template that refuses these messages
             raise ApiError(400, str(exc), param=param) from None
         try:  # the engine's own rules (length, vocabulary), checked before any streaming

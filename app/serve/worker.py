@@ -35,6 +35,7 @@ class Job:
     deliver: Callable[[object], None]  # called on the worker thread, in order
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    dropped_messages: int = 0  # the conversation's oldest messages left out to fit the context
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -44,6 +45,7 @@ class Finished:
     done: DoneEvent
     cached_tokens: int  # prompt tokens whose KV cache was reused rather than prefilled
     queued_s: float  # time spent waiting for the engine
+    dropped_messages: int = 0  # the conversation's oldest messages left out to fit the context
 
 
 @dataclass
@@ -145,7 +147,8 @@ class EngineWorker:
                                             ignore_eos=job.ignore_eos, cancel=job.cancel,
                                             session=session):
                 if isinstance(event, DoneEvent):
-                    event = Finished(event, event.timings.cached_tokens, queued_s)
+                    event = Finished(event, event.timings.cached_tokens, queued_s,
+                                     job.dropped_messages)
                     if event.done.finish_reason == "cancelled":
                         self.stats.cancelled += 1
                     else:

@@ -51,7 +51,9 @@ class EnginePort(Protocol):
         - "speculate": the drafter asked for ("off", "self", ...), "speculation": the last
           reply's `SpecStats.to_dict()` (acceptance), None before one or when off;
         - "chat_format": how the latest reply's conversation was written for the model
-          ("transcript", ...; before one, the engine's default).
+          ("transcript", ...; before one, the engine's default);
+        - "dropped_messages": how many of the conversation's oldest messages the latest
+          reply's prompt left out to fit the context (Engine.fit_chat).
 
         Keys the engine does not have are left out.
         """
@@ -67,6 +69,7 @@ class EngineBackend:
         self.options = options
         self._engine = None
         self._chat_format: str | None = None  # the format of the latest reply's prompt
+        self._dropped = 0  # the latest reply's oldest messages left out to fit the context
 
     @property
     def n_ctx(self) -> int:
@@ -84,14 +87,17 @@ class EngineBackend:
         return {"kv": engine.kv_usage(), "lm_head": engine.lm_head,
                 "hybrid": engine.hybrid_report(), "speculate": engine.options.speculate,
                 "speculation": engine.speculation,
-                "chat_format": self._chat_format or engine.chat_format.name}
+                "chat_format": self._chat_format or engine.chat_format.name,
+                "dropped_messages": self._dropped}
 
     def stream_reply(self, messages, settings, cancel, session="default"):
         # Each turn re-encodes the whole conversation; the engine's session for it keeps the
         # KV cache of the shared prefix (swapped to host RAM while another conversation runs),
         # so only the new turn is prefilled.
-        prompt_ids = self._engine.encode_chat(messages, settings.chat_format or None)
+        prompt_ids = self._engine.fit_chat(messages, settings.max_tokens,
+                                           settings.chat_format or None)
         self._chat_format = prompt_ids.format.name
+        self._dropped = prompt_ids.dropped_messages
         return self._engine.stream(prompt_ids, sampling=settings.sampling(),
                                    max_tokens=settings.max_tokens, cancel=cancel,
                                    session=session)

@@ -6,8 +6,9 @@ the rooms that act on a choice (hybrid, speculative, kv) import the same tuples.
 
 from __future__ import annotations
 
-# Context window in tokens, capped at the model's own context length.
-DEFAULT_CTX = 4096
+# The context a benchmark gives both engines it compares, unless told otherwise (an engine's
+# own default is the model's trained length, capped by RAM: EngineOptions.n_ctx).
+BENCH_CTX = 4096
 # Tokens `ember generate` writes unless --max-tokens says otherwise; a chat reply's default is
 # longer (a conversation's answers run longer than a continuation).
 DEFAULT_MAX_TOKENS = 256

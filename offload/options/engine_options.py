@@ -15,7 +15,7 @@ from pathlib import Path
 from ember.models.chat_format import CHAT_FORMATS
 from ember.models.errors import ConfigError
 
-from .choices import (ATTENTION_CHOICES, COLD_CHOICES, DEFAULT_BLOCK_SIZE, DEFAULT_CTX,
+from .choices import (ATTENTION_CHOICES, COLD_CHOICES, DEFAULT_BLOCK_SIZE,
                       DEVICE_CHOICES, FFN_MODES, MMAP_CHOICES, REMOVED_WEIGHTS,
                       SPECULATE_CHOICES, SPLITS, TIER_CHOICES, WEIGHT_CHOICES)
 from .tree_spec import parse_tree
@@ -24,7 +24,9 @@ from .tree_spec import parse_tree
 @dataclass(frozen=True)
 class EngineOptions:
     device: str = "auto"
-    n_ctx: int = DEFAULT_CTX  # capped at the model's own context length
+    # Context in tokens, capped at the model's own length; None: the model's trained length,
+    # capped by what RAM holds (resources.context_size).
+    n_ctx: int | None = None
     threads: int | None = None
     kv_budget: int | None = None  # device KV pool in bytes; None: one full-length context
     kv_host_budget: int | None = None  # host-RAM pool for swapped-out conversations
@@ -64,7 +66,7 @@ class EngineOptions:
         _check_choice("--device", self.device, DEVICE_CHOICES)
         _check_choice("--mmap", self.mmap, MMAP_CHOICES)
         _check_choice("--chat-format", self.chat_format, CHAT_FORMATS)
-        if self.n_ctx < 1:
+        if self.n_ctx is not None and self.n_ctx < 1:
             raise ConfigError(f"--ctx-size must be at least 1, got {self.n_ctx}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {self.threads}")

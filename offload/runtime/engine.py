@@ -27,12 +27,13 @@ from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
 from ..speculative.setup import make_drafter
 from ..speculative.verify import SpecStats, SpeculativeStep, TreeSizer
 from .device import resolve_device, set_threads
+from .context_fit import fit_conversation
 from .engine_model import build_engine_model, kv_value_bytes
 from ..options.engine_options import EngineOptions
 from ..options.sampling import SamplingParams
 from .prompts import ChatPrompt, PromptEncoder
 from .replies import reply_events
-from .resources import memory_check, weights_in_ram
+from .resources import context_size, memory_check, weights_in_ram
 
 
 class Engine:
@@ -40,10 +41,12 @@ class Engine:
         set_threads(options.threads)
         self.loaded = loaded
         self.device = resolve_device(options.device)
-        n_ctx = min(options.n_ctx, loaded.config.context_length)
+        # the model's trained length unless asked otherwise, capped by what RAM holds
+        self.context = context_size(loaded.source, options, self.device)
+        n_ctx = self.context.tokens
         self.kv_plan = plan_kv(loaded.config, n_ctx, options.kv_budget, options.kv_host_budget,
                                options.kv_block_size, kv_value_bytes(options, self.device))
-        built = build_engine_model(loaded, options, self.device, self.kv_plan)
+        built = build_engine_model(loaded, options, self.device, self.kv_plan, n_ctx)
         self.kv_dtype = built.kv_dtype  # the plan's width (attention's type where it moved)
         self.model, self.weights, self.lm_head = built.model, built.weights, built.lm_head
         self.hybrid, self.input_sparsity = built.hybrid, built.input_sparsity
@@ -145,6 +148,15 @@ class Engine:
         reply at its stop strings)."""
         fmt = self.chat_format if chat_format is None else self.resolve_chat_format(chat_format)
         return self.prompts.encode_chat(messages, fmt)
+
+    def fit_chat(self, messages: list[ChatMessage], reply_tokens: int,
+                 chat_format: str | None = None) -> ChatPrompt:
+        """`encode_chat` for a conversation that may have outgrown the context: its oldest
+        exchanges are left out until the prompt and room for the reply fit (the policy and
+        its cost: offload/runtime/context_fit.py); `dropped_messages` on the result says
+        how many. PromptTooLong only if the newest message cannot fit even alone."""
+        return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format),
+                                self.n_ctx, reply_tokens)
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """The rules a prompt must meet before it runs: not empty, room left in the context

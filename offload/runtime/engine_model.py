@@ -38,9 +38,9 @@ class EngineModel:
 
 
 def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torch.device,
-                       kv_plan: KVPlan) -> EngineModel:
-    """Build the body for `options` on `device`; `kv_plan` says what the KV pool takes of a
-    GPU tier."""
+                       kv_plan: KVPlan, n_ctx: int) -> EngineModel:
+    """Build the body for `options` on `device` and a context of `n_ctx` tokens; `kv_plan`
+    says what the KV pool takes of a GPU tier."""
     # The file's own blocks, in a model this engine owns (nothing shared is rewired); a
     # hybrid split slices its FFN rows from them too.
     blocks = QuantModel(loaded.source) if runs_on_file_blocks(options, device) else None
@@ -52,7 +52,7 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
         # GLU models: the profile thresholds matmul inputs rather than predicting neurons
         input_sparsity = _threshold_inputs(blocks, applied_thresholds(profile, options), profile)
     else:
-        hybrid = _split_ffn(loaded, options, device, kv_plan, profile, blocks)
+        hybrid = _split_ffn(loaded, options, device, kv_plan, n_ctx, profile, blocks)
         if thresholded and hybrid is not None:
             _threshold_split(hybrid, profile)
     if blocks is not None:
@@ -106,7 +106,7 @@ def _find_profile(loaded: LoadedModel, options: EngineOptions):
 
 
 def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device,
-               kv_plan: KVPlan, profile, blocks: QuantModel | None) -> HybridModel | None:
+               kv_plan: KVPlan, n_ctx: int, profile, blocks: QuantModel | None) -> HybridModel | None:
     """Split FFN layers by the GPU-tier plan (None: no split): rows from the file's
     `blocks` when the engine runs on them, else from the float32 model's FFNs."""
     if options.gpu_budget is None and options.split == "auto" and profile is None:
@@ -136,7 +136,6 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
         attention = attention_dtype(options.tier_attention, device)
         named = options.tier_attention not in ("auto", "host")
         if attention is not None and not named:
-            n_ctx = min(options.n_ctx, loaded.config.context_length)
             how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights, n_ctx)
         hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
                             kv_bytes, ungated=[g is None for g in gates],

@@ -10,11 +10,14 @@ from ember.models.tokenizer import Tokenizer
 
 
 class ChatPrompt(list):
-    """Prompt token ids from `encode_chat`, with the chat format that wrote them."""
+    """Prompt token ids from `encode_chat`, with the chat format that wrote them, and how
+    many of the conversation's oldest messages were left out to fit the context
+    (`context_fit.fit_conversation`)."""
 
-    def __init__(self, ids, format: ChatFormat):
+    def __init__(self, ids, format: ChatFormat, dropped_messages: int = 0):
         super().__init__(ids)
         self.format = format
+        self.dropped_messages = dropped_messages
 
 
 class PromptEncoder:

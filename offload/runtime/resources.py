@@ -12,6 +12,7 @@ they are built.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import psutil
@@ -44,20 +45,78 @@ def memory_check(options) -> Callable[[ModelSource], None]:
     return lambda source: check_memory(source, options, resolve_device(options.device))
 
 
+@dataclass(frozen=True)
+class ContextSize:
+    """The context an engine gets, and what set it: "asked" (--ctx-size), "model" (the
+    model's trained length: the default, or less than what was asked) or "memory" (the
+    default, capped so the KV pools fit in the RAM the weights leave)."""
+
+    tokens: int
+    limit: str
+
+    def describe(self) -> str:
+        return {"asked": "as asked (--ctx-size)", "model": "the model's trained length",
+                "memory": "capped by free RAM (the model was trained for more; --ctx-size "
+                          "asks for another)"}[self.limit]
+
+
+# The default context may give the KV pools (one full context on the device, one more in
+# host RAM for idle conversations) at most this share of the RAM the weights leave free.
+KV_RAM_SHARE = 0.5
+CONTEXT_STEP = 256  # a capped default context is a multiple of this
+
+
+def context_size(source: ModelSource, options, device: torch.device,
+                 available: int | None = None) -> ContextSize:
+    """The context for the options' `n_ctx` (None: the model's trained length, capped by
+    memory)."""
+    cfg = source.config
+    if options.n_ctx is not None:
+        return ContextSize(min(options.n_ctx, cfg.context_length),
+                           "asked" if options.n_ctx <= cfg.context_length else "model")
+    free = psutil.virtual_memory().available if available is None else available
+    room = KV_RAM_SHARE * (free - _weights_held(source, options, device)[0] - RUNTIME_ALLOWANCE)
+    value_bytes = kv_value_bytes(options, device)
+
+    def fits(n: int) -> bool:
+        # Pools sized by the context are counted against the room; one given in bytes
+        # (--kv-budget, --kv-host-budget) is the user's call, but must hold one context.
+        need = plan_kv(cfg, n, None, None, options.kv_block_size, value_bytes)
+        one_context = need.min_device_blocks * need.block_bytes
+        if options.kv_budget is not None and options.kv_budget < one_context:
+            return False
+        counted = (options.kv_budget is None) + (options.kv_host_budget is None)
+        return counted * one_context <= room
+    if fits(cfg.context_length):
+        return ContextSize(cfg.context_length, "model")
+    lo, hi = 0, cfg.context_length // CONTEXT_STEP  # the most steps that fit, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * CONTEXT_STEP) else (lo, mid - 1)
+    # Too little even for one step: the smallest, which the memory check then refuses
+    # with the numbers.
+    return ContextSize(min(max(lo, 1) * CONTEXT_STEP, cfg.context_length), "memory")
+
+
+def _weights_held(source: ModelSource, options, device: torch.device) -> tuple[int, str]:
+    """Host bytes the weights take as the engine will hold them, and how they are held."""
+    memory = summarize(source, 1)["memory"]  # the weights do not depend on the context
+    if builds_float_model(source, options, device):
+        return memory["weights_fp32_bytes"], "as fp32"
+    weights, held = memory["weights_bytes"], "as stored in the file"
+    split = split_rows_bytes(source, options, device)
+    if split:
+        weights += split
+        held += f" + {split / GIB:.2f} GiB of FFN rows the hybrid split derives"
+    return weights, held
+
+
 def check_memory(source: ModelSource, options, device: torch.device) -> None:
     cfg = source.config
-    n_ctx = min(options.n_ctx, cfg.context_length)
+    n_ctx = context_size(source, options, device).tokens
     pools = plan_kv(cfg, n_ctx, options.kv_budget, options.kv_host_budget,
                     options.kv_block_size, kv_value_bytes(options, device)).to_dict()
-    memory = summarize(source, n_ctx)["memory"]
-    if builds_float_model(source, options, device):
-        weights, held = memory["weights_fp32_bytes"], "as fp32"
-    else:
-        weights, held = memory["weights_bytes"], "as stored in the file"
-        split = split_rows_bytes(source, options, device)
-        if split:
-            weights += split
-            held += f" + {split / GIB:.2f} GiB of FFN rows the hybrid split derives"
+    weights, held = _weights_held(source, options, device)
     device_kv, host_kv = pools["device_bytes"], pools["host_bytes"]
     on_gpu = device.type == "cuda"
     # The file-blocks runtime keeps its KV pool in host RAM unless attention is sent to the

@@ -66,6 +66,8 @@ class StatusBar(Horizontal):
         used = timings.prompt_tokens + timings.generated_tokens
         parts = [(10, model), (1, f"{timings.decode_tokens_per_s:.1f} tok/s"),
                  (9, f"TTFT {timings.ttft_s * 1000:.0f} ms"), (2, f"ctx {used}/{n_ctx}")]
+        if engine_stats.get("dropped_messages"):  # the conversation outgrew the context
+            parts.append((2, f"{engine_stats['dropped_messages']} oldest msgs left out"))
         parts += speculation_parts(engine_stats.get("speculation"))
         parts += hybrid_parts(engine_stats.get("hybrid"))
         kv = engine_stats.get("kv")
