@@ -116,9 +116,11 @@ class ModelDrafter:
 
 class CombinedDrafter:
     """Prompt lookup and a draft model in one tree: the model's tree (sized by the tree
-    sizer), with the lookup's trie (free to draft: n-gram matches in the context) merged in
-    as extra branches of up to `lookup_nodes` nodes. Code answers repeat their prompt's
-    names, signatures and docstrings, where lookup runs many tokens deep."""
+    sizer), extended by the lookup's continuation where the two agree. Code answers repeat
+    their prompt's names, signatures and docstrings, where lookup runs many tokens deep;
+    where the draft model's own levels disagree with the lookup, the model is the better
+    judge (each extra node costs a verified row), so the lookup's tokens are kept only past
+    the model's deepest node along a path they match, up to `lookup_depth` more nodes."""
 
     name = "model+lookup"
 
@@ -130,7 +132,7 @@ class CombinedDrafter:
         return self.model.catchup_s
 
     def extra_nodes(self) -> int:
-        """Tree slots beyond the model's widths that the lookup's branch may fill."""
+        """Tree slots beyond the model's widths that the lookup's continuation may fill."""
         return self.lookup_depth
 
     def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
@@ -139,13 +141,19 @@ class CombinedDrafter:
     def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
         tree = self.model.draft(runner, session, history, widths,
                                 max(1, max_nodes - self.lookup_depth))
-        found = self.lookup.draft(runner, session, history, (1,) * self.lookup_depth,
-                                  self.lookup_depth + 1)
-        mapped = {0: 0}
-        for i in range(1, len(found)):  # parents come before children
-            if len(tree) >= max_nodes:
-                break
-            mapped[i] = tree.add(mapped[found.parents[i]], found.tokens[i])
+        if self.lookup_depth == 0:
+            return tree
+        depth = len(widths) + self.lookup_depth
+        found = self.lookup.draft(runner, session, history, (1,) * depth, depth + 1)
+        node = 0
+        for token in found.tokens[1:]:  # one chain: the latest, longest match
+            children = tree.children(node)
+            if token in children:
+                node = children[token]
+            elif children or len(tree) >= max_nodes:
+                break  # the model drafted something else here
+            else:
+                node = tree.add(node, token)
         return tree
 
 
