@@ -425,3 +425,28 @@ def test_tree_sizer_is_not_locked_out_by_a_cost_spike():
         if levels >= 2:
             break
     assert levels >= 2
+
+
+def test_bench_speculate_runs_chat_requests_from_a_file(capsys, tiny_models, tmp_path):
+    """`ember bench speculate --prompts-file` sends each line's request as a chat message,
+    with a draft model and `auto`, and prints one JSON with every request's speedup."""
+    import json
+
+    from ember.app.cli import main
+
+    path = str(tiny_models["gemma3"][2])
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"request": t}) + "\n" for t in PROMPTS[:2]))
+    code = main(["bench", "speculate", "--model", path, "--draft-model", path, "--drafters",
+                 "model", "auto", "--prompts-file", str(requests), "--gen-tokens", "8",
+                 "--runs", "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["identical_to_plain"] and report["chat"]
+    kind = report["kinds"]["requests"]
+    assert report["prompts_per_kind"] == {"requests": 2}
+    assert report["drafters"]["model"] == "model+lookup"
+    assert len(kind["model"]["speedup_per_prompt"]) == 2
+    assert kind["auto"]["speedup_min"] <= kind["auto"]["speedup"] <= kind["auto"]["speedup_max"]
+    requests.write_text("{\"prompt\": 1}\n")
+    assert main(["bench", "speculate", "--model", path, "--prompts-file", str(requests)]) == 2
+    assert "request" in capsys.readouterr().err
