@@ -347,13 +347,22 @@ def test_lookup_branches_join_the_model_tree(tiny_models, plain):
     assert max(spec.speculation["tree_nodes_per_step"]) > 3
 
 
-def _small_same_tokenizer(tmp_path, layers: int) -> Path:
+def _small_same_tokenizer(tmp_path, layers: int, **overrides) -> Path:
     from ember.models import synthetic
 
     cfg = synthetic.tiny_config("gemma3", n_layers=layers,
-                                sliding_window=(8,) * (layers - 1) + (None,))
+                                sliding_window=(8,) * (layers - 1) + (None,), **overrides)
     return synthetic.write_gguf(tmp_path / f"gemma3-{layers}.gguf", cfg,
                                 synthetic.tiny_weights(cfg, seed=layers))
+
+
+def test_a_draft_model_with_a_shorter_context_stops_drafting_at_its_end(tiny_models, plain,
+                                                                        tmp_path):
+    short = _small_same_tokenizer(tmp_path, 1, context_length=32)
+    spec = _engine(tiny_models["gemma3"][2], speculate="model", draft_model=str(short))
+    spec.sizer.next_widths = lambda: (1, 1)
+    assert _greedy(spec, PROMPTS[0], 40) == _greedy(plain["gemma3"], PROMPTS[0], 40)
+    assert spec.drafter.model.runner.n_ctx == 32
 
 
 def test_auto_finds_a_much_smaller_model_of_the_same_tokenizer(tiny_models, tmp_path):

@@ -52,11 +52,16 @@ class ModelDrafter:
     def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
         """Prefill the prompt into the draft cache (with the target's: time to first token)."""
         self._drop_tree()
-        self.runner.sync(DRAFT, list(prompt_ids))
+        if len(prompt_ids) < self.runner.n_ctx:  # (else the draft model's context is full)
+            self.runner.sync(DRAFT, list(prompt_ids))
         self.head.add(prompt_ids)
         self._added = len(prompt_ids)
 
     def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
+        if len(history) + MERGED_LAG >= self.runner.n_ctx:  # its context (maybe shorter) is full
+            self._drop_tree()
+            self.catchup_s = 0.0
+            return TokenTree.root(history[-1])
         t0 = time.perf_counter()
         lag = self._catch_up(history[:-1])
         self.catchup_s = time.perf_counter() - t0
