@@ -459,3 +459,16 @@ def test_bench_speculate_runs_chat_requests_from_a_file(capsys, tiny_models, tmp
     requests.write_text("{\"prompt\": 1}\n")
     assert main(["bench", "speculate", "--model", path, "--prompts-file", str(requests)]) == 2
     assert "request" in capsys.readouterr().err
+
+
+def test_a_step_returns_no_more_than_the_tokens_still_wanted(tiny_models, plain):
+    """The lookup's continuation runs past the model's levels; a reply ending inside it
+    stops exactly at max_tokens, and its session holds just what was returned."""
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="model", draft_model=str(path))
+    spec.sizer.next_widths = lambda: (1,)
+    for n in (9, 13, 17):
+        ids = spec.encode(PROMPTS[0])
+        out = spec.generate(ids, sampling=GREEDY, max_tokens=n, ignore_eos=True).token_ids
+        assert out == _greedy(plain["gemma3"], PROMPTS[0], n)
+        assert spec.conversation_tokens("default") == ids + out[:-1]

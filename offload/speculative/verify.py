@@ -182,6 +182,8 @@ class SpeculativeStep:
         t1 = time.perf_counter()
         logits = self.runner.verify(self.session, tree)
         path, drawn = accept(tree, logits, self.sampler, history)
+        # A drafter's extra levels may run past the tokens still wanted: keep what is.
+        path, drawn = path[:remaining], drawn[:remaining]
         self.runner.commit_path(self.session, tree, path)
         t2 = time.perf_counter()
         catchup = self.drafter.catchup_s
@@ -190,12 +192,11 @@ class SpeculativeStep:
         self.stats.catchup_s += catchup
         self.stats.accepted.append(len(path) - 1)
         self.stats.tree_nodes.append(len(tree))
-        # The sizer sizes the levels it asked for: branches a drafter adds beyond them
-        # (lookup's, in a combined tree) count in the cost, and as accepted levels only up
-        # to that depth.
-        levels = min(max(tree.depths), len(widths))
-        if levels:
-            self.sizer.update(levels, min(len(path) - 1, levels), t2 - t0 - catchup)
+        # Levels a drafter adds past those asked for (the lookup's, in a combined tree) count
+        # as levels: their rows are in the cost, so their tokens must be in the gain, or a
+        # deep accepted lookup would read as dear levels and stop the drafting that found it.
+        if max(tree.depths):
+            self.sizer.update(max(tree.depths), len(path) - 1, t2 - t0 - catchup)
         return drawn
 
     def _draft(self, history: list[int], widths: tuple[int, ...]) -> TokenTree | None:
