@@ -21,7 +21,7 @@ from ember.models.loader import load_model
 from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity
 from ember.offload.body.quant_model import QuantModel
 from ember.offload.profile import input_calibration as ic
-from ember.offload.profile.input_allocation import KL_TOKENS, PROBES
+from ember.offload.profile.input_allocation import KL_TOKENS, PROBE_EVERY, PROBES
 from ember.predictors.passes import score
 
 LENGTH = 512
@@ -72,6 +72,8 @@ def main() -> None:
     p.add_argument("--probes", type=float, nargs="+", default=list(PROBES),
                    help="levels at which the global allocation measures each slot's KL")
     p.add_argument("--kl-tokens", type=int, default=KL_TOKENS)
+    p.add_argument("--probe-every", type=int, default=PROBE_EVERY,
+                   help="probe every N-th layer (and the last); the others are interpolated")
     p.add_argument("--budget", type=float, default=0.03,
                    help="also bisect each method's target to this held-out perplexity increase")
     args = p.parse_args()
@@ -104,7 +106,7 @@ def main() -> None:
     curves = {}
     for method in args.methods:
         plan = ic.allocator(method, model, runtime, stats, train, bos, LENGTH, log.append,
-                            tuple(sorted(args.probes)), args.kl_tokens)
+                            tuple(sorted(args.probes)), args.kl_tokens, args.probe_every)
         curves[method] = []
         for target in args.targets:
             alloc = plan(target)

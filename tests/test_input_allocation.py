@@ -11,7 +11,7 @@ from ember.models.loader import load_model
 from ember.offload.body import quant_model
 from ember.offload.body.input_sparsity import SLOTS, apply_input_sparsity, slot_weights
 from ember.offload.body.quant_model import QuantModel
-from ember.offload.profile.input_allocation import cost_curve, slot_costs
+from ember.offload.profile.input_allocation import cost_curve, probed_layers, slot_costs
 from ember.offload.profile.input_calibration import (LEVELS, SlotStats, carve, realized_means,
                                                      spread)
 
@@ -25,23 +25,25 @@ def _slot_stats(n_layers: int) -> dict:
             for i in range(n_layers) for s in SLOTS}
 
 
-def test_slot_costs_rank_by_the_kl_added_over_each_slots_floor():
+def test_slot_costs_rank_by_the_kl_added_over_each_layers_floor():
     """A slot whose every pass costs a large floor (KL with nothing dropped) but whose drops
-    add little must come out cheap: the floor is subtracted from each probe."""
+    add little must come out cheap: the layer's floor is subtracted from each probe."""
     stats = _slot_stats(2)
     floors = {0: 0.05, 1: 0.0}  # layer 0: a loud floor, as layer 0 of the default model has
     added = {0: 0.001, 1: 0.01}  # ... but its drops add 10x less than layer 1's
     calls = []
 
-    def measure(i, slot, threshold):
-        calls.append((i, slot, threshold))
-        if threshold == 0.0:
+    def measure(i, thresholds):
+        calls.append((i, dict(thresholds)))
+        if all(v == 0.0 for v in thresholds.values()):
+            assert set(thresholds) == set(SLOTS)  # the floor: the whole layer, nothing dropped
             return floors[i]
+        (slot, threshold), = thresholds.items()
         level = next(p for p in (0.25, 0.5) if stats[(i, slot)].threshold(p) == threshold)
         return floors[i] + added[i] * level
 
-    costs = slot_costs(stats, 2, measure, LEVELS, probes=(0.25, 0.5))
-    assert len(calls) == 2 * len(SLOTS) * 3  # the floor and two probes per slot
+    costs = slot_costs(stats, 2, measure, LEVELS, probes=(0.25, 0.5), every=1)
+    assert len(calls) == 2 * (1 + len(SLOTS) * 2)  # per layer the floor, two probes per slot
     for s in SLOTS:
         st = stats[(0, s)]
         expected = cost_curve(st, [(0.25, 0.00025), (0.5, 0.0005)], LEVELS)
@@ -49,9 +51,34 @@ def test_slot_costs_rank_by_the_kl_added_over_each_slots_floor():
         assert costs[(0, s)][LEVELS.index(0.5)] < costs[(1, s)][LEVELS.index(0.5)]
 
 
+def test_layers_between_probed_ones_take_their_gains_interpolated():
+    """Probing every second layer (and the last): 5 layers probe 0, 2 and 4; layer 1's gain
+    (KL added per unit of proxy error) is the mean of layers 0 and 2, applied to its own
+    proxy error curve."""
+    stats = _slot_stats(5)
+    gain = {0: 1.0, 2: 3.0, 4: 0.5}
+    probed = []
+
+    def measure(i, thresholds):
+        if all(v == 0.0 for v in thresholds.values()):
+            probed.append(i)
+            return 0.0
+        (slot, threshold), = thresholds.items()
+        return gain[i] * stats[(i, slot)].error(0.5)
+
+    assert probed_layers(5, 2) == [0, 2, 4] and probed_layers(6, 2) == [0, 2, 4, 5]
+    costs = slot_costs(stats, 5, measure, LEVELS, probes=(0.5,), every=2)
+    assert probed == [0, 2, 4]
+    for i, g in ((1, 2.0), (3, 1.75), (2, 3.0)):
+        for s in SLOTS:
+            st = stats[(i, s)]
+            assert costs[(i, s)] == pytest.approx(cost_curve(st, [(0.5, g * st.error(0.5))],
+                                                             LEVELS))
+
+
 def test_a_probe_below_its_floor_costs_nothing_rather_than_less_than_nothing():
     stats = _slot_stats(1)
-    costs = slot_costs(stats, 1, lambda i, s, thr: 0.01 if thr == 0.0 else 0.009, LEVELS,
+    costs = slot_costs(stats, 1, lambda i, th: 0.01 if len(th) == len(SLOTS) else 0.009, LEVELS,
                        probes=(0.5,))
     assert all(c == 0.0 for curve in costs.values() for c in curve)
 
@@ -94,8 +121,8 @@ def test_realized_means_count_each_matmul_once_and_by_bytes(tiny_models):
 
 @needs_native
 def test_profile_prints_its_texts_the_curve_and_both_means(capsys, tmp_path, tiny_models):
-    """The human report says what it calibrated and checked on, the curve the search walked
-    and the realized sparsity both over the 7 matmuls and by bytes."""
+    """The human report says what it calibrated and checked on, the curve the search walked,
+    the realized sparsity both over the 7 matmuls and by bytes, and each stage's time."""
     from pathlib import Path
 
     from ember.app.cli import main
@@ -110,6 +137,38 @@ def test_profile_prints_its_texts_the_curve_and_both_means(capsys, tmp_path, tin
     assert code == 0
     assert f"({calibration})" in out and f"({english})" in out
     assert "calibration tokens set aside" in out
-    curve = [line for line in out.splitlines() if line.startswith("    ") and "%: x" in line]
+    curve = [line for line in out.splitlines() if line.startswith("    ") and "%), x" in line]
     assert len(curve) == 6  # one row per bisection step
+    # and how long each stage took
+    stages = next(line for line in out.splitlines() if line.startswith("  stages"))
+    for name in ("calibration", "input statistics", "slot costs", "search", "payoff", "check"):
+        assert f"{name} " in stages
     assert "mean over the body's 7 matmuls" in out and "weighted by their bytes" in out
+
+
+@needs_native
+def test_a_probe_re_runs_from_its_layer_with_the_bits_of_the_whole_pass(tiny_models):
+    """The layer chain's dense pass is the model's bit for bit, and a probe of layer i,
+    re-run from what entered layer i, equals the whole model's pass with that one slot
+    thresholded: skipping the layers before it changes nothing but the time."""
+    from ember.offload.profile.layer_chain import LayerChain
+
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    n = len(model.layers)
+    runtime = apply_input_sparsity(model, [{} for _ in range(n)])
+    chain = LayerChain(model, runtime)
+    seg = torch.tensor([2, 40, 41, 42, 43, 44, 45])
+    cache = model.new_cache(16)
+    xs = chain.dense_inputs(seg, cache)
+    whole = model.hidden(seg, model.new_cache(16))
+    assert torch.equal(chain.final(xs[-1]), whole)
+    for layer, slot in ((1, "down"), (n - 1, "qkv")):
+        threshold = float(xs[layer].abs().median())  # drops something in any slot
+        chain.threshold(layer, slot, threshold)
+        probe = chain.hidden_from(layer, xs[layer], cache)
+        chain.threshold(layer, slot, None)
+        runtime.set_thresholds([{slot: threshold} if i == layer else {} for i in range(n)])
+        assert torch.equal(probe, model.hidden(seg, model.new_cache(16)))
+        assert not torch.equal(probe, whole)
+        runtime.set_thresholds([{} for _ in range(n)])
+    assert torch.equal(chain.hidden_from(0, xs[0], cache), whole)  # probes leave no threshold

@@ -176,6 +176,8 @@ def test_profile_then_generate_realizes_the_thresholds(capsys, tmp_path, tiny_mo
     assert code == 0, captured.err
     report = json.loads(captured.out)
     assert report["glu"]["method"] == "input thresholds" and report["predictors"] == []
+    assert set(report["stages_s"]) == {"calibration", "input statistics", "slot costs", "search",
+                                       "payoff", "check"}
     quality = report["quality"]
     assert quality["meets_quality_budget"] is True
     # the perplexity ratio comes with the sparsity realized while it was measured
@@ -236,20 +238,24 @@ def uneven_model(tmp_path_factory):
 
 @needs_native
 def test_global_allocation_beats_uniform_where_layers_differ(uneven_model):
-    from ember.offload.profile.input_allocation import dense_reference, kl_from_dense
     from ember.offload.profile.input_calibration import allocator
 
     model, n = uneven_model, len(uneven_model.layers)
     text = [(7 * t + 3) % 200 + 3 for t in range(240)]
     stats = collect_slot_stats(model, text, 2, 64)
     runtime = apply_input_sparsity(model, [{} for _ in range(n)])
-    ref = dense_reference(model, text[:120], 2, 64)
+    seg = torch.tensor([2] + text[:63])
+
+    def log_probs():  # the whole vocabulary, the model's own pass as thresholded now
+        return torch.log_softmax(model.logits(model.hidden(seg, model.new_cache(64))), -1)
+
+    dense = log_probs()
     kls = {}
     for method in ("uniform", "block", "global"):
         alloc = allocator(method, model, runtime, stats, text, 2, 64)(0.5)
         assert alloc.mean_sparsity() >= 0.5 - 1e-9
         runtime.set_thresholds(alloc.thresholds)
-        kls[method] = kl_from_dense(model, ref, 64)
+        kls[method] = float((dense.exp() * (dense - log_probs())).sum(-1).mean())
         if method == "global":  # the loud layer keeps its inputs; the quiet ones give theirs
             assert sum(alloc.levels[0].values()) < min(sum(alloc.levels[i].values())
                                                        for i in (1, 2))
@@ -453,3 +459,22 @@ def test_an_input_threshold_profile_splits_nothing(tmp_path, tiny_models):
     for path in (predictors, junk):
         options = EngineOptions(device="cpu", profile=str(path))
         assert splits_ffns(source, options) and gated_by_predictors(source, options)
+
+
+@needs_native
+def test_payoff_bounds_a_slot_by_the_bytes_its_thresholds_skip(tiny_models):
+    """The bytes bound: each layer's slot bytes times the share of its calibration sample at
+    or under its threshold, over a dense token's weight bytes (LM head included)."""
+    from ember.offload.profile.input_payoff import bytes_skipped
+
+    model = QuantModel(load_model(tiny_models["llama-silu_glu"][2]).source)
+    stats = collect_slot_stats(model, [(5 * t + 1) % 200 + 3 for t in range(120)], 2, 64)
+    n = len(model.layers)
+    thresholds = [{"down": stats[(i, "down")].threshold(0.5)} for i in range(n)]
+    thresholds[0]["o"] = stats[(0, "o")].threshold(0.25)
+    got = bytes_skipped(model, thresholds, stats)
+    total = model.weight_bytes_per_token()
+    down = sum(model.layers[i].down.nbytes for i in range(n))
+    assert set(got) == {"down", "o"}
+    assert got["down"] == pytest.approx(0.5 * down / total, rel=0.02)
+    assert got["o"] == pytest.approx(0.25 * model.layers[0].wo.nbytes / total, rel=0.05)

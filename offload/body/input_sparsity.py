@@ -78,7 +78,7 @@ class InputSparsity:
             raise ConfigError(f"the file's copy of layer {back[0][0]}'s {back[0][1]} weights was "
                               f"released (release_file_copies): that slot cannot run dense again")
         step = self.model.native_step()
-        for i, layer in enumerate(self.model.layers):
+        for i in range(len(self.model.layers)):
             for s, slot in enumerate(SLOTS):
                 key = (i, slot)
                 value = thresholds[i].get(slot) if i < len(thresholds) else None
@@ -86,13 +86,22 @@ class InputSparsity:
                     if key in self.stats:
                         step.set_input_sparse(i, s, [], [], [], -1.0, self.stats[key])
                     continue
-                if key not in self.layouts:
-                    self.layouts[key] = [isp.relayout(w) for w in slot_weights(layer, slot)]
-                    self.stats[key] = torch.zeros(2, dtype=torch.int64)
-                ims = self.layouts[key]
+                ims = self.tiles(i, slot)
+                self.stats.setdefault(key, torch.zeros(2, dtype=torch.int64))
                 step.set_input_sparse(i, s, [w.packed for w in ims], [w.qtype for w in ims],
                                       [w.shape[0] for w in ims], float(value), self.stats[key])
         self.thresholds = [dict(t) for t in thresholds]
+
+    def tiles(self, layer: int, slot: str) -> list[isp.InputMajor]:
+        """One slot's input-major tiles, derived from the file's blocks the first time asked
+        (a profile's probes read them too, through their own one-layer steps)."""
+        key = (layer, slot)
+        if key not in self.layouts:
+            _check_types(self.model, [{slot: 0.0} if i == layer else {}
+                                      for i in range(len(self.model.layers))])
+            self.layouts[key] = [isp.relayout(w) for w in slot_weights(self.model.layers[layer],
+                                                                         slot)]
+        return self.layouts[key]
 
     def reset_counters(self) -> None:
         for s in self.stats.values():

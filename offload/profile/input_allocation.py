@@ -21,11 +21,25 @@ The KL each drop adds, not the KL itself: the dense kernels round x to int8 per 
 pass is chaotic: any change upstream, even 1e-7 relative, flips roundings downstream and moves
 the last hidden state by ~3.5% (float x: 7e-5). Measured on the default model, one slot on
 the input-major kernels with threshold 0 (nothing dropped; the matmul equal to 2e-7) already
-costs 0.006-0.009 nats in layer 0 and ~0.0027 in layer 9, about what dropping half of o or
-down costs; every slot at threshold 0 together costs 0.0107 (the noise does not add up). So
-each slot's floor, its KL at threshold 0, is measured too and subtracted from its probes:
-ranked by absolute KL, every slot would look as dear as its floor and the cheap ones would be
-hidden behind it.
+costs 0.0034-0.0061 nats, about what dropping half of o or down costs; every slot of every
+layer at threshold 0 together costs 0.0107 (the noise does not add up). So each probed
+layer's floor, its KL with its four slots at threshold 0, is measured too and subtracted from
+its probes: ranked by absolute KL, every slot would look as dear as its floor and the cheap
+ones would be hidden behind it. One floor per layer, not per slot: a slot's floor and its
+probe flip different roundings, so a per-slot floor only estimates the same noise level again
+(the four single-slot floors of a layer agree within 0.0015 nats).
+
+What a probe costs (the stage was ~80% of `ember profile`'s time, ~2 min a layer on a 1.5B):
+- It re-runs only the layers from the probed one (layer_chain.py: the dense pass keeps what
+  entered each layer), half the body on average, with the same bits as a whole pass.
+- Its KL is over a shortlist of the vocabulary, the union of each position's SHORTLIST
+  likeliest dense tokens (5,177 of the default model's 262,144 on its calibration segment),
+  renormalized: the full LM head over 511 positions cost 2.3x the body on the default model.
+  It reads a few percent below the full KL (the tail it leaves out), about uniformly.
+- Each slot is probed once, at 50%. Probing only every `every`-th layer (the layers between
+  taking their neighbours' gains, interpolated in depth) is there for larger models, but on
+  the default model every second layer halved the sparsity reached (PROBE_EVERY).
+What each of these costs in the thresholds' quality is measured in docs/profiling.md.
 """
 
 from __future__ import annotations
@@ -41,65 +55,103 @@ from ember.predictors.passes import LOGIT_ROWS, segments
 from ..body.input_sparsity import MATMULS, SLOTS
 
 PROBES = (0.5,)  # sparsities at which each slot's end-to-end cost is measured (and 0: its floor)
-# Calibration tokens whose dense next-token distributions are kept: one pass segment of 512
-# (half precision, 268 MB), so that the KL a drop adds stands clear of the noise.
+# Probe every layer. Every second one (the layers between taking their neighbours' gains,
+# interpolated) halves the stage but, on the default model, also halved the sparsity reached
+# within the budget (9.1% against 19.1% realized, docs/profiling.md).
+PROBE_EVERY = 1
+# Calibration tokens whose dense next-token distributions are kept: one pass segment of 512,
+# so that the KL a drop adds stands clear of the noise.
 KL_TOKENS = 511
+# Each position's likeliest dense tokens: the KL is taken over their union (a few thousand
+# of the default model's 262k), so a probe's LM head costs that many rows, not the vocabulary.
+SHORTLIST = 64
 
 
 @dataclass
 class DenseReference:
-    """The dense model's log-probabilities over a few calibration segments (half precision:
-    511 positions x 262k vocabulary is 268 MB)."""
+    """The dense pass over a few calibration segments: what entered each layer (a probe of
+    layer i re-runs layers i.. from there: layer_chain.py) and the log-probabilities over the
+    shortlist (`rows`: the LM head's rows of every position's SHORTLIST likeliest tokens)."""
 
     segments: list[torch.Tensor]
-    logp: list[torch.Tensor]
+    inputs: list[list[torch.Tensor]]  # per segment, per layer: (T, hidden)
+    rows: object  # QTensor: the head's rows of the shortlist
+    logp: list[torch.Tensor]  # per segment: (T, shortlist) log-probabilities over it
+
+
+def _shortlist_logp(model, hidden: torch.Tensor, rows) -> torch.Tensor:
+    return torch.log_softmax(model.head.scores(hidden, rows).float(), -1)
 
 
 @torch.inference_mode()
-def _log_probs(model, seg: torch.Tensor, cache) -> torch.Tensor:
-    cache.truncate(0)
-    hidden = model.hidden(seg, cache)
-    return torch.cat([torch.log_softmax(model.logits(hidden[c: c + LOGIT_ROWS]).float(), -1)
-                      for c in range(0, hidden.shape[0], LOGIT_ROWS)])
-
-
-def dense_reference(model, ids: list[int], bos: int | None, length: int,
-                    tokens: int = KL_TOKENS) -> DenseReference:
-    """Run the first `tokens` calibration tokens densely (no thresholds must be applied)."""
+def dense_reference(chain, ids: list[int], bos: int | None, length: int,
+                    tokens: int = KL_TOKENS, shortlist: int = SHORTLIST) -> DenseReference:
+    """Run the first `tokens` calibration tokens densely through `chain` (a LayerChain)."""
+    model = chain.model
     segs = segments(ids[:tokens], length, bos)
     cache = model.new_cache(length)
-    return DenseReference(segs, [_log_probs(model, s, cache).half() for s in segs])
+    inputs, hiddens = [], []
+    for seg in segs:
+        xs = chain.dense_inputs(seg, cache)
+        inputs.append(xs[:-1])
+        hiddens.append(chain.final(xs[-1]))
+    top = [model.logits(h[c: c + LOGIT_ROWS]).topk(shortlist, dim=-1).indices.flatten()
+           for h in hiddens for c in range(0, h.shape[0], LOGIT_ROWS)]
+    rows = model.head.stored.select_rows(torch.cat(top).unique())
+    return DenseReference(segs, inputs, rows, [_shortlist_logp(model, h, rows) for h in hiddens])
 
 
-def kl_from_dense(model, ref: DenseReference, length: int) -> float:
-    """Mean KL(dense || model as now thresholded) per position, nats."""
-    cache, total, n = model.new_cache(length), 0.0, 0
-    for seg, dense in zip(ref.segments, ref.logp):
-        now = _log_probs(model, seg, cache)
-        d = dense.float()
-        total += float((d.exp() * (d - now)).sum())
-        n += d.shape[0]
+@torch.inference_mode()
+def kl_from_layer(chain, ref: DenseReference, first: int) -> float:
+    """Mean KL(dense || now) per position over the shortlist, nats, of a pass whose layers
+    first.. run as `chain`'s steps are now thresholded (the ones before ran densely)."""
+    cache = chain.model.new_cache(max(len(s) for s in ref.segments))
+    total, n = 0.0, 0
+    for xs, dense in zip(ref.inputs, ref.logp):
+        now = _shortlist_logp(chain.model, chain.hidden_from(first, xs[first], cache), ref.rows)
+        total += float((dense.exp() * (dense - now)).sum())
+        n += dense.shape[0]
     return max(0.0, total / max(1, n))
 
 
-def slot_costs(stats, n_layers: int, measure: Callable[[int, str, float], float],
+def probed_layers(n_layers: int, every: int = PROBE_EVERY) -> list[int]:
+    """The layers whose slots are probed: every `every`-th from the first, and the last."""
+    return sorted(set(range(0, n_layers, every)) | {n_layers - 1})
+
+
+def slot_costs(stats, n_layers: int, measure: Callable[[int, dict[str, float]], float],
                levels: tuple[float, ...], probes: tuple[float, ...] = PROBES,
-               log: Callable[[str], None] = lambda m: None) -> dict[tuple[int, str], list[float]]:
-    """Per (layer, slot): predicted KL at each of `levels`, from the KL measured at `probes`
-    with only that slot thresholded (`measure(layer, slot, threshold)` returns it), less the
-    slot's floor (its KL at threshold 0, nothing dropped)."""
-    costs = {}
-    for i in range(n_layers):
+               every: int = PROBE_EVERY, log: Callable[[str], None] = lambda m: None
+               ) -> dict[tuple[int, str], list[float]]:
+    """Per (layer, slot): predicted KL at each of `levels`. On the probed layers
+    (`probed_layers`), `measure(layer, {slot: threshold})` gives the KL with those slots of
+    that layer thresholded: the layer's floor (every slot at 0, nothing dropped), then each
+    slot alone at `probes`; a slot's gain at a probe is the KL it adds over the floor per unit
+    of its proxy error there. A layer between two probed ones takes their gains interpolated
+    in depth, applied to its own proxy errors."""
+    gains: dict[tuple[int, str], list[float]] = {}
+    for i in probed_layers(n_layers, every):
+        floor = measure(i, {s: 0.0 for s in SLOTS})
         measured = {}
         for slot in SLOTS:
             st = stats[(i, slot)]
-            measured[slot] = [measure(i, slot, 0.0)] + [measure(i, slot, st.threshold(p))
-                                                        for p in probes]
-            floor = measured[slot][0]
-            added = [(p, max(0.0, kl - floor)) for p, kl in zip(probes, measured[slot][1:])]
-            costs[(i, slot)] = cost_curve(st, added, levels)
-        log(f"layer {i}: KL at 0/" + "/".join(f"{p:.0%}" for p in probes) + " " + ", ".join(
-            f"{s} " + "/".join(f"{kl:.4f}" for kl in measured[s]) for s in SLOTS))
+            measured[slot] = [measure(i, {slot: st.threshold(p)}) for p in probes]
+            gains[(i, slot)] = [max(0.0, kl - floor) / max(st.error(p), 1e-12)
+                                for p, kl in zip(probes, measured[slot])]
+        log(f"layer {i}: KL floor {floor:.4f}; at " + "/".join(f"{p:.0%}" for p in probes)
+            + " " + ", ".join(f"{s} " + "/".join(f"{kl:.4f}" for kl in measured[s])
+                              for s in SLOTS))
+    probed = sorted({i for i, _ in gains})
+    costs = {}
+    for i in range(n_layers):
+        below = max(j for j in probed if j <= i)
+        above = min(j for j in probed if j >= i)
+        w = 0.0 if above == below else (i - below) / (above - below)
+        for slot in SLOTS:
+            st = stats[(i, slot)]
+            g = [(1 - w) * a + w * b for a, b in zip(gains[(below, slot)], gains[(above, slot)])]
+            costs[(i, slot)] = cost_curve(st, [(p, gp * st.error(p)) for p, gp in zip(probes, g)],
+                                          levels)
     return costs
 
 

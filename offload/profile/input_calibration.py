@@ -1,6 +1,6 @@
 """Calibrating input thresholds (`ember profile` on GLU models): activation statistics ->
 allocation across every layer's four matmul slots -> the highest sparsity within the quality
-budget on held-out text.
+budget on calibration text set aside.
 
 1. Statistics: a reference pass over the calibration text records a sample of every slot's
    input rows (offload/body/input_sparsity.py names the slots), and each slot's squared column
@@ -21,9 +21,11 @@ budget on held-out text.
 3. Search: the target is bisected on the perplexity of calibration text set aside for it
    (`carve`: runs spread over the text, which the statistics and KL probes never see),
    measured with the thresholds applied by the runtime itself (the input-major kernels),
-   against the same model dense: the highest target within `budget` wins. The held-out text
-   is scored at every step too, but only to report the curve: nothing is chosen on it, so the
-   final check on it measures thresholds it did not help pick.
+   against the same model dense: the highest target within `budget` wins. The curve it
+   walked (target -> realized sparsity, perplexity ratio, top-1 agreement) is on that text;
+   the held-out text is read only by the final check (input_profile.py), which so measures
+   thresholds it did not help pick. (Scoring the held-out text at every step as well, for
+   the curve alone, cost as much as the search itself.)
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from ember.models.errors import ConfigError
 from ember.kernels.decoder_step import decoder_step_reference
 from ember.predictors.passes import score, segments
 
-from .input_allocation import (KL_TOKENS, PROBES, allocate_global, dense_reference, kl_from_dense,
+from .input_allocation import (KL_TOKENS, PROBE_EVERY, PROBES, allocate_global, dense_reference, kl_from_layer,
                                slot_costs)
+from .layer_chain import LayerChain
+from .profile_options import Stage
 from ..body.input_sparsity import MATMULS, SLOTS, InputSparsity, Thresholds, apply_input_sparsity, slot_weights
 
 STEP = 0.05
@@ -213,11 +217,12 @@ ALLOCATIONS = ("global", "block", "uniform")
 
 def allocator(method: str, model, runtime: InputSparsity, stats, train: list[int],
               bos: int | None, length: int, log: Callable[[str], None] = lambda m: None,
-              probes: tuple[float, ...] = PROBES, kl_tokens: int = KL_TOKENS
-              ) -> Callable[[float], Allocation]:
+              probes: tuple[float, ...] = PROBES, kl_tokens: int = KL_TOKENS,
+              probe_every: int = PROBE_EVERY) -> Callable[[float], Allocation]:
     """target -> Allocation by `method` (ALLOCATIONS). "global" first measures each slot's
-    end-to-end cost on the calibration text (input_allocation.py; one pass per slot and
-    probe level)."""
+    end-to-end cost on the calibration text (input_allocation.py: on every `probe_every`-th
+    layer, one pass for the layer's floor and one per slot and probe level, each re-running
+    the layers from the probed one)."""
     n = len(model.layers)
     if method == "uniform":
         return lambda target: allocate_uniform(stats, n, target)
@@ -225,56 +230,66 @@ def allocator(method: str, model, runtime: InputSparsity, stats, train: list[int
         return lambda target: allocate(stats, n, target)
     if method != "global":
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {method!r}")
-    runtime.set_thresholds([{} for _ in range(n)])
-    ref = dense_reference(model, spread(train, kl_tokens, _span(length, bos)), bos, length,
+    chain = LayerChain(model, runtime)
+    ref = dense_reference(chain, spread(train, kl_tokens, _span(length, bos)), bos, length,
                           kl_tokens)
 
-    def kl_with(i: int, slot: str, threshold: float) -> float:
-        runtime.set_thresholds([{slot: threshold} if j == i else {} for j in range(n)])
-        return kl_from_dense(model, ref, length)
+    def kl_with(i: int, thresholds: dict[str, float]) -> float:
+        for slot, value in thresholds.items():
+            chain.threshold(i, slot, value)
+        try:
+            return kl_from_layer(chain, ref, i)
+        finally:
+            for slot in thresholds:
+                chain.threshold(i, slot, None)
 
-    costs = slot_costs(stats, n, kl_with, LEVELS, probes, log=log)
-    runtime.set_thresholds([{} for _ in range(n)])
+    costs = slot_costs(stats, n, kl_with, LEVELS, probes, probe_every, log=log)
     return lambda target: from_levels(stats, allocate_global(costs, n, target, LEVELS, STEP))
 
 
-def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | None,
-                     budget: float, length: int, log: Callable[[str], None] = lambda m: None,
-                     steps: int = 6, layout: str = "tiles", method: str = "global"
+def calibrate_inputs(model, train: list[int], bos: int | None, budget: float, length: int,
+                     log: Callable[[str], None] = lambda m: None,
+                     steps: int = 6, layout: str = "tiles", method: str = "global",
+                     stage: Stage = lambda name, fn: fn(), probe_every: int = PROBE_EVERY
                      ) -> tuple[InputCalibration, InputSparsity]:
     """Thresholds for `model` (a QuantModel) at the highest target sparsity whose perplexity
     on calibration text set aside (`carve`) stays within 1 + budget of the dense model's;
-    returns them with the runtime (left applied to the model at the chosen thresholds).
-    `held_out` is scored at each step for the record only."""
+    returns them with the runtime (left applied to the model at the chosen thresholds). Three
+    stages, each run through
+    `stage(name, fn)` (the profiler times them): "input statistics", "slot costs", "search"."""
     train, search = carve(train, SEARCH_TOKENS, _span(length, bos))
     if len(search) < 2:
         raise ConfigError(f"the calibration text has {len(train)} tokens: too few to set "
                           "some aside for the search; give more text")
-    stats = collect_slot_stats(model, spread(train, STATS_TOKENS, _span(length, bos)), bos,
-                               length)
+    stats = stage("input statistics", lambda: collect_slot_stats(
+        model, spread(train, STATS_TOKENS, _span(length, bos)), bos, length))
     log(f"statistics of {len(stats)} matmul inputs collected")
-    dense = {"search": score(model, search, length, bos),
-             "held_out": score(model, held_out, length, bos)}
     runtime = apply_input_sparsity(model, [{} for _ in model.layers], layout)
-    plan = allocator(method, model, runtime, stats, train, bos, length, log)
+    plan = stage("slot costs", lambda: allocator(method, model, runtime, stats, train, bos,
+                                                 length, log, probe_every=probe_every))
+    return stage("search", lambda: _search(model, runtime, plan, stats, search, bos, budget,
+                                           length, steps, log))
+
+
+def _search(model, runtime: InputSparsity, plan: Callable[[float], Allocation], stats,
+            search: list[int], bos: int | None, budget: float, length: int, steps: int,
+            log: Callable[[str], None]) -> tuple[InputCalibration, InputSparsity]:
+    """Bisect the target on the set-aside text's perplexity (see the module's step 3)."""
+    dense = score(model, search, length, bos)
     tried: list[dict] = []
 
     def measure(target: float):
         alloc = plan(target)
         runtime.set_thresholds(alloc.thresholds)
-        s = score(model, search, length, bos)
-        ratio, agree = s.ppl / dense["search"].ppl, dense["search"].agreement(s)
         runtime.reset_counters()
-        h = score(model, held_out, length, bos)
-        sparsity = realized_means(runtime)  # as realized on the held-out text
+        s = score(model, search, length, bos)
+        ratio, agree = s.ppl / dense.ppl, dense.agreement(s)
+        sparsity = realized_means(runtime)  # as realized on the set-aside text
         tried.append({"target": round(target, 4), **sparsity,
-                      "search_ppl_ratio": round(ratio, 4), "search_agreement": round(agree, 4),
-                      "ppl_ratio": round(h.ppl / dense["held_out"].ppl, 4),
-                      "agreement": round(dense["held_out"].agreement(h), 4)})
-        log(f"target {target:.1%}: set-aside calibration text x{ratio:.4f}; held-out text: "
-            f"realized {sparsity['mean_body']:.1%} mean over the body's matmuls "
-            f"({sparsity['mean_body_by_bytes']:.1%} by bytes), perplexity "
-            f"x{tried[-1]['ppl_ratio']:.4f}, top-1 agreement {tried[-1]['agreement']:.1%}")
+                      "search_ppl_ratio": round(ratio, 4), "search_agreement": round(agree, 4)})
+        log(f"target {target:.1%}: realized {sparsity['mean_body']:.1%} mean over the body's "
+            f"matmuls ({sparsity['mean_body_by_bytes']:.1%} by bytes), set-aside calibration "
+            f"text x{ratio:.4f}, top-1 agreement {agree:.1%}")
         return alloc, ratio, agree
 
     lo, hi = 0.0, 0.9
@@ -288,7 +303,7 @@ def calibrate_inputs(model, train: list[int], held_out: list[int], bos: int | No
             hi = mid
     target, alloc, ratio, agree = best
     runtime.set_thresholds(alloc.thresholds)
-    return InputCalibration(target, alloc, ratio, agree, dense["search"].ppl, tried, stats,
+    return InputCalibration(target, alloc, ratio, agree, dense.ppl, tried, stats,
                             len(search)), runtime
 
 

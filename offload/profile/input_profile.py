@@ -18,9 +18,10 @@ import torch
 
 from ember.placement.layout import Placement
 
-from .input_allocation import PROBES
+from .input_allocation import PROBES, probed_layers
 from .input_calibration import calibrate_inputs, realized_means
 from .input_payoff import measure_payoff
+from .profile_options import segment_length
 from ..runtime.profile_file import Profile
 from ..body.quant_model import QuantModel, applies
 
@@ -36,23 +37,23 @@ def input_thresholds_apply(loaded, options) -> bool:
 
 def run_input_profile(loaded, out: str | Path, options, text, stage, say, report) -> None:
     """Fill `report` (profiler.ProfileReport) and write the artifact to `out`."""
-    from .profiler import segment_length
-
     cfg = loaded.config
     model = QuantModel(loaded.source)
     length = segment_length(cfg, options)
-    cal, runtime = stage("input thresholds", lambda: calibrate_inputs(
-        model, text.train, text.held_out, loaded.tokenizer.bos_id, options.quality_budget,
-        length, log=lambda msg: say("input thresholds", msg)))
+    cal, runtime = calibrate_inputs(model, text.train, loaded.tokenizer.bos_id,
+                                    options.quality_budget, length,
+                                    log=lambda msg: say("input thresholds", msg), stage=stage)
     alloc = cal.allocation
     # a timing prompt from the calibration text: the held-out text only ever checks
     prompt = ([loaded.tokenizer.bos_id] if loaded.tokenizer.bos_id is not None else []) \
         + text.train[:32]
     payoff = stage("payoff", lambda: measure_payoff(
-        model, runtime, alloc.thresholds, prompt, log=lambda msg: say("payoff", msg)))
+        model, runtime, alloc.thresholds, prompt, cal.stats, log=lambda msg: say("payoff", msg)))
     report.glu = {"method": "input thresholds", "allocation": "global greedy on the KL added "
-                  "over each slot's floor (threshold 0), measured at "
-                  + "/".join(f"{p:.0%}" for p in PROBES),
+                  "over each layer's floor (threshold 0), measured at "
+                  + "/".join(f"{p:.0%}" for p in PROBES) + " on the probed layers (the "
+                  "layers between interpolated in depth)",
+                  "probed_layers": probed_layers(cfg.n_layers),
                   "planned_mean_sparsity": round(alloc.mean_sparsity(), 4),
                   "search_tokens": cal.search_tokens,
                   "ppl_ratio": round(cal.ppl_ratio, 4), "agreement": round(cal.agreement, 4),
@@ -93,7 +94,6 @@ def check_inputs(loaded, artifact: Path, held_out: list[int], options, say) -> d
     from ember.predictors.passes import score
 
     from ..runtime.engine import Engine, EngineOptions
-    from .profiler import segment_length
     from ..options.sampling import GREEDY
 
     bos = loaded.tokenizer.bos_id
