@@ -111,7 +111,9 @@ def _removed_lm_head(value: str) -> str:
 def _speculation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculate", default="off", choices=choices.SPECULATE_CHOICES,
                    help="lossless speculative decoding: the model itself with a small vocabulary "
-                        "head (self), n-grams from the context (lookup), or --draft-model")
+                        "head (self), n-grams from the context (lookup), --draft-model with "
+                        "lookup (model), or auto: a much smaller model of the same tokenizer "
+                        "found on this machine, else lookup")
     p.add_argument("--draft-model", metavar="MODEL",
                    help="small model with the same tokenizer, a path or a name as --model "
                         "takes (with --speculate model)")
@@ -238,12 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
                                            "repeat prompts: tokens/s, accepted length")
     _engine_options(b)
     b.add_argument("--drafters", nargs="+", default=["self", "lookup"],
-                   choices=("self", "lookup", "model"), metavar="NAME",
-                   help="drafters to compare with plain decoding (default: self lookup)")
+                   choices=("auto", "self", "lookup", "model"), metavar="NAME",
+                   help="drafters to compare with plain decoding: auto, self, lookup, model "
+                        "(default: self lookup)")
     b.add_argument("--draft-model", metavar="PATH", help="for the 'model' drafter")
     b.add_argument("--tree", metavar="SPEC", help="draft tree for every drafter")
     b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
-    b.add_argument("--prompts", type=int, default=2, metavar="N", help="prompts per kind")
+    b.add_argument("--prompts", type=int, metavar="N",
+                   help="prompts per kind (default: 2; all those of --prompts-file)")
+    b.add_argument("--prompts-file", metavar="PATH",
+                   help="chat requests instead, one JSON object a line with a \"request\" "
+                        "(e.g. bench/data/humaneval10_chat.jsonl)")
+    b.add_argument("--runs", type=int, default=1, metavar="N",
+                   help="runs of each prompt, engines interleaved (figures: medians)")
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_speculate")
     b = bench.add_parser("kv", help="paged KV cache: swap-in vs re-prefill, paged vs contiguous decode")

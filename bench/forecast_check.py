@@ -39,7 +39,7 @@ def decode_gbps(model: str, result: dict) -> float:
     """What the unsplit decode `result` reached: the file's bytes a token over its time
     (how `ember bench decode` reports its bandwidth)."""
     from ember.models.loader import open_model
-    from ember.offload.body.quant_model import file_bytes_per_token
+    from ember.offload.body.file_layers import file_bytes_per_token
 
     source = open_model(model)
     return file_bytes_per_token(source.config, source.weights) * result["decode_tokens_per_s"] / 1e9

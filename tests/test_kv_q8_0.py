@@ -12,14 +12,20 @@ from ember.app import cli
 from ember.kernels import decoder_step
 from ember.models.errors import ConfigError
 from ember.models.loader import load_model, open_model
-from ember.offload.body import quant_model
-from ember.offload.body.quant_model import QuantModel
+from ember.offload.body import file_blocks_model
+from ember.offload.body.file_blocks_model import FileBlocksModel
+from ember.offload.body.file_layers import FileLayers
 from ember.offload.options.sampling import GREEDY
 from ember.offload.kv.paged import PagedKVCache
 from ember.offload.runtime.engine import Engine, EngineOptions
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58]
-needs_native = pytest.mark.skipif(not quant_model.applies(), reason="C++ kernels not built")
+needs_native = pytest.mark.skipif(not file_blocks_model.applies(), reason="C++ kernels not built")
+
+
+def _model(tiny_q4_k_m, kv_dtype: torch.dtype) -> FileBlocksModel:
+    return FileBlocksModel(FileLayers.read(open_model(tiny_q4_k_m[2])),
+                           kv=(torch.device("cpu"), kv_dtype))
 
 
 def _logits(model, cache, ids) -> torch.Tensor:
@@ -30,16 +36,16 @@ def _logits(model, cache, ids) -> torch.Tensor:
 def test_the_q8_0_step_is_its_python_chain_and_close_to_f16(tiny_q4_k_m):
     """Native pass == decoder_step_reference bit for bit on a Q8_0 cache (the K/V bytes
     written and the attention over them), and near the float32 cache's logits."""
-    model = QuantModel(open_model(tiny_q4_k_m[2]), torch.uint8)
+    model = _model(tiny_q4_k_m, torch.uint8)
     native = _logits(model, model.new_cache(64), PROMPT)
     assert model.new_cache(8).k.dtype == torch.uint8
-    model._run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
+    model.whole.run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
     assert torch.equal(native, _logits(model, model.new_cache(64), PROMPT))
     # This random model amplifies any rounding (float16 K/V alone move its logits ~5% rms
     # from float32 ones): Q8_0's distance stays within twice float16's.
     others = {}
     for dtype in (torch.float32, torch.float16):
-        m = QuantModel(open_model(tiny_q4_k_m[2]), dtype)
+        m = _model(tiny_q4_k_m, dtype)
         others[dtype] = _logits(m, m.new_cache(64), PROMPT)
     exact = others[torch.float32]
     rms = lambda x: x.pow(2).mean().sqrt()  # noqa: E731
@@ -48,7 +54,7 @@ def test_the_q8_0_step_is_its_python_chain_and_close_to_f16(tiny_q4_k_m):
 @needs_native
 def test_a_q8_0_sequence_swaps_out_and_back_bit_for_bit(tiny_q4_k_m):
     cfg = tiny_q4_k_m[0]
-    model = QuantModel(open_model(tiny_q4_k_m[2]), torch.uint8)
+    model = _model(tiny_q4_k_m, torch.uint8)
     cache = PagedKVCache(cfg, device_blocks=64, host_blocks=64, block_size=4, dtype=torch.uint8)
     assert cache.device_pool.k.shape[-1] == cfg.head_dim // 32 * 34
     kept, swapped = cache.allocate(), cache.allocate()

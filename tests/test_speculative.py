@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import pytest
 import torch
@@ -240,7 +241,7 @@ def test_options_are_checked():
 
 
 def test_mismatched_draft_tokenizer_is_refused(tiny_models):
-    from ember.offload.speculative.drafters import check_same_tokenizer
+    from ember.offload.speculative.model_drafter import check_same_tokenizer
 
     a = load_model(tiny_models["gemma3"][2]).tokenizer
 
@@ -309,3 +310,165 @@ def test_an_empty_lookup_draft_is_a_plain_step(tiny_models, plain):
         nodes = spec.speculation["tree_nodes_per_step"]
         assert 1 in nodes and min(verified, default=2) > 1
         assert spec.kv.usage()["device_blocks_used"] == plain["gemma3"].kv.usage()["device_blocks_used"]
+
+
+# -- draft models: the cache keeps pace, lookup in the same tree, auto ------------------------
+def test_draft_cache_keeps_pace_with_the_target(tiny_models, plain):
+    """Drafting with the target itself (every level accepted), each draft finds the draft
+    cache at most one token behind (the leaf the last draft never ran, computed with the
+    next draft's first level), never a backlog: nothing is computed apart as catch-up."""
+    from ember.offload.speculative.model_drafter import DRAFT
+
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="model", draft_model=str(path))
+    spec.sizer.next_widths = lambda: (1, 1, 1)  # draft every step
+    spec.drafter.lookup_depth = 0  # the model's own tree alone
+    draft_runner = spec.drafter.model.runner
+    computed = []
+    sync = draft_runner.sync
+    draft_runner.sync = lambda name, ids: computed.append(sync(name, ids)) or computed[-1]
+    ids = spec.encode(PROMPTS[0])
+    out = spec.generate(ids, sampling=GREEDY, max_tokens=30, ignore_eos=True).token_ids
+    assert out == _greedy(plain["gemma3"], PROMPTS[0], 30)
+    assert computed[0] == len(ids)  # the prompt, prefilled with the target's
+    assert sum(computed[1:]) == 0 and spec.speculation["verifications"] > 5
+    held = draft_runner.tokens(DRAFT)
+    assert held == (ids + out)[: len(held)] and len(held) >= len(ids) + len(out) - 8
+
+
+def test_lookup_branches_join_the_model_tree(tiny_models, plain):
+    """`--speculate model` drafts the draft model's chain and the prompt lookup's branch in
+    one tree: on a text that repeats, trees run deeper than the model's levels."""
+    path = tiny_models["gemma3"][2]  # its greedy continuation repeats a token
+    spec = _engine(path, speculate="model", draft_model=str(path), tree="1,1")
+    spec.sizer.next_widths = lambda: (1, 1)
+    assert _greedy(spec, PROMPTS[0], 30) == _greedy(plain["gemma3"], PROMPTS[0], 30)
+    assert spec.speculation["drafter"] == "model+lookup"
+    assert max(spec.speculation["tree_nodes_per_step"]) > 3
+
+
+def _small_same_tokenizer(tmp_path, layers: int, **overrides) -> Path:
+    from ember.models import synthetic
+
+    cfg = synthetic.tiny_config("gemma3", n_layers=layers,
+                                sliding_window=(8,) * (layers - 1) + (None,), **overrides)
+    return synthetic.write_gguf(tmp_path / f"gemma3-{layers}.gguf", cfg,
+                                synthetic.tiny_weights(cfg, seed=layers))
+
+
+def test_a_draft_model_with_a_shorter_context_stops_drafting_at_its_end(tiny_models, plain,
+                                                                        tmp_path):
+    short = _small_same_tokenizer(tmp_path, 1, context_length=32)
+    spec = _engine(tiny_models["gemma3"][2], speculate="model", draft_model=str(short))
+    spec.sizer.next_widths = lambda: (1, 1)
+    assert _greedy(spec, PROMPTS[0], 40) == _greedy(plain["gemma3"], PROMPTS[0], 40)
+    assert spec.drafter.model.runner.n_ctx == 32
+
+
+def test_auto_finds_a_much_smaller_model_of_the_same_tokenizer(tiny_models, tmp_path):
+    from ember.offload.speculative.draft_choice import find_draft_model
+
+    target = tiny_models["gemma3"][2]  # 6 layers
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF not really")
+    assert find_draft_model(target, [tmp_path]) is None
+    _small_same_tokenizer(tmp_path, 5)  # more than half the target's bytes: no gain
+    assert find_draft_model(target, [tmp_path]) is None
+    small = _small_same_tokenizer(tmp_path, 1)
+    assert find_draft_model(target, [tmp_path, tmp_path / "absent"]) == small.resolve()
+    assert find_draft_model(small, [tmp_path]) is None  # nothing smaller than it
+
+
+@pytest.mark.parametrize("name", ["gemma3", "llama-silu_glu"])
+def test_auto_is_lossless_with_and_without_a_draft_model(tiny_models, plain, tmp_path,
+                                                         monkeypatch, name):
+    from ember.offload.speculative import draft_choice
+
+    path = tiny_models[name][2]
+    monkeypatch.setattr(draft_choice, "draft_model_dirs", lambda: [tmp_path])
+    alone = _engine(path, speculate="auto")
+    assert alone.drafter.name == "lookup"
+    _small_same_tokenizer(tmp_path, 1)
+    drafted = _engine(path, speculate="auto")
+    assert drafted.drafter.name == "model+lookup"
+    for spec in (alone, drafted):
+        for text in PROMPTS:
+            assert _greedy(spec, text) == _greedy(plain[name], text)
+    assert _engine(path, speculate="auto", weights="fp32").drafter is None  # row by row
+
+
+def test_shortlist_head_holds_the_stop_tokens(tiny_models):
+    from ember.offload.speculative.drafters import ShortlistHead
+
+    model = _engine(tiny_models["gemma3"][2]).model
+    vocab = model.cfg.vocab_size
+    head = ShortlistHead(model, 50, always=(vocab - 1, 3))
+    assert head.extra_ids == [vocab - 1]
+    hidden = torch.randn(1, model.cfg.hidden_size)
+    assert all(t < 50 or t == vocab - 1 for t in head.top(hidden, 60)[0])
+
+
+def test_tree_sizer_is_not_locked_out_by_a_cost_spike():
+    """One step that costs many times the usual (a draft cache catching up, another process)
+    does not stop drafting; a run of them does, yet probes go on at least every
+    MAX_PROBE_EVERY steps, and once they show drafting pays again it resumes."""
+    from ember.offload.speculative.verify import TreeSizer
+
+    sizer = TreeSizer((1, 1, 1, 1))
+    sizer.update(0, 0, 1.0)
+    for _ in range(10):  # 3 of 4 levels accepted, 0.2 of a step each
+        sizer.update(4, 3, 1.8)
+    depth = len(sizer.next_widths())
+    assert depth >= 2
+    sizer.update(depth, depth, 1.0 + 8.0)  # the spike: 8 steps of catch-up
+    assert len(sizer.next_widths()) >= 2
+    for _ in range(12):  # now every level costs 2 steps and is rejected
+        sizer.update(4, 0, 9.0)
+    plan = [sizer.next_widths() for _ in range(300)]
+    probes = [i for i, widths in enumerate(plan) if widths]
+    assert len(probes) >= 300 // TreeSizer.MAX_PROBE_EVERY - 1
+    assert max(b - a for a, b in zip(probes, probes[1:])) <= TreeSizer.MAX_PROBE_EVERY
+    for _ in range(200):  # probes accepted and cheap again: drafting resumes
+        levels = len(sizer.next_widths())
+        if levels:
+            sizer.update(levels, levels, 1.0 + 0.1 * levels)
+        if levels >= 2:
+            break
+    assert levels >= 2
+
+
+def test_bench_speculate_runs_chat_requests_from_a_file(capsys, tiny_models, tmp_path):
+    """`ember bench speculate --prompts-file` sends each line's request as a chat message,
+    with a draft model and `auto`, and prints one JSON with every request's speedup."""
+    import json
+
+    from ember.app.cli import main
+
+    path = str(tiny_models["gemma3"][2])
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"request": t}) + "\n" for t in PROMPTS[:2]))
+    code = main(["bench", "speculate", "--model", path, "--draft-model", path, "--drafters",
+                 "model", "auto", "--prompts-file", str(requests), "--gen-tokens", "8",
+                 "--runs", "2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["identical_to_plain"] and report["chat"]
+    kind = report["kinds"]["requests"]
+    assert report["prompts_per_kind"] == {"requests": 2}
+    assert report["drafters"]["model"] == "model+lookup"
+    assert len(kind["model"]["speedup_per_prompt"]) == 2
+    assert kind["auto"]["speedup_min"] <= kind["auto"]["speedup"] <= kind["auto"]["speedup_max"]
+    requests.write_text("{\"prompt\": 1}\n")
+    assert main(["bench", "speculate", "--model", path, "--prompts-file", str(requests)]) == 2
+    assert "request" in capsys.readouterr().err
+
+
+def test_a_step_returns_no_more_than_the_tokens_still_wanted(tiny_models, plain):
+    """The lookup's continuation runs past the model's levels; a reply ending inside it
+    stops exactly at max_tokens, and its session holds just what was returned."""
+    path = tiny_models["gemma3"][2]
+    spec = _engine(path, speculate="model", draft_model=str(path))
+    spec.sizer.next_widths = lambda: (1,)
+    for n in (9, 13, 17):
+        ids = spec.encode(PROMPTS[0])
+        out = spec.generate(ids, sampling=GREEDY, max_tokens=n, ignore_eos=True).token_ids
+        assert out == _greedy(plain["gemma3"], PROMPTS[0], n)
+        assert spec.conversation_tokens("default") == ids + out[:-1]

@@ -1,15 +1,21 @@
 """`ember bench speculate`: plain decoding vs each drafter, same process, interleaved.
 
-Three kinds of prompt: prose to continue, code to continue, and a text to repeat. Every run
+Three kinds of prompt: prose to continue, code to continue, and a text to repeat; or, with
+--prompts-file, chat requests read from a JSON-lines file (each line's "request" sent as a
+user message in the model's chat format, e.g. bench/data/humaneval10_chat.jsonl). Every run
 is greedy with EOS ignored; each drafter's token ids are compared with plain decoding's
 (speculation is lossless, so they must be equal). Tokens/s is over the tokens after the
 first (prefill excluded); the accepted length counts accepted drafts plus the target's own
-token per verification.
+token per verification. With --runs N each prompt runs N times, engines interleaved, and
+its figures are the medians; every prompt's speedup is reported, with the median and the
+range over prompts of each kind.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 from ember.models.errors import EmberError
 
@@ -61,26 +67,44 @@ def _options(args, speculate: str, tree: str | None):
                           draft_model=args.draft_model if speculate == "model" else None)
 
 
-def _run(engine, ids: list[int], gen: int) -> tuple[list[int], float, dict | None]:
+def _run(engine, ids, gen: int) -> tuple[list[int], float, float, dict | None]:
     from ember.offload.options.sampling import GREEDY
 
     engine.forget("default")
     done = engine.generate(ids, sampling=GREEDY, max_tokens=gen, ignore_eos=True)
     spec = engine.speculation if engine.drafter is not None else None
-    return done.token_ids, done.timings.decode_tokens_per_s, spec
+    return done.token_ids, done.timings.decode_tokens_per_s, done.timings.ttft_s, spec
 
 
 def run(args) -> int:
-    if args.gen_tokens < 2 or args.prompts < 1:
-        raise EmberError("--gen-tokens must be >= 2 and --prompts >= 1")
+    if args.gen_tokens < 2 or (args.prompts or 1) < 1 or args.runs < 1:
+        raise EmberError("--gen-tokens must be >= 2, --prompts and --runs >= 1")
     if "model" in args.drafters and not args.draft_model:
         raise EmberError("the 'model' drafter needs --draft-model PATH")
-    report = measure(args, {k: v[: args.prompts] for k, v in PROMPTS.items()})
-    print_json(report)
+    if args.prompts_file:
+        prompts = {"requests": read_requests(Path(args.prompts_file))[: args.prompts]}
+    else:
+        prompts = {k: v[: args.prompts or 2] for k, v in PROMPTS.items()}
+    print_json(measure(args, prompts, chat=bool(args.prompts_file)))
     return 0
 
 
-def measure(args, prompts: dict[str, list[str]]) -> dict:
+def read_requests(path: Path) -> list[str]:
+    """The "request" of each line of a JSON-lines file (EmberError naming what is wrong)."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        requests = [json.loads(line)["request"] for line in lines]
+    except OSError as e:
+        raise EmberError(f"--prompts-file {path}: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError):
+        raise EmberError(f"--prompts-file {path}: each line must be a JSON object with a "
+                         "\"request\" string") from None
+    if not requests or not all(isinstance(r, str) and r for r in requests):
+        raise EmberError(f"--prompts-file {path}: no requests, or one that is not a string")
+    return requests
+
+
+def measure(args, prompts: dict[str, list[str]], chat: bool = False) -> dict:
     """Plain vs every drafter on each prompt, interleaved; per-kind medians and ratios."""
     from ember.models.loader import load_model
     from ember.offload.runtime.engine import Engine
@@ -98,50 +122,79 @@ def measure(args, prompts: dict[str, list[str]]) -> dict:
     runs = [(kind, text) for kind, texts in prompts.items() for text in texts]
     with progress_bar("bench speculate", args.json, total=len(runs) * len(engines),
                       unit="runs") as bar:
-        rows = {kind: {name: {"tok_s": [], "accepted": [], "share": []} for name in engines}
-                for kind in prompts}
+        rows = {kind: {name: _Figures() for name in engines} for kind in prompts}
         for i, (kind, text) in enumerate(runs):
-            mismatches += _compare(engines, kind, text, args.gen_tokens, rows[kind])
+            ids = _encode(engines["plain"], text, chat)
+            mismatches += _compare(engines, kind, text, ids, args, rows[kind])
             bar((i + 1) / len(runs), f"{kind} prompt, {len(engines)} engines")
-    kinds = {kind: _summary(r) for kind, r in rows.items()}
     return {
         "model": str(model_path(args)), "threads": torch.get_num_threads(),
-        "gen_tokens": args.gen_tokens, "prompts_per_kind": {k: len(v) for k, v in prompts.items()},
+        "gen_tokens": args.gen_tokens, "runs": args.runs, "chat": chat,
+        "prompts_per_kind": {k: len(v) for k, v in prompts.items()},
         "lm_head": engines["plain"].lm_head,
+        "drafters": {n: e.drafter.name for n, e in engines.items() if e.drafter is not None},
         "trees": {n: list(e.tree_widths) for n, e in engines.items() if e.drafter is not None},
-        "kinds": kinds,
+        "kinds": {kind: _summary(r) for kind, r in rows.items()},
         "identical_to_plain": not mismatches, "mismatches": mismatches,
     }
 
 
-def _compare(engines: dict, kind: str, text: str, gen: int, rows: dict) -> list[dict]:
-    """Every engine on one prompt, its figures added to `rows`; the drafters whose tokens
-    differ from plain decoding's (speculation must be lossless)."""
-    ids = engines["plain"].encode(text)
+def _encode(engine, text: str, chat: bool):
+    if not chat:
+        return engine.encode(text)
+    from ember.models.chat_format import ChatMessage
+
+    return engine.encode_chat([ChatMessage("user", text)])
+
+
+class _Figures:
+    """One engine's figures on one kind of prompt: per prompt, medians over its runs."""
+
+    def __init__(self):
+        self.tok_s, self.ttft_s, self.accepted, self.share = [], [], [], []
+
+    def add(self, runs: list[tuple[float, float, dict | None]]) -> None:
+        self.tok_s.append(statistics.median(r[0] for r in runs))
+        self.ttft_s.append(statistics.median(r[1] for r in runs))
+        specs = [r[2] for r in runs if r[2]]
+        if specs:
+            self.accepted.append(statistics.mean(s["mean_accepted_length"] for s in specs))
+            self.share.append(statistics.mean(s["drafter_time_share"] for s in specs))
+
+
+def _compare(engines: dict, kind: str, text: str, ids, args, rows: dict) -> list[dict]:
+    """Every engine on one prompt (`args.runs` rounds, engines interleaved in each), its
+    figures added to `rows`; the drafters whose tokens differ from plain decoding's
+    (speculation must be lossless)."""
     ref, mismatches = None, []
-    for name, engine in engines.items():
-        out, tok_s, spec = _run(engine, ids, gen)
-        ref = out if ref is None else ref
-        if out != ref:
-            mismatches.append({"kind": kind, "prompt": text, "drafter": name})
-        rows[name]["tok_s"].append(tok_s)
-        if spec:
-            rows[name]["accepted"].append(spec["mean_accepted_length"])
-            rows[name]["share"].append(spec["drafter_time_share"])
+    results = {name: [] for name in engines}
+    for _ in range(args.runs):
+        for name, engine in engines.items():
+            out, tok_s, ttft, spec = _run(engine, ids, args.gen_tokens)
+            ref = out if ref is None else ref
+            if out != ref and not any(m["drafter"] == name for m in mismatches):
+                mismatches.append({"kind": kind, "prompt": text, "drafter": name})
+            results[name].append((tok_s, ttft, spec))
+    for name, runs in results.items():
+        rows[name].add(runs)
     return mismatches
 
 
 def _summary(rows: dict) -> dict:
-    plain = statistics.median(rows["plain"]["tok_s"])
-    out = {"plain_tok_s": plain}
+    plain = rows["plain"]
+    out = {"plain_tok_s": statistics.median(plain.tok_s),
+           "plain_ttft_s": statistics.median(plain.ttft_s)}
     for name, r in rows.items():
         if name == "plain":
             continue
-        tok_s = statistics.median(r["tok_s"])
+        speedups = [a / b if b else 0.0 for a, b in zip(r.tok_s, plain.tok_s)]
         out[name] = {
-            "tok_s": tok_s,
-            "speedup": tok_s / plain if plain else 0.0,
-            "mean_accepted_length": statistics.mean(r["accepted"]) if r["accepted"] else 0.0,
-            "drafter_time_share": statistics.mean(r["share"]) if r["share"] else 0.0,
+            "tok_s": statistics.median(r.tok_s),
+            "speedup": statistics.median(speedups),
+            "speedup_min": min(speedups), "speedup_max": max(speedups),
+            "speedup_per_prompt": [round(x, 3) for x in speedups],
+            "ttft_s": statistics.median(r.ttft_s),
+            "mean_accepted_length": statistics.mean(r.accepted) if r.accepted else 0.0,
+            "drafter_time_share": statistics.mean(r.share) if r.share else 0.0,
         }
     return out

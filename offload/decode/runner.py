@@ -95,13 +95,32 @@ class Runner:
             raise ConfigError(f"token id {bad} is outside the model's vocabulary of {vocab} "
                               "(does the tokenizer belong to this model?)")
 
+    def sync(self, name: str, ids: list[int]) -> int:
+        """Make session `name` hold exactly `ids` (no logits: a draft model's cache kept in
+        step with the target's tokens); reuses the longest common prefix and computes the rest
+        in one chunked pass. Returns how many tokens it computed."""
+        if len(ids) > self.n_ctx:
+            raise ConfigError(f"the context is full ({self.n_ctx} tokens)")
+        s = self.session(name)
+        if len(ids) == len(s.tokens) == _common_prefix(s.tokens, ids):
+            return 0
+        self._hold(name, ids, keep_last=False)
+        return self.last_prefill_tokens
+
     def _fill(self, name: str, ids: list[int],
               cancel: threading.Event | None = None) -> torch.Tensor | None:
         """`prefill` without the prompt checks: also rebuilds a dropped session from the
         tokens it held (up to the whole context)."""
-        s = self.session(name)
         # Keep at least the last token to recompute: its logits are what we return.
-        keep = min(_common_prefix(s.tokens, ids), len(ids) - 1)
+        hidden = self._hold(name, ids, True, cancel)
+        return None if hidden is None else self.model.logits(hidden[-1:])[0]
+
+    def _hold(self, name: str, ids: list[int], keep_last: bool,
+              cancel: threading.Event | None = None) -> torch.Tensor | None:
+        """Make the session hold `ids`; the last chunk's hidden states (None if cancelled,
+        or if nothing was computed)."""
+        s = self.session(name)
+        keep = min(_common_prefix(s.tokens, ids), len(ids) - keep_last)
         if self.kv.seqs[s.seq_id].tier == DROPPED or not self.kv.can_truncate(s.seq_id, keep):
             self._restart(s)
             keep = 0
@@ -122,7 +141,7 @@ class Runner:
                 self._s_per_token = (time.perf_counter() - t0) / size
             s.tokens.extend(chunk)
             lo += len(chunk)
-        return self.model.logits(hidden[-1:])[0]
+        return hidden
 
     def _cancellable_chunk(self) -> int:
         """Tokens for the next chunk of a cancellable prefill: ~CANCEL_CHUNK_S at the latest

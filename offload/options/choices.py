@@ -42,4 +42,6 @@ ATTENTION_CHOICES = ("auto", "host") + ATTENTION_FORMATS
 COLD_DTYPES = ("fp32", "int8", "file")
 COLD_CHOICES = ("auto",) + COLD_DTYPES
 FFN_MODES = ("auto", "dense", "sparse")
-SPECULATE_CHOICES = ("off", "self", "lookup", "model")
+# --speculate: "auto" drafts with a much smaller model of the same tokenizer when one is on
+# this machine, else with prompt lookup (offload/speculative/draft_choice.py).
+SPECULATE_CHOICES = ("off", "auto", "self", "lookup", "model")

@@ -48,7 +48,8 @@ class EngineOptions:
     # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
     profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
     ffn_mode: str = "auto"  # "auto" | "dense" (every neuron) | "sparse" (predictor-gated)
-    # Speculative decoding (lossless): "off", "self", "lookup" or "model" (with draft_model);
+    # Speculative decoding (lossless): "off", "auto" (a draft model found on this machine,
+    # else lookup), "self", "lookup" or "model" (with draft_model, and lookup in one tree);
     # tree: expansion per depth such as "1,1,3,1" (None: the drafter's default).
     speculate: str = "off"
     tree: str | None = None

@@ -1,22 +1,23 @@
 """Drafters: cheap guesses of the next tokens, as a token tree the target model then verifies.
 
-All three share one call, `draft(runner, session, history, widths, max_nodes) -> TokenTree`,
+All share one call, `draft(runner, session, history, widths, max_nodes) -> TokenTree`,
 where `history` ends with the tree's root (the last emitted token) and `widths` is the
 expansion per depth (see token_tree). A drafter may leave target hidden states in the tree
 (the self-drafter does: its body passes are the target's own), and verification reuses them.
+Each also says how many tree slots it may fill beyond `widths` (`extra_nodes`) and how long
+its latest draft spent catching up rather than drafting (`catchup_s`).
 
 - `LookupDrafter`: prompt lookup, the continuation of earlier occurrences of the last n-gram.
 - `SelfDrafter`: the target's own body with a shortlisted-vocabulary LM head. The 262k-token
   head is ~72% of the bytes a default-model decode step reads; a head over the ~16k most
   likely tokens plus every token seen in the context reads a sixteenth of that.
-- `ModelDrafter`: a separate small model that shares the target's tokenizer.
+- `ModelDrafter` (offload/speculative/model_drafter.py): a separate small model that shares
+  the target's tokenizer.
 """
 
 from __future__ import annotations
 
 import torch
-
-from ember.models.errors import ConfigError
 
 from ..body.file_layers import BlockLMHead
 from ..decode.runner import Runner
@@ -25,7 +26,7 @@ from .token_tree import TokenTree
 DEFAULT_SHORTLIST = 32768
 
 
-def _top_children(tree: TokenTree, node: int, ranked: list[int], width: int, room: int) -> list[int]:
+def top_children(tree: TokenTree, node: int, ranked: list[int], width: int, room: int) -> list[int]:
     """Add up to `width` children of `node` from `ranked` tokens (best first) while room lasts."""
     added = []
     for token in ranked[:width]:
@@ -45,6 +46,11 @@ class LookupDrafter:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2, max_matches: int = 4):
         self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
+
+    catchup_s = 0.0  # nothing to catch up: it drafts from the target's own state
+
+    def extra_nodes(self) -> int:
+        return 0
 
     def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
         pass
@@ -84,8 +90,10 @@ class ShortlistHead:
     them a shortlist misses names and rare words the continuation repeats.
     """
 
-    def __init__(self, model, size: int):
-        """`model`: the engine's model (FileBlocksModel or the float Transformer)."""
+    def __init__(self, model, size: int, always: tuple[int, ...] = ()):
+        """`model`: the engine's model (FileBlocksModel or the float Transformer); `always`: ids
+        past the base rows that belong in it anyway (end-of-turn tokens sit at the end of
+        BPE vocabularies)."""
         self.model = model
         # A head the runtime keeps in host RAM (hybrid.setup.HostLMHead) wraps the real one.
         self.head = getattr(model.head, "inner", model.head)
@@ -96,6 +104,7 @@ class ShortlistHead:
         self.extra_ids: list[int] = []
         self.extra = self._rows(torch.tensor([], dtype=torch.long))
         self._known = set(range(len(self.base_ids)))
+        self.add([t for t in always if 0 <= t < vocab])
 
     def _rows(self, ids: torch.Tensor):
         if isinstance(self.head, BlockLMHead):
@@ -137,6 +146,11 @@ class SelfDrafter:
         self.model, self.shortlist = model, shortlist
         self.head: ShortlistHead | None = None
 
+    catchup_s = 0.0  # nothing to catch up: it drafts from the target's own state
+
+    def extra_nodes(self) -> int:
+        return 0
+
     def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
         if self.head is None:
             self.head = ShortlistHead(self.model, self.shortlist)
@@ -153,47 +167,5 @@ class SelfDrafter:
             runner.tree_hidden(session, tree)
             ranked = self.head.top(torch.cat([tree.hidden[i] for i in frontier]), width)
             frontier = [c for node, tokens in zip(frontier, ranked)
-                        for c in _top_children(tree, node, tokens, width, max_nodes)]
+                        for c in top_children(tree, node, tokens, width, max_nodes)]
         return tree
-
-
-class ModelDrafter:
-    """A separate small model with the same tokenizer, in its own KV cache (session "draft").
-
-    Each node's draft logits come from `Runner.prefill` over the history plus the node's path,
-    which recomputes only what the draft cache does not already hold (one token per level
-    along a chain).
-    """
-
-    name = "model"
-
-    def __init__(self, runner: Runner):
-        self.runner = runner
-
-    def start(self, runner: Runner, session: str, prompt_ids: list[int]) -> None:
-        pass
-
-    def draft(self, runner, session, history, widths, max_nodes) -> TokenTree:
-        tree, frontier = TokenTree.root(history[-1]), [0]
-        for width in widths:
-            nxt = []
-            for node in frontier:
-                if len(tree) >= max_nodes:
-                    break
-                ids = history + [tree.tokens[i] for i in tree.path(node)[1:]]
-                if len(ids) >= self.runner.n_ctx:
-                    break
-                logits = self.runner.prefill("draft", ids)
-                ranked = torch.topk(logits, width).indices.tolist()
-                nxt += _top_children(tree, node, ranked, width, max_nodes)
-            frontier = nxt
-        return tree
-
-
-def check_same_tokenizer(target, draft, path: str) -> None:
-    """Refuse a draft model whose vocabulary differs: its token ids would mean other text."""
-    if target.vocab_size != draft.vocab_size or any(
-            target.token_bytes(i) != draft.token_bytes(i) for i in range(target.vocab_size)):
-        raise ConfigError(f"the draft model {path} does not use the target model's tokenizer "
-                          f"({draft.vocab_size} vs {target.vocab_size} tokens, or different "
-                          "pieces); choose a draft model from the same family")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.errors import ConfigError, EmberError
 
-from .drafters import LookupDrafter, ModelDrafter, SelfDrafter, check_same_tokenizer
+from .draft_choice import find_draft_model
+from .drafters import LookupDrafter, SelfDrafter
+from .model_drafter import CombinedDrafter, ModelDrafter, check_same_tokenizer
 from ..options.tree_spec import parse_tree
+
+log = logging.getLogger("ember")
 
 # Default expansions (the tree sizer shrinks them while drafts are rejected). Chains: on a
 # CPU every drafted node costs a body pass (self) or a verified row, and the self-drafter's
@@ -18,29 +24,56 @@ DEFAULT_TREES = {"self": "1,1,1,1,1,1,1", "lookup": "1,1,1,1,1,1,1,1,1,1,1,1",
 
 def make_drafter(engine, options):
     """(drafter or None, tree widths) for the engine's options."""
-    if options.speculate == "off":
+    mode, draft = options.speculate, None
+    if mode == "auto":
+        mode, draft = _auto_choice(engine)
+    if mode == "off":
         return None, ()
-    widths = parse_tree(options.tree or DEFAULT_TREES[options.speculate])
-    if options.speculate == "self":
+    widths = parse_tree(options.tree or DEFAULT_TREES[mode])
+    if mode == "self":
         return SelfDrafter(engine.model), widths
-    if options.speculate == "lookup":
+    if mode == "lookup":
         return LookupDrafter(), widths
-    return ModelDrafter(_draft_runner(engine, options.draft_model)), widths
+    draft = draft or _load_draft(engine, options.draft_model)
+    model = ModelDrafter(_draft_runner(engine, draft), tuple(engine.stop_ids))
+    return CombinedDrafter(model, LookupDrafter()), widths
 
 
-def _draft_runner(engine, path: str):
+def _auto_choice(engine):
+    """`--speculate auto`: (mode, the loaded draft model or None). A draft tree is verified
+    in one pass only by a batch-invariant body; otherwise each node costs a step and
+    nothing pays."""
+    if not engine.model.batch_invariant:
+        return "off", None
+    path = find_draft_model(engine.loaded.source.path)
+    if path is None:
+        return "lookup", None
+    try:
+        draft = _load_draft(engine, str(path))
+    except EmberError as e:
+        log.warning("ember: --speculate auto: not drafting with %s (%s)", path, e)
+        return "lookup", None
+    log.info("ember: --speculate auto drafts with %s", path)
+    return "model", draft
+
+
+def _load_draft(engine, path: str):
     from ember.models.loader import load_model
-
-    from ..body import file_blocks_model
-    from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
-    from ..kv.paged import PagedKVCache
-    from ..decode.runner import Runner
 
     try:
         loaded = load_model(path)
     except FileNotFoundError:
         raise ConfigError(f"--draft-model {path}: no such file or folder") from None
     check_same_tokenizer(engine.tokenizer, loaded.tokenizer, path)
+    return loaded
+
+
+def _draft_runner(engine, loaded):
+    from ..body import file_blocks_model
+    from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
+    from ..kv.paged import PagedKVCache
+    from ..decode.runner import Runner
+
     device = engine.model.device
     if device.type == "cpu" and file_blocks_model.applies():  # the draft's own file blocks
         model = file_blocks_model.FileBlocksModel.plain(loaded.source)

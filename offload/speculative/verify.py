@@ -9,7 +9,9 @@ exactly as it runs a plain step: prefill, stop conditions and timing live there.
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -26,8 +28,9 @@ class SpecStats:
     drafter: str
     accepted: list[int] = field(default_factory=list)  # drafted tokens accepted per verification
     tree_nodes: list[int] = field(default_factory=list)
-    draft_s: float = 0.0
+    draft_s: float = 0.0  # drafting, catch-up included
     verify_s: float = 0.0
+    catchup_s: float = 0.0  # a draft model's cache catching up with the target's tokens
 
     def to_dict(self) -> dict:
         steps = len(self.accepted)
@@ -42,6 +45,7 @@ class SpecStats:
             "mean_tree_nodes": sum(self.tree_nodes) / steps if steps else 0.0,
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
+            "catchup_s": self.catchup_s,
             "drafter_time_share": self.draft_s / total if total > 0 else 0.0,
         }
 
@@ -50,18 +54,22 @@ class TreeSizer:
     """How many levels the next draft gets, from what drafting has measurably bought.
 
     On a CPU neither drafting nor verifying is free: a verified row past the first turns the
-    matmuls compute-bound (~0.3 of a plain step each for the default model here), and the
-    self-drafter pays a body pass per level. So each step the sizer weighs, per level, the
-    chance the level is accepted (p**k, with p the measured per-level acceptance) against its
-    cost (the measured extra seconds per drafted level, in plain steps), and drafts the levels
-    that pay. When none does it decodes plainly, probing with one level now and then (ever
-    more rarely while probes fail) so both estimates stay current. The first step is plain:
-    it measures what a step costs.
+    matmuls compute-bound (~0.3 of a plain step each for the default model here), and a
+    drafter pays a body pass per level. So each step the sizer weighs, per level, the chance
+    the level is accepted (p**k, with p the measured per-level acceptance) against its cost
+    (the extra seconds per drafted level, in plain steps), and drafts the levels that pay.
+    When none does it decodes plainly, probing with one level now and then (more rarely
+    while probes fail, but at least every MAX_PROBE_EVERY steps: it never stops for good) so
+    both estimates stay current. The first step is plain: it measures what a step costs.
+
+    Costs are medians of the latest WINDOW samples: one slow step (another process, a page
+    fault, a draft cache catching up) cannot make drafting look too dear to ever try again.
     The engine keeps one sizer across replies.
     """
 
-    PROBE_EVERY, MAX_PROBE_EVERY = 4, 32
-    DECAY = 0.7  # weight of the past in the running estimates
+    PROBE_EVERY, MAX_PROBE_EVERY = 4, 16
+    DECAY = 0.7  # weight of the past in the acceptance estimate
+    WINDOW = 9  # cost samples a median is taken over
     # Until measured: half the levels accepted, a level costing 0.3 of a step (a verified row
     # on the default model here). The first draft is then one level, and depth grows as
     # drafts are accepted, rather than paying for a deep tree of guesses up front.
@@ -70,8 +78,8 @@ class TreeSizer:
     def __init__(self, widths: tuple[int, ...]):
         self.widths = widths
         self.hits, self.trials = self.PRIOR_P, 1.0  # accepted levels / levels tried
-        self.step_s: float | None = None  # a plain step's seconds
-        self.level_s: float | None = None  # extra seconds per drafted level
+        self.steps: deque[float] = deque(maxlen=self.WINDOW)  # plain steps' seconds
+        self.levels: deque[float] = deque(maxlen=self.WINDOW)  # extra seconds per level
         self.idle = 0  # plain steps since the last draft or probe
         self.probe_every = self.PROBE_EVERY
 
@@ -79,11 +87,16 @@ class TreeSizer:
     def p(self) -> float:
         return self.hits / self.trials
 
+    @property
+    def step_s(self) -> float | None:
+        """A plain step's seconds (None until one was timed)."""
+        return statistics.median(self.steps) if self.steps else None
+
     def level_cost(self) -> float:
         """A drafted level's cost in plain steps."""
-        if self.level_s is None or not self.step_s:
+        if not self.levels or not self.step_s:
             return self.PRIOR_COST
-        return self.level_s / self.step_s
+        return statistics.median(self.levels) / self.step_s
 
     def next_widths(self) -> tuple[int, ...]:
         if self.step_s is None:
@@ -98,25 +111,25 @@ class TreeSizer:
             self.idle, self.probe_every = 0, self.PROBE_EVERY
             return self.widths[:depth]
         self.idle += 1
-        if self.idle % self.probe_every:
+        if self.idle < self.probe_every:
             return ()
-        # A probe; the next comes later each time (up to MAX_PROBE_EVERY steps) while they
-        # keep showing drafting does not pay: each costs a verified row.
+        # A probe; the next comes later (up to MAX_PROBE_EVERY steps) while they keep
+        # showing drafting does not pay: each costs a drafted level and a verified row.
         self.probe_every = min(2 * self.probe_every, self.MAX_PROBE_EVERY)
         self.idle = 0
         return self.widths[:1]
 
     def update(self, levels: int, accepted: int, seconds: float) -> None:
-        """After a step that drafted `levels` levels (0: a plain step) and took `seconds`."""
-        d = self.DECAY
+        """After a step that drafted `levels` levels (0: a plain step) and took `seconds`
+        (without the drafter's catch-up: that is no level's cost)."""
         if levels == 0:
-            self.step_s = seconds if self.step_s is None else d * self.step_s + (1 - d) * seconds
+            self.steps.append(seconds)
             return
         # Accepted levels succeeded; the level after them, if drafted, failed.
+        d = self.DECAY
         self.hits = d * self.hits + accepted
         self.trials = d * self.trials + accepted + (accepted < levels)
-        extra = max(0.0, seconds - (self.step_s or 0.0)) / levels
-        self.level_s = extra if self.level_s is None else d * self.level_s + (1 - d) * extra
+        self.levels.append(max(0.0, seconds - (self.step_s or 0.0)) / levels)
 
 
 def accept(tree: TokenTree, logits: torch.Tensor, sample, history: list[int]):
@@ -169,14 +182,21 @@ class SpeculativeStep:
         t1 = time.perf_counter()
         logits = self.runner.verify(self.session, tree)
         path, drawn = accept(tree, logits, self.sampler, history)
+        # A drafter's extra levels may run past the tokens still wanted: keep what is.
+        path, drawn = path[:remaining], drawn[:remaining]
         self.runner.commit_path(self.session, tree, path)
         t2 = time.perf_counter()
+        catchup = self.drafter.catchup_s
         self.stats.draft_s += t1 - t0
         self.stats.verify_s += t2 - t1
+        self.stats.catchup_s += catchup
         self.stats.accepted.append(len(path) - 1)
         self.stats.tree_nodes.append(len(tree))
-        if len(tree) > 1:  # (a drafter with nothing to offer tells the sizer nothing)
-            self.sizer.update(max(tree.depths), len(path) - 1, t2 - t0)
+        # Levels a drafter adds past those asked for (the lookup's, in a combined tree) count
+        # as levels: their rows are in the cost, so their tokens must be in the gain, or a
+        # deep accepted lookup would read as dear levels and stop the drafting that found it.
+        if max(tree.depths):
+            self.sizer.update(max(tree.depths), len(path) - 1, t2 - t0 - catchup)
         return drawn
 
     def _draft(self, history: list[int], widths: tuple[int, ...]) -> TokenTree | None:
@@ -184,7 +204,8 @@ class SpeculativeStep:
         drafted (prompt lookup found no match) and nothing computed: then a plain step
         follows, without a one-node tree's bookkeeping. (A drafter with nothing to offer
         tells the sizer nothing about drafting.)"""
-        room = self.runner.begin_tree(self.session, tree_size(widths))
+        room = self.runner.begin_tree(self.session,
+                                      tree_size(widths) + self.drafter.extra_nodes())
         tree = self.drafter.draft(self.runner, self.session, history, widths, room)
         if len(tree) == 1 and tree.hidden[0] is None:
             self.runner.end_tree(self.session)
