@@ -8,14 +8,20 @@
   The reply ends where the model starts the next user line.
 - a family's instruction format ("gemma", "llama3", "chatml", "inst"), only when asked.
 
-"auto" picks the template when the file has one, else the transcript. The result is
-tokenized with special tokens parsed; BOS is added by the tokenizer, so a template's leading
-BOS text is removed here.
+"auto" picks the template when the file has one, else the transcript. BOS is added by the
+tokenizer, so a template's leading BOS text is removed here.
+
+Message contents are text, never markers: `render_chat_parts` says which stretches of the
+prompt the format wrote and which are contents, so the tokenizer recognizes special tokens
+only in the former (a relayed document spelling "<|im_end|>" must not forge a turn). It renders
+each content as a unique sentinel and puts the content back in its place, trimmed on the sides
+where the template trimmed the sentinel's whitespace padding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .errors import ConfigError, ModelFormatError
@@ -92,26 +98,54 @@ def template_style(template: str) -> str | None:
     return next((name for name, marker in markers.items() if marker in template), None)
 
 
-def render_chat(messages: list[ChatMessage], fmt: ChatFormat | str, *, template: str | None = None,
-                bos_text: str = "", eos_text: str = "", bos_added: bool = True) -> str:
-    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin.
+# A content's stand-in while the format renders: private-use characters no tokenizer merges
+# across, padded with whitespace so a template's trim shows as the padding gone.
+_PAD = " \n"
+_SENTINEL = re.compile(r"(?P<left>(?: \n)?)\ue000(?P<n>\d+)\ue001(?P<right>(?: \n)?)")
+
+
+def render_chat_parts(messages: list[ChatMessage], fmt: ChatFormat | str, *,
+                      template: str | None = None, bos_text: str = "", eos_text: str = "",
+                      bos_added: bool = True) -> list[tuple[str, bool]]:
+    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin,
+    as (text, is_content) parts: what the format wrote (its markers are special tokens) and
+    the messages' contents (plain text whatever they spell).
 
     `bos_added`: the tokenizer puts BOS in front of the prompt, so a leading `bos_text` the
     template wrote is removed (else it would be there twice); without it, it stays.
     """
     name = fmt.name if isinstance(fmt, ChatFormat) else fmt
+    if name == "transcript":  # plain text throughout: nothing in it is a marker
+        return [(_strip_bos(_transcript(messages), bos_text, bos_added), True)]
+    stand_ins = [replace(m, content=f"{_PAD}\ue000{i}\ue001{_PAD}")
+                 for i, m in enumerate(messages)]
     if name == "template":
         if not template:
             raise ConfigError("the template chat format needs the model's chat template")
-        text = _render_template(template, messages, bos_text, eos_text)
+        text = _render_template(template, stand_ins, bos_text, eos_text)
     else:
-        renderers = {"transcript": _transcript, "gemma": _gemma_turns, "llama3": _llama3_turns,
-                     "chatml": _chatml_turns, "inst": _inst_turns}
+        renderers = {"gemma": _gemma_turns, "llama3": _llama3_turns, "chatml": _chatml_turns,
+                     "inst": _inst_turns}
         if name not in renderers:
             raise ConfigError(f"unknown chat format {name!r}")
-        text = renderers[name](messages)
+        text = renderers[name](stand_ins)
+    text = _strip_bos(text, bos_text, bos_added)
+    parts, pos = [], 0
+    for m in _SENTINEL.finditer(text):
+        content = messages[int(m.group("n"))].content
+        if not m.group("left"):
+            content = content.lstrip()
+        if not m.group("right"):
+            content = content.rstrip()
+        parts += [(text[pos:m.start()], False), (content, True)]
+        pos = m.end()
+    parts.append((text[pos:], False))
+    return [(t, is_content) for t, is_content in parts if t]
+
+
+def _strip_bos(text: str, bos_text: str, bos_added: bool) -> str:
     if bos_added and bos_text and text.startswith(bos_text):
-        text = text[len(bos_text):]
+        return text[len(bos_text):]
     return text
 
 
