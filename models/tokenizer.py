@@ -248,6 +248,18 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
+    def fewest_tokens(self, texts: list[str]) -> int:
+        """A lower bound on the tokens `texts` take as text (each at least its bytes over
+        the longest token's; what a Phi-3 style marker may swallow not counted)."""
+        swallow = bool(self._rstrip_after)
+        size = sum(len((t.lstrip() if swallow else t).encode("utf-8", "replace")) for t in texts)
+        return -(-size // self._longest_piece)
+
+    @cached_property
+    def _longest_piece(self) -> int:
+        # An unknown token stands for one character of up to 4 bytes, whatever it shows.
+        return max(4, max(map(len, self._pieces), default=0))
+
     def _flush(self, pending: list[str], ids: list[int]) -> None:
         text = "".join(pending)
         pending.clear()

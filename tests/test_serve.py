@@ -372,3 +372,23 @@ def test_an_engine_fault_is_a_500_without_traceback_and_the_server_goes_on(engin
         assert worker.stats.failed == 2 and worker.stats.finished == 1
     finally:
         worker.close()
+
+
+def test_hostile_sizes_are_refused_cheaply(client):
+    """A 50 MB body (with or without a length), JSON nested 100,000 deep and a 10 MB prompt
+    get a 4xx in OpenAI's shape at once, and the server answers the next request."""
+    big = b'{"prompt": "' + b"a" * (50 * 2**20) + b'"}'
+    start = time.perf_counter()
+    _error(client.post("/v1/completions", content=big), 413, code="body_too_large")
+    chunked = (big[i:i + 2**20] for i in range(0, len(big), 2**20))  # no Content-Length
+    _error(client.post("/v1/completions", content=chunked), 413, code="body_too_large")
+    for depth in (100_000, 65):
+        deep = b'{"prompt": "x", "metadata": ' + b"[" * depth + b"]" * depth + b"}"
+        _error(client.post("/v1/completions", content=deep), 400, code="invalid_json")
+    ten_mb = "the cat " * (10 * 2**20 // 8)
+    for path, body in (("/v1/completions", {"prompt": ten_mb}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": ten_mb}]})):
+        _error(client.post(path, json=body), 400, code="context_length_exceeded")
+    assert time.perf_counter() - start < 10  # tokenizing 10 MB took 17 s before
+    _error(client.post("/v1/completions", content=b'{"prompt": "a\\ud800b"}'), 400, "prompt")
+    assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200

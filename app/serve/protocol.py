@@ -128,7 +128,7 @@ def _messages(value) -> list[ChatMessage]:
 def _content(value, where: str) -> str:
     """A string, or a list of text parts joined (images and audio are not supported)."""
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if isinstance(value, list):
         texts = []
         for part in value:
@@ -136,7 +136,7 @@ def _content(value, where: str) -> str:
                     and isinstance(part.get("text"), str)):
                 raise _bad(f"{where}: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
                            "are supported", where, "unsupported_parameter")
-            texts.append(part["text"])
+            texts.append(_text(part["text"], where))
         return "\n".join(texts)
     raise _bad(f"{where} must be a string or a list of text parts", where)
 
@@ -146,7 +146,7 @@ def _prompt(value) -> str | list[int]:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
         value = value[0]
     if isinstance(value, str) and value:
-        return value
+        return _text(value, "prompt")
     if (isinstance(value, list) and value
             and all(isinstance(t, int) and not isinstance(t, bool) for t in value)):
         return list(value)
@@ -194,7 +194,18 @@ def _stop(value) -> tuple[str, ...]:
             or not all(isinstance(s, str) and s for s in stops)):
         raise _bad(f"stop must be a non-empty string or a list of up to {MAX_STOP_STRINGS}",
                    "stop")
-    return tuple(stops)
+    return tuple(_text(s, "stop") for s in stops)
+
+
+def _text(value: str, where: str) -> str:
+    """`value` if it is valid Unicode: JSON's escapes can spell a lone surrogate, which no
+    tokenizer takes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                   "escape), which is not text", where) from None
+    return value
 
 
 def _int(body: dict, name: str, low: int | None = None, high: int | None = None) -> int:

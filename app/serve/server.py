@@ -30,6 +30,7 @@ from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
 MAX_BODY_BYTES = 16 * 2**20
+MAX_NESTING = 64  # JSON schemas and tool parameters nest a few levels; a body is not a stack
 _GONE = object()  # put in a job's inbox when its client disconnects
 
 
@@ -134,6 +135,8 @@ class Api:
         """Prompt token ids; ApiError if they do not leave room for one generated token."""
         param = "messages" if req.kind == "chat" else "prompt"
         try:
+            if isinstance(req.prompt, str) and req.kind == "completion":
+                self.engine.check_text_fits([req.prompt])  # before tokenizing megabytes
             if req.kind == "chat":  # the oldest turns left out if it outgrew the context
                 ids = self.engine.fit_chat(req.messages, req.max_tokens or self.max_tokens
                                            or self.engine.n_ctx)
@@ -190,15 +193,41 @@ class ApiKeyCheck:
 
 
 async def _json(request: Request):
+    """The body as JSON: 413 as soon as it passes MAX_BODY_BYTES (read no further), 400 for
+    anything that is not JSON or nests deeper than MAX_NESTING."""
+    too_large = ApiError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
+                         code="body_too_large")
     if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
-                       code="body_too_large")
-    raw = await request.body()
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():  # a chunked body names no length: count it
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
     try:
-        return json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
-        raise ApiError(400, f"We could not parse the JSON body of your request ({exc})",
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ApiError(400, f"We could not parse the JSON body of your request ({reason})",
                        code="invalid_json") from None
+    if nesting(body) > MAX_NESTING:
+        raise ApiError(400, f"the JSON body nests deeper than {MAX_NESTING} levels",
+                       code="invalid_json")
+    return body
+
+
+def nesting(value) -> int:
+    """How deep lists and objects nest in `value`, counted without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = (item.values() if isinstance(item, dict) else item
+                    if isinstance(item, list) else ())
+        if children:
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 async def _watch_disconnect(request: Request, job: Job, inbox: asyncio.Queue) -> None:

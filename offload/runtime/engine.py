@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ember.models.chat_format import NON_TEXT_TOKENS, ChatFormat, ChatMessage
+from ember.models.errors import PromptTooLong
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
@@ -27,7 +28,7 @@ from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
 from ..speculative.setup import make_drafter
 from ..speculative.verify import SpecStats, SpeculativeStep, TreeSizer
 from .device import resolve_device, set_threads
-from .context_fit import fit_conversation
+from .context_fit import LEADING_ROLES, fit_conversation
 from .engine_model import build_engine_model, kv_value_bytes
 from ..options.engine_options import EngineOptions
 from ..options.sampling import SamplingParams
@@ -155,8 +156,21 @@ class Engine:
         exchanges are left out until the prompt and room for the reply fit (the policy and
         its cost: offload/runtime/context_fit.py); `dropped_messages` on the result says
         how many. PromptTooLong only if the newest message cannot fit even alone."""
+        kept = [m for m in messages[:-1] if m.role in LEADING_ROLES] + messages[-1:]
+        self.check_text_fits([m.content for m in kept])  # what no dropping can save
         return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format),
                                 self.n_ctx, reply_tokens)
+
+    def check_text_fits(self, texts: list[str]) -> None:
+        """PromptTooLong when `texts`' bytes alone prove they cannot fit the context (no
+        token stands for more bytes than the vocabulary's longest): a hostile 10 MB prompt
+        is refused without spending seconds tokenizing it."""
+        fewest = self.tokenizer.fewest_tokens(texts)
+        if fewest >= self.n_ctx:
+            raise PromptTooLong(f"the prompt is at least {fewest} tokens long by its bytes "
+                                f"alone, but the context holds "
+                                f"{self.n_ctx} for the prompt and its reply together; "
+                                "shorten it or raise --ctx-size")
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """The rules a prompt must meet before it runs: not empty, room left in the context
