@@ -213,7 +213,16 @@ def test_api_key_is_checked_on_every_route_but_health(engine):
     ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt", None),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
     ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs", "unsupported_parameter"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs", None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"x": 1}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 101}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": 2.5}, 400, "frequency_penalty",
+     None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, 400, "top_logprobs", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                              "top_logprobs": 21}, 400, "top_logprobs", None),
     ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unknown_parameter"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", None),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400,
@@ -228,8 +237,7 @@ def test_api_key_is_checked_on_every_route_but_health(engine):
                               "response_format": {"type": "json_object"}}, 400,
      "response_format", "unsupported_parameter"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "presence_penalty": 0.5}, 400, "presence_penalty",
-     "unsupported_parameter"),
+                              "presence_penalty": -3}, 400, "presence_penalty", None),
 ])
 def test_bad_requests_are_4xx_in_openai_shape(client, path, body, status, param, code):
     if isinstance(body, bytes):
@@ -392,3 +400,31 @@ def test_hostile_sizes_are_refused_cheaply(client):
     assert time.perf_counter() - start < 10  # tokenizing 10 MB took 17 s before
     _error(client.post("/v1/completions", content=b'{"prompt": "a\\ud800b"}'), 400, "prompt")
     assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+
+
+def test_logprobs_penalties_and_bias_whole_and_streamed(client, engine):
+    fields = dict(logprobs=True, top_logprobs=2, presence_penalty=0.5, frequency_penalty=0.5,
+                  logit_bias={"5": 3}, max_tokens=6, **GREEDY)
+    whole = _chat(client, [{"role": "user", "content": "the cat"}], **fields).json()
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"] == 6
+    for item in content:
+        assert item["logprob"] <= 0 and len(item["top_logprobs"]) == 2
+        assert item["top_logprobs"][0]["logprob"] >= item["top_logprobs"][1]["logprob"]
+        assert bytes(item["bytes"]).decode("utf-8", "replace") == item["token"] or not item["bytes"]
+    streamed = _sse(_chat(client, [{"role": "user", "content": "the cat"}], stream=True,
+                          **fields))
+    parts = [c["choices"][0]["logprobs"] for c in streamed[:-1] if c["choices"][0]["logprobs"]]
+    assert [i for p in parts for i in p["content"]] == content
+    r = client.post("/v1/completions", json={"prompt": "the cat", "logprobs": 1, "max_tokens": 4,
+                                             **GREEDY}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    assert lp["text_offset"][0] == 0
+
+
+def test_n_above_one_is_a_clear_400(client):
+    error = _error(_chat(client, [{"role": "user", "content": "x"}], n=3), 400, "n",
+                   "unsupported_parameter")
+    assert "one choice per request" in error["message"]

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API, read and checked into a `GenerationRequest`.
 
 Every field Ember does not implement is answered with a 400 naming it, never ignored: a client
-asking for n=3 or for tools must learn that it will not get them. Fields that only label a
+asking for n=3 or for audio must learn that it will not get them. Fields that only label a
 request (`user`, `metadata`, `store`) are accepted and unused. A few llama.cpp-server fields
 are accepted as extensions (top_k, min_p, repeat_penalty, ignore_eos).
 """
@@ -12,21 +12,23 @@ from dataclasses import dataclass, field
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import ConfigError
-from ember.offload.options.sampling import SamplingParams
+from ember.offload.options.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 # Sampling defaults are Ember's own (llama.cpp's): top_k 40 and min_p 0.05 stay on unless
 # the request turns them off, whatever temperature it sets.
-_SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")
+_SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",
+             "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "ignore_eos",
            "user", "metadata", "store", *_SAMPLING}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 COMPLETION_FIELDS = _COMMON | {"prompt"}
 MAX_STOP_STRINGS = 8
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on entries
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
 # name -> the values that ask for nothing (any other is a feature Ember lacks)
-_NEUTRAL = {"n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,),
-            "echo": (False,), "presence_penalty": (0,), "frequency_penalty": (0,),
-            "logit_bias": ({},), "suffix": ("",), "tools": ([],), "tool_choice": ("none",),
+_NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+            "tools": ([],), "tool_choice": ("none",),
             "functions": ([],), "function_call": ("none",), "parallel_tool_calls": (True, False),
             "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
             "prediction": (), "reasoning_effort": (), "web_search_options": (),
@@ -34,6 +36,8 @@ _NEUTRAL = {"n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0
 # name -> (accepted, what the message says)
 _RANGES = {"temperature": (lambda v: 0 <= v <= 2, "between 0 and 2 (0 is greedy)"),
            "top_p": (lambda v: 0 < v <= 1, "in (0, 1] (1 turns it off)"),
+           "presence_penalty": (lambda v: -2 <= v <= 2, "between -2 and 2 (0 turns it off)"),
+           "frequency_penalty": (lambda v: -2 <= v <= 2, "between -2 and 2 (0 turns it off)"),
            "min_p": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
            "repeat_penalty": (lambda v: v > 0, "> 0 (1 turns it off)")}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -92,9 +96,9 @@ def _check_fields(body, allowed: set[str], model_id: str) -> None:
         if name in _NEUTRAL:
             if value is not None and value not in _NEUTRAL[name]:
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-                raise _bad(f"{name}={shown} is not supported by Ember (it gives one text "
-                           "completion per request: no tools, logprobs, penalties or "
-                           "structured output)", name, "unsupported_parameter")
+                why = ("Ember gives one choice per request: send n requests instead"
+                       if name in ("n", "best_of") else "it is not supported by Ember")
+                raise _bad(f"{name}={shown}: {why}", name, "unsupported_parameter")
         elif name not in allowed:
             raise _bad(f"Unrecognized request argument supplied: {name}", name,
                        "unknown_parameter")
@@ -167,11 +171,11 @@ def _common(body: dict, request: GenerationRequest) -> GenerationRequest:
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise _bad("stream_options supports only include_usage", "stream_options")
         request.include_usage = _bool(options, "include_usage", "stream_options.include_usage")
-    request.sampling = _sampling(body)
+    request.sampling = _sampling(body, request.kind)
     return request
 
 
-def _sampling(body: dict) -> SamplingParams:
+def _sampling(body: dict, kind: str) -> SamplingParams:
     given = {}
     for name in _RANGES:
         if body.get(name) is not None:
@@ -180,10 +184,46 @@ def _sampling(body: dict) -> SamplingParams:
         given["top_k"] = _int(body, "top_k", low=0)
     if body.get("seed") is not None:
         given["seed"] = _int(body, "seed", low=-2**63, high=2**64 - 1)  # torch's seed range
+    if body.get("logit_bias") is not None:
+        given["logit_bias"] = _logit_bias(body["logit_bias"])
+    given["logprobs"] = _logprobs(body, kind)
     try:
         return SamplingParams(**given)
     except ConfigError as exc:  # the ranges above are SamplingParams' own; kept as a net
         raise _bad(str(exc)) from None
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise _bad(f"logit_bias must map up to {MAX_LOGIT_BIAS} token ids to biases",
+                   "logit_bias")
+    out = []
+    for key, bias in value.items():
+        if (not (key.isascii() and key.isdigit() and len(key) <= 9)
+                or not isinstance(bias, (int, float)) or isinstance(bias, bool)
+                or not -100 <= bias <= 100):
+            raise _bad(f"logit_bias maps token ids (as strings) to numbers between -100 and "
+                       f"100, got {key[:20]!r}: {bias!r}", "logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(out)
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many top log-probabilities per token (None: none asked). Chat: logprobs true and
+    top_logprobs 0-20; completions: logprobs 0-5."""
+    value = body.get("logprobs")
+    if kind == "completion":  # the legacy API: an integer
+        if value is None:
+            return None
+        return _int(body, "logprobs", low=0, high=MAX_COMPLETION_LOGPROBS)
+    wanted = _bool(body, "logprobs")
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0 if wanted else None
+    top = _int(body, "top_logprobs", low=0, high=MAX_TOP_LOGPROBS)
+    if not wanted:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return top
 
 
 def _stop(value) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from ember.models.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
-from .responses import FINISH_REASONS, Reply, model_card
+from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
@@ -70,6 +70,10 @@ class Api:
 
     # -- one generation --------------------------------------------------------------------
     async def _generate(self, request: Request, req: GenerationRequest):
+        try:
+            self.engine.check_sampling(req.sampling)
+        except EmberError as exc:
+            raise ApiError(400, str(exc), param="logit_bias") from None
         prompt_ids = await run_in_threadpool(self._encode, req)
         room = self.engine.n_ctx - len(prompt_ids)
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
@@ -92,6 +96,7 @@ class Api:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         watcher = asyncio.create_task(_watch_disconnect(request, job, inbox))
+        logprobs = []
         try:
             while True:
                 item = await inbox.get()
@@ -99,8 +104,12 @@ class Api:
                     return JSONResponse({}, status_code=499)
                 if isinstance(item, Failed):
                     raise _failure(item)
+                if isinstance(item, TokenEvent) and item.logprob is not None:
+                    logprobs.append((item.token_id, item.logprob))
                 if isinstance(item, Finished):
-                    return JSONResponse(reply.whole(item))
+                    wanted = req.sampling.logprobs is not None
+                    return JSONResponse(reply.whole(item, self._logprobs(reply, logprobs)
+                                                    if wanted else None))
         finally:
             job.cancel.set()  # nothing to stop once finished; stops the engine if we are cancelled
             watcher.cancel()
@@ -111,16 +120,23 @@ class Api:
         try:
             if reply.kind == "chat":
                 yield _event(reply.chunk(first=True))
+            pending, sent = [], 0  # logprobs not sent yet; text sent (completions' offsets)
             while True:
                 item = await inbox.get()
                 if item is _GONE:
                     return
                 if isinstance(item, TokenEvent):
+                    if item.logprob is not None:
+                        pending.append((item.token_id, item.logprob))
                     if item.text:
-                        yield _event(reply.chunk(item.text))
+                        yield _event(reply.chunk(item.text, logprobs=self._logprobs(
+                            reply, pending, sent) if pending else None))
+                        pending, sent = [], sent + len(item.text)
                     continue
                 if isinstance(item, Finished):
-                    yield _event(reply.chunk(finish=FINISH_REASONS[item.done.finish_reason]))
+                    yield _event(reply.chunk(finish=FINISH_REASONS[item.done.finish_reason],
+                                             logprobs=self._logprobs(reply, pending, sent)
+                                             if pending else None))
                     if include_usage:
                         yield _event(reply.usage_chunk(item))
                 elif isinstance(item, Failed):  # the status line has gone: the error in-band
@@ -130,6 +146,15 @@ class Api:
         finally:
             job.cancel.set()
             watcher.cancel()
+
+    def _logprobs(self, reply: Reply, entries: list, offset: int = 0) -> dict:
+        tok = self.engine.tokenizer
+
+        def spell(token: int) -> tuple[str, bytes]:
+            raw = tok.token_bytes(token)  # a control token has no bytes: shown by its name
+            return (raw.decode("utf-8", "replace") if raw else tok.token_text(token)), raw
+
+        return logprobs_json(reply.kind, entries, spell, offset)
 
     def _encode(self, req: GenerationRequest) -> list[int]:
         """Prompt token ids; ApiError if they do not leave room for one generated token."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ember.models.chat_format import NON_TEXT_TOKENS, ChatFormat, ChatMessage
-from ember.models.errors import PromptTooLong
+from ember.models.errors import ConfigError, PromptTooLong
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
@@ -220,10 +220,20 @@ class Engine:
         fmt = prompt_ids.format if isinstance(prompt_ids, ChatPrompt) else ChatFormat("none")
         stops = StopStrings([*stop, *fmt.stop_strings], strip_leading=fmt.strip_leading_space)
         stop_ids = set() if ignore_eos else self.stop_ids
-        tokens = decode_loop(self.runner, session, self._step(session, Sampler(sampling)),
+        self.check_sampling(sampling)
+        sampler = Sampler(sampling, len(prompt_ids))
+        tokens = decode_loop(self.runner, session, self._step(session, sampler),
                              prompt_ids, max_tokens, stop_ids, timings, cancel)
         return reply_events(tokens, StreamDecoder(self.tokenizer), stops, self.hidden_ids,
-                            prompt_ids, timings)
+                            prompt_ids, timings, sampler.logprobs)
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """ConfigError for settings this model cannot honour (a logit_bias id past its
+        vocabulary); the rest SamplingParams checks itself."""
+        bad = [t for t, _ in sampling.logit_bias if t >= self.tokenizer.vocab_size]
+        if bad:
+            raise ConfigError(f"logit_bias names token {bad[0]}, past this model's vocabulary "
+                              f"of {self.tokenizer.vocab_size}")
 
     def _step(self, session: str, sampler: Sampler) -> Step:
         """This engine's decode step: speculative with a drafter (fresh stats per reply),
