@@ -173,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --json: each token's log-probability and the K likeliest "
                         "(0-20; the distribution after logit bias, penalties and grammar, "
                         "before temperature and the top-k/top-p/min-p filters)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE",
+                       help="constrain the reply to JSON valid under this JSON schema")
+    shape.add_argument("--grammar", metavar="FILE",
+                       help="constrain the reply to this grammar: Lark in llguidance's dialect "
+                            "(GBNF when the file ends in .gbnf)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.set_defaults(handler="generate")

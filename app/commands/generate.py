@@ -25,8 +25,10 @@ def run(args) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
                               presence_penalty=args.presence_penalty,
-                              frequency_penalty=args.frequency_penalty, logprobs=args.logprobs)
+                              frequency_penalty=args.frequency_penalty, logprobs=args.logprobs,
+                              grammar=_grammar(args))
     engine = load_engine(args)
+    engine.check_sampling(sampling)  # a grammar that cannot compile: before any output
     if args.chat:
         messages = [ChatMessage("system", args.system)] if args.system else []
         ids = engine.encode_chat(messages + [ChatMessage("user", prompt)])
@@ -126,3 +128,28 @@ def _print_hybrid(hybrid: dict) -> None:
         print(f"ember: profile check on held-out text: perplexity x{check['ppl_ratio']:.3f} of "
               f"dense, top-1 agreement {check['top1_agreement']:.0%} (budget "
               f"+{hybrid['profile']['quality_budget']:.0%})", file=sys.stderr)
+
+
+def _grammar(args):
+    """The --json-schema or --grammar file as a Grammar (None without either)."""
+    from pathlib import Path
+
+    from ember.offload.options.sampling import Grammar
+
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EmberError(f"cannot read {path}: {exc}") from None
+    if args.json_schema:
+        return Grammar("json_schema", text)
+    if path.endswith(".gbnf"):
+        from llguidance import gbnf_to_lark
+
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
+            raise EmberError(f"{path}: not a GBNF grammar llguidance reads ({exc})") from None
+    return Grammar("lark", text)

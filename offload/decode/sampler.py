@@ -27,10 +27,10 @@ from ..options.sampling import SamplingParams
 
 
 class Constraint(Protocol):
-    """What a grammar gives the sampler: the tokens allowed after `generated`."""
+    """What a grammar does in the sampler (`decode.grammar.GrammarConstraint`)."""
 
-    def allowed(self, generated: Sequence[int]) -> torch.Tensor:
-        """A bool mask over the vocabulary (True: allowed)."""
+    def apply(self, logits: torch.Tensor, generated: Sequence[int]) -> None:
+        """Set, in place, the logits of the tokens that may not follow `generated` to -inf."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Sampler:
         if p.frequency_penalty or p.presence_penalty:
             apply_openai_penalties(logits, generated, p.frequency_penalty, p.presence_penalty)
         if self.constraint is not None:
-            logits.masked_fill_(~self.constraint.allowed(generated), float("-inf"))
+            self.constraint.apply(logits, generated)
         return logits
 
 

@@ -13,6 +13,20 @@ from ember.models.errors import ConfigError
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+GRAMMAR_KINDS = ("json_schema", "lark", "regex")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the reply must match: a JSON schema (as JSON text), a Lark grammar in
+    llguidance's dialect, or a regular expression. Compiled by `decode.grammar`."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self):
+        if self.kind not in GRAMMAR_KINDS:
+            raise ConfigError(f"unknown grammar kind {self.kind!r}; one of {GRAMMAR_KINDS}")
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     # None: no log-probabilities; k >= 0: the chosen token's and the k likeliest (Sampler)
     logprobs: int | None = None
+    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
 
     def __post_init__(self):
         if not self.temperature >= 0:
