@@ -234,8 +234,17 @@ def test_api_key_is_checked_on_every_route_but_health(engine):
                               "tools": [{"type": "function"}]}, 400, "tools",
      "unsupported_parameter"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, 400,
-     "response_format", "unsupported_parameter"),
+                              "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "x", "schema": {"type": "strin"}}}}, 400,
+     "response_format", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema"}}, 400,
+     "response_format", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "xml"}}, 400, "response_format", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "ignore_eos": True,
+                              "response_format": {"type": "json_object"}}, 400, "ignore_eos",
+     None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "presence_penalty": -3}, 400, "presence_penalty", None),
 ])
@@ -428,3 +437,30 @@ def test_n_above_one_is_a_clear_400(client):
     error = _error(_chat(client, [{"role": "user", "content": "x"}], n=3), 400, "n",
                    "unsupported_parameter")
     assert "one choice per request" in error["message"]
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["word", "n"],
+          "properties": {"word": {"type": "string", "maxLength": 8},
+                         "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_json_schema_and_object(client, stream):
+    jsonschema = pytest.importorskip("jsonschema")
+    formats = [({"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}},
+                SCHEMA), ({"type": "json_object"}, {"type": "object"})]
+    for fmt, schema in formats:
+        for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 3}):
+            r = _chat(client, [{"role": "user", "content": "the cat"}], response_format=fmt,
+                      stream=stream, max_tokens=60, **sampling)
+            assert r.status_code == 200, r.text
+            if stream:
+                chunks = _sse(r)[:-1]
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+                finish = chunks[-1]["choices"][0]["finish_reason"]
+            else:
+                text = r.json()["choices"][0]["message"]["content"]
+                finish = r.json()["choices"][0]["finish_reason"]
+            if finish == "stop":  # complete: it validates (a length cut may not be whole)
+                jsonschema.validate(json.loads(text), schema)
+            assert text.startswith("{")

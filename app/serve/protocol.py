@@ -8,18 +8,19 @@ are accepted as extensions (top_k, min_p, repeat_penalty, ignore_eos).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from ember.models.chat_format import ChatMessage
 from ember.models.errors import ConfigError
-from ember.offload.options.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from ember.offload.options.sampling import MAX_TOP_LOGPROBS, Grammar, SamplingParams
 
 # Sampling defaults are Ember's own (llama.cpp's): top_k 40 and min_p 0.05 stay on unless
 # the request turns them off, whatever temperature it sets.
 _SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",
              "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "ignore_eos",
-           "user", "metadata", "store", *_SAMPLING}
+           "user", "metadata", "store", "response_format", *_SAMPLING}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 COMPLETION_FIELDS = _COMMON | {"prompt"}
 MAX_STOP_STRINGS = 8
@@ -30,7 +31,7 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
             "tools": ([],), "tool_choice": ("none",),
             "functions": ([],), "function_call": ("none",), "parallel_tool_calls": (True, False),
-            "response_format": ({"type": "text"},), "modalities": (["text"],), "audio": (),
+            "modalities": (["text"],), "audio": (),
             "prediction": (), "reasoning_effort": (), "web_search_options": (),
             "service_tier": ("auto", "default")}
 # name -> (accepted, what the message says)
@@ -187,10 +188,35 @@ def _sampling(body: dict, kind: str) -> SamplingParams:
     if body.get("logit_bias") is not None:
         given["logit_bias"] = _logit_bias(body["logit_bias"])
     given["logprobs"] = _logprobs(body, kind)
+    given["grammar"] = _response_format(body.get("response_format"))
+    if given["grammar"] is not None and body.get("ignore_eos"):
+        raise _bad("response_format ends the reply where its JSON is complete: it cannot be "
+                   "combined with ignore_eos", "ignore_eos")
     try:
         return SamplingParams(**given)
     except ConfigError as exc:  # the ranges above are SamplingParams' own; kept as a net
         raise _bad(str(exc)) from None
+
+
+def _response_format(value) -> Grammar | None:
+    """text (None), json_object (any JSON object) or json_schema (its `schema`)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text" and set(value) == {"type"}:
+        return None
+    if kind == "json_object" and set(value) == {"type"}:
+        return Grammar("json_schema", '{"type": "object"}')
+    if kind == "json_schema" and set(value) == {"type", "json_schema"}:
+        spec = value["json_schema"]
+        if (isinstance(spec, dict) and isinstance(spec.get("name"), str)
+                and isinstance(spec.get("schema", {}), dict)
+                and set(spec) <= {"name", "description", "schema", "strict"}):
+            return Grammar("json_schema", json.dumps(spec.get("schema", {})))
+        raise _bad("response_format.json_schema must be {name, schema, description?, strict?} "
+                   "with schema a JSON object", "response_format.json_schema")
+    raise _bad('response_format must be {"type": "text"}, {"type": "json_object"} or '
+               '{"type": "json_schema", "json_schema": {...}}', "response_format")
 
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:

@@ -70,10 +70,11 @@ class Api:
 
     # -- one generation --------------------------------------------------------------------
     async def _generate(self, request: Request, req: GenerationRequest):
-        try:
-            self.engine.check_sampling(req.sampling)
+        try:  # a schema compiles off the event loop (a first one builds the vocabulary's view)
+            await run_in_threadpool(self.engine.check_sampling, req.sampling)
         except EmberError as exc:
-            raise ApiError(400, str(exc), param="logit_bias") from None
+            param = "logit_bias" if "logit_bias" in str(exc) else "response_format"
+            raise ApiError(400, str(exc), param=param) from None
         prompt_ids = await run_in_threadpool(self._encode, req)
         room = self.engine.n_ctx - len(prompt_ids)
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()

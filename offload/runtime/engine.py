@@ -72,6 +72,7 @@ class Engine:
         self._spec_stats: SpecStats | None = None  # the latest stream's, with a drafter
         self._ll_tokenizer = None  # llguidance's view of the vocabulary, built on first use
         self._grammars: dict[Grammar, str] = {}
+        self._grammar_lock = threading.Lock()
 
     @property
     def speculation(self) -> dict | None:
@@ -244,7 +245,12 @@ class Engine:
             self._compiled(sampling.grammar)
 
     def _compiled(self, grammar: Grammar) -> str:
-        """llguidance's grammar text, kept for the latest few (a client repeats its schema)."""
+        """llguidance's grammar text, kept for the latest few (a client repeats its schema).
+        Thread-safe: a server checks requests' grammars while its worker generates."""
+        with self._grammar_lock:
+            return self._compiled_locked(grammar)
+
+    def _compiled_locked(self, grammar: Grammar) -> str:
         if grammar not in self._grammars:
             if self._ll_tokenizer is None:  # ~1 s for a 150k vocabulary: only when needed
                 self._ll_tokenizer = ll_tokenizer(GrammarVocabulary(self.tokenizer,
