@@ -21,7 +21,9 @@ _SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",
              "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "ignore_eos",
            "user", "metadata", "store", "response_format", *_SAMPLING}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+# tools and tool_choice are read by tools.py
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                         "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = _COMMON | {"prompt"}
 MAX_STOP_STRINGS = 8
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on entries
@@ -29,9 +31,7 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 
 # name -> the values that ask for nothing (any other is a feature Ember lacks)
 _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
-            "tools": ([],), "tool_choice": ("none",),
-            "functions": ([],), "function_call": ("none",), "parallel_tool_calls": (True, False),
-            "modalities": (["text"],), "audio": (),
+            "functions": ([],), "function_call": ("none",), "modalities": (["text"],), "audio": (),
             "prediction": (), "reasoning_effort": (), "web_search_options": (),
             "service_tier": ("auto", "default")}
 # name -> (accepted, what the message says)
@@ -41,7 +41,8 @@ _RANGES = {"temperature": (lambda v: 0 <= v <= 2, "between 0 and 2 (0 is greedy)
            "frequency_penalty": (lambda v: -2 <= v <= 2, "between -2 and 2 (0 turns it off)"),
            "min_p": (lambda v: 0 <= v < 1, "in [0, 1) (0 turns it off)"),
            "repeat_penalty": (lambda v: v > 0, "> 0 (1 turns it off)")}
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
 
 
 class ApiError(Exception):
@@ -73,6 +74,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
     ignore_eos: bool = False
+    tools: object = None  # chat: a tools.ToolRequest when the model may call functions
 
 
 def parse_chat(body, model_id: str) -> GenerationRequest:
@@ -118,16 +120,52 @@ def _messages(value) -> list[ChatMessage]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(f"{where} must be an object with role and content", where)
-        extra = set(m) - {"role", "content", "name"}
-        if extra:
-            raise _bad(f"{where}: {', '.join(sorted(extra))} not supported (no tool calls)",
-                       f"{where}.{sorted(extra)[0]}", "unsupported_parameter")
         role = m.get("role")
         if role not in _ROLES:
             raise _bad(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}",
                        f"{where}.role")
-        out.append(ChatMessage(_ROLES[role], _content(m.get("content"), f"{where}.content")))
+        allowed = {"role", "content", "name"} | _ROLE_FIELDS.get(role, set())
+        extra = set(m) - allowed
+        if extra:
+            raise _bad(f"{where}: {', '.join(sorted(extra))} not supported for a {role} message",
+                       f"{where}.{sorted(extra)[0]}", "unsupported_parameter")
+        calls = _tool_calls(m.get("tool_calls"), f"{where}.tool_calls")
+        content = m.get("content")
+        if content is None and calls:  # an assistant's turn that only calls tools
+            content = ""
+        call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise _bad(f"{where}: a tool message needs the tool_call_id it answers",
+                       f"{where}.tool_call_id")
+        out.append(ChatMessage(_ROLES[role], _content(content, f"{where}.content"),
+                               tool_calls=calls, tool_call_id=call_id))
     return out
+
+
+_ROLE_FIELDS = {"assistant": {"tool_calls", "refusal"}, "tool": {"tool_call_id"}}
+
+
+def _tool_calls(value, where: str) -> tuple:
+    """An assistant's earlier calls, arguments parsed back to objects (what templates
+    write with tojson)."""
+    if value is None or value == []:
+        return ()
+    if not isinstance(value, list):
+        raise _bad(f"{where} must be a list of function calls", where)
+    calls = []
+    for n, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)
+                and isinstance(fn.get("arguments", "{}"), str)):
+            raise _bad(f"{where}[{n}] must be {{id, type: function, function: {{name, "
+                       "arguments (a JSON string)}}}}", f"{where}[{n}]")
+        try:
+            arguments = json.loads(fn.get("arguments", "{}"))
+        except (ValueError, RecursionError):
+            arguments = fn["arguments"]  # written as given
+        calls.append({"id": call.get("id"), "type": "function",
+                      "function": {"name": fn["name"], "arguments": arguments}})
+    return tuple(calls)
 
 
 def _content(value, where: str) -> str:

@@ -38,14 +38,21 @@ class Reply:
         return {"id": self.id, "object": object_name, "created": self.created,
                 "model": self.model, "system_fingerprint": None}
 
-    def whole(self, result: Finished, logprobs: dict | None = None) -> dict:
-        """The non-streamed response; `logprobs` from `logprobs_json`, when asked for."""
+    def whole(self, result: Finished, logprobs: dict | None = None,
+              calls: tuple[str, list[dict]] | None = None) -> dict:
+        """The non-streamed response; `logprobs` from `logprobs_json`, when asked for;
+        `calls`: (content, tool_calls) read from the reply (tools.split_calls)."""
         done = result.done
         finish = FINISH_REASONS[done.finish_reason]
         if self.kind == "chat":
             body = self._head("chat.completion")
-            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
-                      "logprobs": logprobs, "finish_reason": finish}
+            message = {"role": "assistant", "content": done.text}
+            if calls is not None and calls[1]:
+                message = {"role": "assistant", "content": calls[0] or None,
+                           "tool_calls": calls[1]}
+                finish = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": logprobs,
+                      "finish_reason": finish}
         else:
             body = self._head("text_completion")
             choice = {"index": 0, "text": done.text, "logprobs": logprobs,
@@ -70,6 +77,13 @@ class Reply:
             choice = {"index": 0, "text": text or "", "logprobs": logprobs,
                       "finish_reason": finish}
         body["choices"] = [choice]
+        return body
+
+    def call_chunk(self, index: int, call: dict) -> dict:
+        """A streamed tool call: the whole call in one delta (id, name and arguments)."""
+        body = self._head("chat.completion.chunk")
+        body["choices"] = [{"index": 0, "delta": {"tool_calls": [{"index": index, **call}]},
+                            "logprobs": None, "finish_reason": None}]
         return body
 
     def usage_chunk(self, result: Finished) -> dict:

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import json
 import logging
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -26,6 +27,7 @@ from ember.offload.decode.events import TokenEvent
 
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
+from .tools import CallStream, call_grammar, parse_tools, split_calls
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
@@ -62,7 +64,37 @@ class Api:
         return JSONResponse(model_card(self.model_id, self.created))
 
     async def chat(self, request: Request):
-        return await self._generate(request, parse_chat(await _json(request), self.model_id))
+        body = await _json(request)
+        req = parse_chat(body, self.model_id)
+        req.tools = parse_tools(body)
+        self._check_tools(req)
+        return await self._generate(request, req)
+
+    async def embeddings(self, request: Request):
+        raise ApiError(404, f"This server has no embeddings: {self.model_id!r} is a chat model, "
+                            "whose pooled hidden states make poor retrieval embeddings, and "
+                            "computing them would occupy its one engine. Run an embedding "
+                            "model elsewhere for /v1/embeddings.", param="model",
+                       code="embeddings_not_supported")
+
+    def _check_tools(self, req: GenerationRequest) -> None:
+        """Tools need a template that writes them and a call syntax Ember reads; a forced
+        call becomes the request's grammar."""
+        history = any(m.role == "tool" or m.tool_calls for m in req.messages)
+        if (req.tools is not None or history) and self.engine.tool_style is None:
+            raise ApiError(400, f"The model {self.model_id!r} has no tool support: its chat "
+                                "template does not write tools in a call syntax Ember reads "
+                                "(<tool_call>{...}</tool_call>, as Qwen2.5's)",
+                           param="tools", code="tools_not_supported")
+        if req.tools is None or not req.tools.forced:
+            return
+        if req.sampling.grammar is not None or req.ignore_eos:
+            raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
+                                "grammar: it cannot be combined with response_format or "
+                                "ignore_eos", param="tool_choice")
+        tok = self.engine.tokenizer
+        req.sampling = replace(req.sampling, grammar=call_grammar(
+            req.tools, lambda marker: tok.id_of(marker) is not None))
 
     async def completions(self, request: Request):
         return await self._generate(request,
@@ -93,7 +125,9 @@ class Api:
             raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
         reply = Reply(req.kind, self.model_id)
         if req.stream:
-            return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage),
+            calls = CallStream() if req.tools is not None else None
+            return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage,
+                                               calls),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         watcher = asyncio.create_task(_watch_disconnect(request, job, inbox))
@@ -109,14 +143,15 @@ class Api:
                     logprobs.append((item.token_id, item.logprob))
                 if isinstance(item, Finished):
                     wanted = req.sampling.logprobs is not None
+                    calls = split_calls(item.done.text) if req.tools is not None else None
                     return JSONResponse(reply.whole(item, self._logprobs(reply, logprobs)
-                                                    if wanted else None))
+                                                    if wanted else None, calls))
         finally:
             job.cancel.set()  # nothing to stop once finished; stops the engine if we are cancelled
             watcher.cancel()
 
     async def _sse(self, request: Request, job: Job, inbox: asyncio.Queue, reply: Reply,
-                   include_usage: bool):
+                   include_usage: bool, calls: CallStream | None = None):
         watcher = asyncio.create_task(_watch_disconnect(request, job, inbox))
         try:
             if reply.kind == "chat":
@@ -129,13 +164,22 @@ class Api:
                 if isinstance(item, TokenEvent):
                     if item.logprob is not None:
                         pending.append((item.token_id, item.logprob))
-                    if item.text:
-                        yield _event(reply.chunk(item.text, logprobs=self._logprobs(
+                    text = item.text if calls is None else calls.push(item.text)
+                    if text:
+                        yield _event(reply.chunk(text, logprobs=self._logprobs(
                             reply, pending, sent) if pending else None))
-                        pending, sent = [], sent + len(item.text)
+                        pending, sent = [], sent + len(text)
                     continue
                 if isinstance(item, Finished):
-                    yield _event(reply.chunk(finish=FINISH_REASONS[item.done.finish_reason],
+                    finish = FINISH_REASONS[item.done.finish_reason]
+                    if calls is not None:
+                        content, found = calls.finish()
+                        if content:
+                            yield _event(reply.chunk(content))
+                        for index, call in enumerate(found):
+                            yield _event(reply.call_chunk(index, call))
+                        finish = "tool_calls" if found else finish
+                    yield _event(reply.chunk(finish=finish,
                                              logprobs=self._logprobs(reply, pending, sent)
                                              if pending else None))
                     if include_usage:
@@ -165,7 +209,8 @@ class Api:
                 self.engine.check_text_fits([req.prompt])  # before tokenizing megabytes
             if req.kind == "chat":  # the oldest turns left out if it outgrew the context
                 ids = self.engine.fit_chat(req.messages, req.max_tokens or self.max_tokens
-                                           or self.engine.n_ctx)
+                                           or self.engine.n_ctx,
+                                           tools=req.tools.tools if req.tools else None)
             elif isinstance(req.prompt, str):
                 ids = self.engine.encode(req.prompt)
             else:
@@ -191,7 +236,8 @@ def create_app(worker: EngineWorker, model_id: str, *, api_key: str | None = Non
               Route("/v1/models", api.models, methods=["GET"]),
               Route("/v1/models/{name:path}", api.model, methods=["GET"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
-              Route("/v1/completions", api.completions, methods=["POST"])]
+              Route("/v1/completions", api.completions, methods=["POST"]),
+              Route("/v1/embeddings", api.embeddings, methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     return app if api_key is None else ApiKeyCheck(app, api_key)

@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ember.models.chat_format import NON_TEXT_TOKENS, ChatFormat, ChatMessage
+from ember.models.chat_format import (NON_TEXT_TOKENS, ChatFormat, ChatMessage,
+                                      template_tool_style)
 from ember.models.errors import ConfigError, PromptTooLong
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
@@ -146,23 +147,32 @@ class Engine:
         """What a --chat-format choice means for this model (ConfigError if it cannot be)."""
         return self.prompts.resolve_chat_format(choice)
 
-    def encode_chat(self, messages: list[ChatMessage],
-                    chat_format: str | None = None) -> ChatPrompt:
+    def encode_chat(self, messages: list[ChatMessage], chat_format: str | None = None,
+                    tools: list | None = None) -> ChatPrompt:
         """The conversation in this engine's chat format (or in `chat_format`, a
         --chat-format choice), as token ids that carry the format (so `stream()` ends the
-        reply at its stop strings)."""
+        reply at its stop strings). `tools`: function definitions for the template to write
+        (see `tool_style`)."""
         fmt = self.chat_format if chat_format is None else self.resolve_chat_format(chat_format)
-        return self.prompts.encode_chat(messages, fmt)
+        return self.prompts.encode_chat(messages, fmt, tools)
+
+    @property
+    def tool_style(self) -> str | None:
+        """The tool-call syntax this engine's chat format writes and reads ("hermes"), or
+        None when it has no tool support."""
+        if self.chat_format.name != "template":
+            return None
+        return template_tool_style(self.prompts.chat_template)
 
     def fit_chat(self, messages: list[ChatMessage], reply_tokens: int,
-                 chat_format: str | None = None) -> ChatPrompt:
+                 chat_format: str | None = None, tools: list | None = None) -> ChatPrompt:
         """`encode_chat` for a conversation that may have outgrown the context: its oldest
         exchanges are left out until the prompt and room for the reply fit (the policy and
         its cost: offload/runtime/context_fit.py); `dropped_messages` on the result says
         how many. PromptTooLong only if the newest message cannot fit even alone."""
         kept = [m for m in messages[:-1] if m.role in LEADING_ROLES] + messages[-1:]
         self.check_text_fits([m.content for m in kept])  # what no dropping can save
-        return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format),
+        return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format, tools),
                                 self.n_ctx, reply_tokens)
 
     def check_text_fits(self, texts: list[str]) -> None:
