@@ -121,7 +121,7 @@ def _messages(value) -> list[ChatMessage]:
         if not isinstance(m, dict):
             raise _bad(f"{where} must be an object with role and content", where)
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise _bad(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}",
                        f"{where}.role")
         allowed = {"role", "content", "name"} | _ROLE_FIELDS.get(role, set())
