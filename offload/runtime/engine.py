@@ -170,7 +170,9 @@ class Engine:
         exchanges are left out until the prompt and room for the reply fit (the policy and
         its cost: offload/runtime/context_fit.py); `dropped_messages` on the result says
         how many. PromptTooLong only if the newest message cannot fit even alone."""
-        kept = [m for m in messages[:-1] if m.role in LEADING_ROLES] + messages[-1:]
+        lead = next((i for i, m in enumerate(messages) if m.role not in LEADING_ROLES),
+                    len(messages))
+        kept = messages[:lead] + messages[max(lead, len(messages) - 1):]
         self.check_text_fits([m.content for m in kept])  # what no dropping can save
         return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format, tools),
                                 self.n_ctx, reply_tokens)
