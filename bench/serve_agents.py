@@ -158,7 +158,8 @@ def tool_use(client, model, stream: bool) -> dict:
 
 
 def follow_up(client, model, stream: bool) -> dict:
-    """A tool turn: the model calls get_weather, gets '17 °C, light rain', and answers."""
+    """A tool turn: the model calls get_weather, gets '17 °C, light rain', and answers; with
+    the tools offered again (tool_choice auto), and with tool_choice none."""
     messages = [{"role": "user", "content": "What's the weather like in Berlin right now?"}]
     _, calls, _ = _chat(client, model, stream, max_tokens=120, tools=TOOLS, messages=messages,
                         tool_choice="required")
@@ -167,15 +168,21 @@ def follow_up(client, model, stream: bool) -> dict:
     messages += [{"role": "assistant", "content": None, "tool_calls": [{
         "id": "call_1", "type": "function", "function": calls[0]}]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature_c": 17, "sky": "light rain"}'}]
-    answer, _, _ = _chat(client, model, stream, max_tokens=80, tools=TOOLS, messages=messages)
-    uses = "17" in answer and "rain" in answer.lower()
-    return {"answered": uses, "call": calls[0], "answer": answer}
+    out = {"call": calls[0]}
+    for choice in ("auto", "none"):
+        answer, again, _ = _chat(client, model, stream, max_tokens=80, tools=TOOLS,
+                                 tool_choice=choice, messages=messages)
+        out[choice] = {"answered": "17" in answer and "rain" in answer.lower(),
+                       "answer": answer, "called_again": again}
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--serve-args", default="", help="more `ember serve` flags, one string")
+    parser.add_argument("--parts", nargs="+", default=["json_schema", "tools", "follow_up"],
+                        choices=["json_schema", "tools", "follow_up"])
     args = parser.parse_args()
     port = _free_port()
     proc = _start(args.model, port, args.serve_args.split())
@@ -186,9 +193,8 @@ def main() -> None:
         start = time.perf_counter()
         for stream in (False, True):
             key = "streamed" if stream else "whole"
-            out[key] = {"json_schema": extraction(client, model, stream),
-                        "tools": tool_use(client, model, stream),
-                        "follow_up": follow_up(client, model, stream)}
+            parts = {"json_schema": extraction, "tools": tool_use, "follow_up": follow_up}
+            out[key] = {name: parts[name](client, model, stream) for name in args.parts}
         out["seconds"] = time.perf_counter() - start
         print(json.dumps(out, indent=1, ensure_ascii=False))
     finally:

@@ -162,3 +162,21 @@ def test_call_stream_holds_back_only_what_may_be_a_call():
     assert content == "" and calls[0]["function"]["name"] == "f"
     plain = CallStream()
     assert plain.push("a <tool_c") == "a " and plain.finish() == ("<tool_c", [])
+
+
+def test_a_bare_json_call_naming_a_tool_is_a_call():
+    """Qwen2.5-Coder writes its calls as a ```json block, not in <tool_call> tags."""
+    fenced = '```json\n{"name": "f", "arguments": {"a": 1}}\n```'
+    content, calls = split_calls(fenced, {"f"})
+    assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"a": 1}
+    assert split_calls(fenced, {"g"}) == (fenced, [])  # not a tool it was given
+    assert split_calls('{"name": "f", "arguments": {}} and more', {"f"})[1] == []
+    stream = CallStream({"f"})
+    assert "".join(stream.push(p) for p in ["``", "`json\n{", '"name": "f", "arguments": {}}',
+                                            "\n```"]) == ""
+    assert stream.finish()[1][0]["function"]["name"] == "f"
+    code = CallStream({"f"})
+    assert code.push("```py") == "" and code.push("\nx = 1\n```") == ""
+    assert code.finish() == ("```py\nx = 1\n```", [])
+    prose = CallStream({"f"})
+    assert prose.push("  ") == "" and prose.push("Hi {x}") == "  Hi {x}"

@@ -125,7 +125,7 @@ class Api:
             raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
         reply = Reply(req.kind, self.model_id)
         if req.stream:
-            calls = CallStream() if req.tools is not None else None
+            calls = CallStream(req.tools.names) if req.tools is not None else None
             return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage,
                                                calls),
                                      media_type="text/event-stream",
@@ -143,7 +143,8 @@ class Api:
                     logprobs.append((item.token_id, item.logprob))
                 if isinstance(item, Finished):
                     wanted = req.sampling.logprobs is not None
-                    calls = split_calls(item.done.text) if req.tools is not None else None
+                    calls = (split_calls(item.done.text, req.tools.names)
+                             if req.tools is not None else None)
                     return JSONResponse(reply.whole(item, self._logprobs(reply, logprobs)
                                                     if wanted else None, calls))
         finally:

@@ -39,6 +39,10 @@ class ToolRequest:
     def forced(self) -> bool:
         return self.choice != "auto"
 
+    @property
+    def names(self) -> set[str]:
+        return {tool["function"]["name"] for tool in self.tools}
+
 
 def parse_tools(body: dict) -> ToolRequest | None:
     """`tools` and `tool_choice` checked; None without tools or with tool_choice "none"."""
@@ -100,9 +104,13 @@ def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Gramm
                            f"call: %json {json.dumps(schema)}\n")
 
 
-def split_calls(text: str) -> tuple[str, list[dict]]:
+def split_calls(text: str, names: set[str] = frozenset()) -> tuple[str, list[dict]]:
     """The reply's text before its first call, and its calls as OpenAI `tool_calls`; a block
-    whose JSON is not {"name", "arguments"} is left as text."""
+    whose JSON is not {"name", "arguments"} is left as text.
+
+    Without call blocks, a reply that is nothing but such JSON (bare or in a ```json fence)
+    naming one of `names` is a call too: Qwen2.5-Coder writes its calls that way, though its
+    template asks for the tags."""
     calls, first = [], None
     for m in _BLOCK.finditer(text):
         call = _call(m.group(1))
@@ -111,8 +119,15 @@ def split_calls(text: str) -> tuple[str, list[dict]]:
         calls.append(call)
         first = m.start() if first is None else first
     if not calls:
+        bare = _FENCE.fullmatch(text.strip())
+        call = _call(bare.group(1)) if bare else None
+        if call is not None and call["function"]["name"] in names:
+            return "", [call]
         return text, []
     return text[:first].strip(), calls
+
+
+_FENCE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\})(?:\s*```)?", re.DOTALL)
 
 
 def _call(block: str) -> dict | None:
@@ -130,18 +145,27 @@ def _call(block: str) -> dict | None:
 
 class CallStream:
     """A streamed reply with tools: text deltas pass as content until a call may begin; from
-    there the rest is held and read as calls when the reply ends."""
+    there the rest is held and read as calls when the reply ends. A reply that opens with
+    JSON or a code fence is held whole (it may be a bare call: `split_calls`)."""
 
-    def __init__(self):
-        self._held = ""
-        self._in_call = False
+    def __init__(self, names: set[str] = frozenset()):
+        self._held, self._names = "", names
+        self._in_call = self._started = False
 
     def push(self, delta: str) -> str:
         """The part of `delta` that is content for sure."""
+        self._held += delta
         if self._in_call:
-            self._held += delta
             return ""
-        text = self._held + delta
+        if not self._started:
+            opening = self._held.lstrip()
+            if opening.startswith(("{", "```")):  # perhaps a bare call: told at the end
+                self._in_call = True
+                return ""
+            if not opening or "```".startswith(opening):  # too early to tell
+                return ""
+            self._started = True
+        text = self._held
         at = text.find(OPEN)
         if at >= 0:
             self._in_call, self._held = True, text[at:]
@@ -153,7 +177,7 @@ class CallStream:
 
     def finish(self) -> tuple[str, list[dict]]:
         """(content still held, the calls)."""
-        content, calls = split_calls(self._held)
+        content, calls = split_calls(self._held, self._names)
         if not calls:
             return self._held, []
         return content, calls
