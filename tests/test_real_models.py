@@ -1,6 +1,12 @@
 """The catalog's real instruct models (Qwen2.5-Coder 0.5B and 1.5B Instruct, Q4_K_M) held to
 llama.cpp: token ids, greedy continuations up to llama.cpp's first near-tie, the chat template
-end to end, and perplexity within 0.5%.
+end to end, and perplexity within 0.5% of llama.cpp's with flash attention off or on.
+
+Why either: llama.cpp's two attention paths round differently (the query and the softmax to
+fp16 or not), and on this 492-token text they alone are 0.54% (0.5B) and 0.94% (1.5B) apart;
+token by token any two of them (or Ember) differ by 0.08-0.19 nats on the 0.5B, so 492 tokens
+cannot resolve finer than ~1%. On 6k tokens of the 1.5B, Ember and llama.cpp agree to 0.03%
+(docs/long-context.md).
 
 The references are tests/data/<name>_llamacpp.json, made once by bench/real_model_fixtures.py
 from llama.cpp alone. A model not pulled (`ember pull NAME`; `scripts/setup.sh test` pulls the
@@ -94,14 +100,21 @@ def _english_ppl(engine, window: int):
     return ids, perplexity(engine.model, ids, engine.tokenizer.bos_id, window=window)
 
 
+def _nearest_ratio(ours: float, references: list[float]) -> float:
+    """ours / the reference it is nearest to, as a distance from 1."""
+    return min(abs(ours / ref - 1) for ref in references)
+
+
 def test_perplexity_within_half_a_percent_of_llama_cpps(real):
-    """Against the figure llama.cpp gave on the same ids and windows (the fixture's)."""
+    """Against the figures llama.cpp gave on the same ids and windows (the fixture's), with
+    flash attention off and on."""
     _, _, engine, fixture = real
     ref = fixture["perplexity"]
     assert engine.tokenizer.bos_id == ref["bos_id"]
     _, ours = _english_ppl(engine, ref["window"])
     assert ours.tokens == ref["tokens"]
-    assert abs(ours.ppl / ref["ppl"] - 1) < PPL_TOLERANCE, (ours.ppl, ref["ppl"])
+    references = [ref["ppl"], ref["ppl_flash_attn"]]
+    assert _nearest_ratio(ours.ppl, references) < PPL_TOLERANCE, (ours.ppl, references)
 
 
 def test_perplexity_matches_live_llama_cpp(real):
@@ -111,7 +124,8 @@ def test_perplexity_matches_live_llama_cpp(real):
     _, path, engine, fixture = real
     window = fixture["perplexity"]["window"]
     ids, ours = _english_ppl(engine, window)
-    theirs = LlamaCpp(path, 2, window, logits_all=True).perplexity(
-        ids, engine.tokenizer.bos_id, window)
-    assert theirs.tokens == ours.tokens
-    assert abs(ours.ppl / theirs.ppl - 1) < PPL_TOLERANCE, (ours.ppl, theirs.ppl)
+    theirs = [LlamaCpp(path, 2, window, logits_all=True, flash_attn=flash).perplexity(
+        ids, engine.tokenizer.bos_id, window) for flash in (False, True)]
+    assert all(t.tokens == ours.tokens for t in theirs)
+    references = [t.ppl for t in theirs]
+    assert _nearest_ratio(ours.ppl, references) < PPL_TOLERANCE, (ours.ppl, references)
