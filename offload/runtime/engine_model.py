@@ -22,6 +22,7 @@ from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictor
                             profile_chooser, profile_predictors, resolve_cold_dtype,
                             restore_dense, split_ffns)
 from ..hybrid.host_reads import HostReads
+from ..hybrid.layer_plan import plan_file, whole_model
 from ..hybrid.placed_model import build_placed_model
 from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_dtype, attention_format,
                                   attention_kv_dtype)
@@ -165,6 +166,12 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
             attention_format=fmt, attention_bytes=tier_attention_bytes(blocks, fmt, half),
             lm_head_bytes=tier_head_bytes(blocks, fmt, half))
         how["predictor_bytes"] = 0  # the file-blocks runtime runs them on the host
+        if fmt is not None and whole_model(options.tier_attention, options.tier_dtype):
+            # every tensor in the file's bytes, per layer "gpu", "split" or "cpu": the plan
+            # `ember info --gpu-budget` shows, made by the same call
+            how["plan"] = plan_file(loaded.config, loaded.source.weights, budget, n_ctx,
+                                    kv_bytes, split, options.gpu, device, how["neuron_order"],
+                                    _activity(profile, predictors) if sparse else None)
         hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
                             kv_bytes, ungated=[g is None for g in gates],
                             attention_movable=fmt is not None,
@@ -179,6 +186,14 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
     if sparse:
         attach_predictors(hybrid, predictors, profile.bias)
     return hybrid
+
+
+def _activity(profile, predictors) -> list:
+    """Per layer each neuron's firing frequency in the profile's calibration where a
+    predictor lets the host skip cold neurons (None: the layer runs dense), as the
+    whole-model plan prices it."""
+    return [None if p is None else f.numpy()
+            for f, p in zip(profile.frequency, predictors.predict)]
 
 
 def use_input_thresholds(profile, blocks, options) -> bool:
