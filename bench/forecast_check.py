@@ -1,5 +1,5 @@
 """The forecast against a measurement on this machine: `python -m bench.forecast_check MODEL
---budgets 200MB 400MB [--tokens 32] [--runs 2] [--json]`.
+--budgets 200MB 400MB [--tokens 32] [--runs 2] [--threads 1] [--json]`.
 
 With the CPU as the tier, the forecast's cost model (offload/hybrid/decode_costs.py) prices
 the plan `ember generate --gpu-budget B` makes: the whole-model plan (per layer "gpu", "split"
@@ -10,7 +10,9 @@ bytes a token over its time), for the tier and the host alike, one memory bus (t
 reads add up), kernels launched eagerly. Each run is a fresh `ember generate ... --json`
 process; budgets are interleaved run by run, each beside its unsplit run, so that a busy
 machine slows both alike. Both sides share two cores and one memory bus here, so this checks
-the byte accounting and the host side's constants, not the overlap a GPU would give.
+the byte accounting and the host side's constants, not the overlap a GPU would give. One
+thread by default: on a loaded 2-core machine the unsplit pass's two OpenMP threads wait at
+every layer's barrier for a core, which makes the bandwidth it calibrates by meaningless.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", nargs="+", required=True, metavar="SIZE")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", action="store_true", help="JSON only")
     args = p.parse_args(argv)
     from ember.app.commands.bench_decode import copy_bandwidth
