@@ -181,6 +181,9 @@ def check_whole_model_budgets(loaded, want, gaps, prompt, n_ctx, n, monkeypatch)
             report = engine.hybrid_report()
             assert shown["hot_fraction_per_layer"] == report["hot_fraction_per_layer"]
             assert engine.hybrid.layer_modes == plan.layer_modes
+            if not tier_blocks.block_kernels_on(CPU):  # the torch path: tier layers run there
+                runs = engine.model.runs or []
+                assert sum(r.attention is not None for r in runs) == len(plan.tier_layers())
             _whole_charges_are_the_tensors(engine)
             if name == "fits":  # the whole model on the tier, the host reads no weights
                 assert set(plan.layer_modes) == {"gpu"} and plan.lm_head_on_gpu
@@ -211,6 +214,37 @@ def test_the_default_model_under_the_whole_model_plan_decodes_as_unsplit(
         default_greedy_reference, monkeypatch):
     loaded, ids, want, gaps = default_greedy_reference
     check_whole_model_budgets(loaded, want, gaps, ids, 256, 12, monkeypatch)
+
+
+def test_the_cuda_path_runs_the_whole_model_plan(tiny_q4_k_m, monkeypatch):
+    """The same three budgets with the tier's torch path chosen for the CPU (what a CUDA
+    tier runs): tier layers' attention decoded from the file's blocks there, host layers in
+    C++, one pool serving both (on the CPU)."""
+    loaded = load_model(tiny_q4_k_m[2])
+    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
+                                  PROMPT, 8)
+    monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    check_whole_model_budgets(loaded, want, gaps, PROMPT, 64, 8, monkeypatch)
+
+
+@pytest.mark.parametrize("drafter", ["self", "lookup"])
+def test_speculation_under_the_whole_model_plan_is_lossless(tiny_q4_k_m, drafter, monkeypatch):
+    monkeypatch.setattr(decode_costs, "GRAPH_LAUNCH_MS", 0.0)
+    monkeypatch.setattr(decode_costs, "HANDOFF_MS", 0.0)
+    loaded = load_model(tiny_q4_k_m[2])
+    budget = _whole_budgets(loaded, 64)["split"]
+    prompt = PROMPT + PROMPT[1:]  # repeats: the lookup drafter finds drafts
+    plain = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget))
+    spec = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
+                                        speculate=drafter))
+    try:
+        assert "split" in spec.hybrid.plan.layer_modes
+        want = plain.generate(prompt, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        got = spec.generate(prompt, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        assert got == want and spec.speculation["verifications"] > 0
+    finally:
+        plain.close()
+        spec.close()
 
 
 def test_the_engines_plan_is_priced_for_the_named_card(tiny_q4_k_m):
