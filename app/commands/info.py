@@ -169,9 +169,10 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     this machine has: the budget describes a GPU."""
     if args.gpu_budget is None:
         return None
-    from ember.offload.hybrid.layer_plan import whole_model
+    from ember.offload.hybrid.file_plan import plans_whole_model
 
-    if whole_model(getattr(args, "tier_attention", "auto"), getattr(args, "tier_dtype", "auto")):
+    if plans_whole_model(getattr(args, "tier_attention", "auto"),
+                         getattr(args, "tier_dtype", "auto")):
         return _layer_plan(cfg, args, n_ctx, source)
     from ember.offload.runtime.device import resolve_device
     from ember.offload.kv.plan import plan_kv
@@ -205,11 +206,11 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
 
 
 def _layer_plan(cfg, args, n_ctx: int, source):
-    """The whole-model plan, as the engine makes it (layer_plan.plan_file), priced for
+    """The whole-model plan, as the engine makes it (file_plan.plan_file), priced for
     `--gpu NAME`, this machine's CUDA device, or the first card of the table with the
     budget's memory."""
     from ember.models.sizes import parse_size
-    from ember.offload.hybrid.layer_plan import plan_file
+    from ember.offload.hybrid.file_plan import plan_file
     from ember.offload.kv.plan import plan_kv
     from ember.offload.runtime.device import resolve_device
 

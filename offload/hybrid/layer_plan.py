@@ -2,14 +2,14 @@
 every tier tensor in the file's own bytes (`ComponentBytes.of_file_blocks`), chosen by the
 ILP (`ember.placement.layer_modes`) on the forecast's cost model (decode_costs.py) for the
 card the plan is made for (`plan_speeds`). `plan_memory` turns the answer into a MemoryPlan;
-`plan_file` is the one way a file's plan is made (the engine, `ember info`), and
-`whole_model` says when it applies. This module also prices a plan (`plan_forecast`) and
-describes one (`layer_lines`).
+file_plan.py makes it for a real file (the engine and `ember info` alike). This module also
+prices a plan (`plan_forecast`) and describes one (`layer_lines`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ember.models.errors import ConfigError
 from ember.models.sizes import format_size
@@ -18,10 +18,11 @@ from ember.placement.layer_modes_ilp import solve_layers
 
 from .decode_costs import (DecodeSpeeds, LayerPrice, ModelBytes, head_ms, host_weight_bytes,
                            layer_problem)
-from .component_bytes import ComponentBytes
-from .gpu_cards import CARDS, GpuCard, card, card_for_budget, check_budget
-from .memory_plan import MemoryPlan, plan_memory
+from .gpu_cards import CARDS, GpuCard, card_for_budget
 from .paper_shapes import measured_host_gbps
+
+if TYPE_CHECKING:
+    from .memory_plan import MemoryPlan
 
 
 def plan_speeds(budget: int, card: GpuCard | None = None, device=None) -> DecodeSpeeds:
@@ -42,27 +43,6 @@ def plan_speeds(budget: int, card: GpuCard | None = None, device=None) -> Decode
             card = replace(fastest, name=f"{fastest.name} (at {format_size(budget)})",
                            memory=budget)
     return DecodeSpeeds(card, measured_host_gbps("ember"))
-
-
-def whole_model(tier_attention: str, tier_dtype: str) -> bool:
-    """Whether flags ask for the whole-model plan (every tensor in the file's bytes):
-    `--tier-attention auto` with the file's formats. A named format keeps the plan of FFN
-    rows, attention moving whole (memory_plan.py)."""
-    return tier_attention == "auto" and tier_dtype in ("auto", "file")
-
-
-def plan_file(cfg, weights, budget: int, n_ctx: int, kv_pool: int, split: str = "auto",
-              gpu: str | None = None, device=None, order=None, activity=None) -> MemoryPlan:
-    """The whole-model plan of a file for `budget` tier bytes and a KV pool of `kv_pool`
-    bytes, priced for a CUDA `device`'s own properties, else the card `gpu` names, else the
-    table's first card with the budget's memory (`plan_speeds`). `order`: per layer, neurons
-    hottest first (a profile's); `activity`: their firing probabilities where a predictor
-    lets the host skip cold ones."""
-    speeds = plan_speeds(budget, card(gpu) if gpu else None, device)
-    check_budget(speeds.tier, budget)
-    sizes = ComponentBytes.of_file_blocks(cfg, weights, n_ctx, kv_pool)
-    return plan_memory(cfg, budget, sizes, split, neuron_order=order, speeds=speeds,
-                       activity=activity)
 
 
 def solve_modes(model: ModelBytes, room: int, speeds: DecodeSpeeds, split: str,
@@ -111,7 +91,7 @@ def _runs(modes) -> str:
     return ", ".join(out)
 
 
-def layer_lines(plan: MemoryPlan) -> list[str]:
+def layer_lines(plan: "MemoryPlan") -> list[str]:
     """`describe`'s lines for a whole-model plan: where each part sits, what the host reads."""
     modes, f = plan.layer_modes, plan.forecast or {}
     card = f.get("card", {})

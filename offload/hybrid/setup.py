@@ -199,7 +199,7 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
     `attention_format`, `attention_bytes`, `lm_head_bytes`: the tier format attention and
     the LM head move in and their exact bytes (offload/body/tier_layers.py); without them
     the LM head is charged at fp32 (what the float32 model's GPU tier holds). `plan`: made
-    already (the whole-model plan, layer_plan.plan_file): the FFN layers are split by it and
+    already (the whole-model plan, file_plan.plan_file): the FFN layers are split by it and
     the sizing arguments are not used."""
     if cold_dtype not in COLD_CHOICES:
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "

@@ -22,7 +22,7 @@ from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictor
                             profile_chooser, profile_predictors, resolve_cold_dtype,
                             restore_dense, split_ffns)
 from ..hybrid.host_reads import HostReads
-from ..hybrid.layer_plan import plan_file, whole_model
+from ..hybrid.file_plan import plan_file, plans_whole_model
 from ..hybrid.placed_model import build_placed_model
 from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_dtype, attention_format,
                                   attention_kv_dtype)
@@ -166,7 +166,7 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
             attention_format=fmt, attention_bytes=tier_attention_bytes(blocks, fmt, half),
             lm_head_bytes=tier_head_bytes(blocks, fmt, half))
         how["predictor_bytes"] = 0  # the file-blocks runtime runs them on the host
-        if fmt is not None and whole_model(options.tier_attention, options.tier_dtype):
+        if fmt is not None and plans_whole_model(options.tier_attention, options.tier_dtype):
             # every tensor in the file's bytes, per layer "gpu", "split" or "cpu": the plan
             # `ember info --gpu-budget` shows, made by the same call
             how["plan"] = plan_file(loaded.config, loaded.source.weights, budget, n_ctx,
