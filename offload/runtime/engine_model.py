@@ -159,19 +159,22 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
         # blocks in host RAM. The predictors stay on the host.
         fmt = _attention_format(options, device)
         named = options.tier_attention not in ("auto", "host")
-        if fmt is not None and not named:
-            how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights, n_ctx)
-        half = how["tier"].half
-        moved = {} if fmt is None else dict(
-            attention_format=fmt, attention_bytes=tier_attention_bytes(blocks, fmt, half),
-            lm_head_bytes=tier_head_bytes(blocks, fmt, half))
-        how["predictor_bytes"] = 0  # the file-blocks runtime runs them on the host
+        moved = {}
         if fmt is not None and plans_whole_model(options.tier_attention, options.tier_dtype):
             # every tensor in the file's bytes, per layer "gpu", "split" or "cpu": the plan
             # `ember info --gpu-budget` shows, made by the same call
             how["plan"] = plan_file(loaded.config, loaded.source.weights, budget, n_ctx,
                                     kv_bytes, split, options.gpu, device, how["neuron_order"],
                                     _activity(profile, predictors) if sparse else None)
+        elif fmt is not None:  # the plan of FFN rows, attention moving whole or not at all
+            if not named:
+                how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights,
+                                                      n_ctx)
+            half = how["tier"].half
+            moved = dict(attention_format=fmt,
+                         attention_bytes=tier_attention_bytes(blocks, fmt, half),
+                         lm_head_bytes=tier_head_bytes(blocks, fmt, half))
+        how["predictor_bytes"] = 0  # the file-blocks runtime runs them on the host
         hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
                             kv_bytes, ungated=[g is None for g in gates],
                             attention_movable=fmt is not None,
