@@ -287,7 +287,8 @@ def verified_chain_is_decode(engine: Engine, prompt: list[int]) -> None:
     runner.reset("chain")
 
 
-@pytest.mark.parametrize("fmt", ["file", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["file", pytest.param("int8", marks=pytest.mark.slow),
+                                 pytest.param("int4", marks=pytest.mark.slow)])
 def test_the_tiny_q4_k_m_on_the_tier_decodes_as_unsplit_at_three_budgets(tiny_q4_k_m, fmt):
     if fmt == "int4" and not TierChoice.resolve("auto", CPU).caps.int4:
         pytest.skip("no int4 matmul in this PyTorch build")
@@ -307,6 +308,7 @@ def test_the_default_model_on_the_tier_decodes_as_unsplit_at_three_budgets(
     check_budgets(loaded, fmt, want, gaps, ids, 256, 12)
 
 
+@pytest.mark.slow
 def test_the_cuda_path_decodes_the_files_blocks_on_the_tier(tiny_q4_k_m, monkeypatch):
     """With the tier's torch path chosen for the CPU (what a CUDA tier runs), every layer's
     attention runs from the file's blocks decoded on the tier, the FFN and the LM head too,
@@ -365,6 +367,7 @@ def test_speculation_through_the_tier_is_lossless(tiny_q4_k_m, drafter, torch_pa
         spec.close()
 
 
+@pytest.mark.slow
 def test_tier_kv_blocks_swap_and_come_back_bit_for_bit(tiny_q4_k_m, monkeypatch):
     monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
     loaded = load_model(tiny_q4_k_m[2])

@@ -118,6 +118,7 @@ def test_the_7b_plan_holds_3x_the_float32_plans_ffn_parameters():
     assert quantized.format_counts()["gate_up"] == {"int4": 32}
 
 
+@pytest.mark.slow
 def test_the_70b_forecast_puts_both_plans_side_by_side():
     r = forecast("llama2-70b", "Q4_K_M", 24 << 30)
     ember, layers = r["ember_plan"], r["whole_layer_offload"]
