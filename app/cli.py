@@ -73,6 +73,7 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "scale: 0.53x the memory and bytes read; perplexity cost in "
                         "docs/long-context.md)")
     _split_options(p)
+    _gpu_option(p)
     p.add_argument("--profile", default="auto", metavar="PATH",
                    help="profile artifact from `ember profile` (default: auto = the one made for "
                         "this model, if any; 'none' runs without)")

@@ -1,15 +1,18 @@
 """The forecast against a measurement on this machine: `python -m bench.forecast_check MODEL
---budgets 200MB 400MB [--tokens 32] [--runs 2] [--json]`.
+--budgets 200MB 400MB [--tokens 32] [--runs 2] [--threads 1] [--json]`.
 
 With the CPU as the tier, the forecast's cost model (offload/hybrid/decode_costs.py) prices
-the split plan `ember generate --gpu-budget B` makes today (hot FFN rows in their tier
-formats on the tier, cold rows in the file's blocks on the host, attention, its KV and the
-LM head on the host: `LayerPrice.ms("rows", ...)`), with the "cpu" card: the bandwidth the
-unsplit decode of the same file reached in a run just before (its file bytes a token over its
-time), for the tier and the host alike, one memory bus (the two sides' reads add up). Each run
-is a fresh `ember generate ... --json` process; budgets are interleaved run by run, each
-beside its unsplit run, so that a busy machine slows both alike. Both sides share two cores and one memory bus here, so this checks
-the byte accounting and the host side's constants, not the overlap a GPU would give.
+the plan `ember generate --gpu-budget B` makes: the whole-model plan (per layer "gpu", "split"
+or "cpu", the LM head on the tier or not, every tensor in the file's bytes:
+offload/hybrid/layer_plan.py:plan_forecast), read from the run's own report, with the "cpu"
+card: the bandwidth the unsplit decode of the same file reached in a run just before (its file
+bytes a token over its time), for the tier and the host alike, one memory bus (the two sides'
+reads add up), kernels launched eagerly. Each run is a fresh `ember generate ... --json`
+process; budgets are interleaved run by run, each beside its unsplit run, so that a busy
+machine slows both alike. Both sides share two cores and one memory bus here, so this checks
+the byte accounting and the host side's constants, not the overlap a GPU would give. One
+thread by default: on a loaded 2-core machine the unsplit pass's two OpenMP threads wait at
+every layer's barrier for a core, which makes the bandwidth it calibrates by meaningless.
 """
 
 from __future__ import annotations
@@ -45,16 +48,13 @@ def decode_gbps(model: str, result: dict) -> float:
     return file_bytes_per_token(source.config, source.weights) * result["decode_tokens_per_s"] / 1e9
 
 
-def forecast_ms(model: str, result: dict, gbps: float, threads: int) -> dict:
+def forecast_ms(model: str, result: dict, gbps: float) -> dict:
     """The cost model's ms/token for the plan `result` ran, at the measured bandwidth."""
-    import torch
-
     from ember.models.loader import open_model
-    from ember.offload.hybrid.decode_costs import (FFN_KERNELS, DecodeSpeeds, LayerPrice,
-                                                   ModelBytes, head_ms)
+    from ember.offload.hybrid.decode_costs import DecodeSpeeds, ModelBytes, host_weight_bytes
     from ember.offload.hybrid.gpu_cards import cpu_card
+    from ember.offload.hybrid.layer_plan import plan_forecast
 
-    torch.set_num_threads(threads)
     source = open_model(model)
     cfg, hybrid = source.config, result["hybrid"]
     # The mean position a decoded token sees: the prompt and half the generated tokens
@@ -63,25 +63,16 @@ def forecast_ms(model: str, result: dict, gbps: float, threads: int) -> dict:
     model_bytes = ModelBytes.of_file(cfg, source.weights, 2 * position,
                                      2 * position * row * cfg.n_layers)
     speeds = DecodeSpeeds(cpu_card(gbps * 1e9, 0), gbps, graphs=False)
-    cross = speeds.cross_ms(model_bytes.hidden)
+    modes, head = hybrid["layer_modes"], hybrid["on_gpu_tier"]["lm_head"]
     hot = [round(f * cfg.ffn_size) for f in hybrid["hot_fraction_per_layer"]]
-    layers = [LayerPrice(lb, speeds, cross).ms("rows", h, b) for lb, h, b in
-              zip(model_bytes.layers, hot, hybrid["gpu_ffn_bytes_per_layer"])]
-    host_bytes = sum(lb.attention + lb.kv_read + (lb.neurons - h) * (lb.gate_up + lb.down)
-                     for lb, h in zip(model_bytes.layers, hot)) + model_bytes.head
-    # Per side, beside what the layers measured (mean ms per decode token, summed)
-    timing = [t for t in hybrid["layer_timing_ms"] if t is not None]
-    sides = {
-        "tier_ffn": {"forecast": sum(speeds.tier_ms(b, FFN_KERNELS) for b, h in
-                                     zip(hybrid["gpu_ffn_bytes_per_layer"], hot) if h),
-                     "measured": sum(t["hot"] for t in timing)},
-        "host_ffn": {"forecast": sum(speeds.host_ms(LayerPrice(lb, speeds, cross).cold_read(h))
-                                     for lb, h in zip(model_bytes.layers, hot)
-                                     if 0 < h < lb.neurons),
-                     "measured": sum(t["cold"] for t in timing)}}
-    return {"ms_per_token": sum(layers) + head_ms(model_bytes, speeds)[1],
-            "tier_bytes_per_token": sum(hybrid["gpu_ffn_bytes_per_layer"]),
-            "host_bytes_per_token": host_bytes, "sides_ms": sides}
+    host = host_weight_bytes(model_bytes, modes, hot, head)
+    host_only = ["cpu"] * cfg.n_layers  # the same cost model on the unsplit run, for scale
+    return {"ms_per_token": plan_forecast(model_bytes, speeds, modes, hot, head),
+            "unsplit_ms_per_token": plan_forecast(model_bytes, speeds, host_only,
+                                                  [0] * cfg.n_layers, False),
+            "modes": {m: modes.count(m) for m in ("gpu", "split", "cpu")},
+            "lm_head_on_tier": head, "host_weight_bytes_per_token": host,
+            "tier_weight_bytes_per_token": model_bytes.weights_per_token() - host}
 
 
 def main(argv=None) -> int:
@@ -90,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--budgets", nargs="+", required=True, metavar="SIZE")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", action="store_true", help="JSON only")
     args = p.parse_args(argv)
     from ember.app.commands.bench_decode import copy_bandwidth
@@ -103,7 +94,7 @@ def main(argv=None) -> int:
             gbps = decode_gbps(args.model, unsplit)
             result = measured_run(args.model, budget, args.tokens, args.threads)
             measured = 1e3 / result["decode_tokens_per_s"]
-            rows[budget].append((measured, forecast_ms(args.model, result, gbps, args.threads),
+            rows[budget].append((measured, forecast_ms(args.model, result, gbps),
                                  copy, result["hybrid"]["hot_fraction"], gbps,
                                  1e3 / unsplit["decode_tokens_per_s"]))
     report = []
@@ -117,15 +108,18 @@ def main(argv=None) -> int:
             "forecast_ms": statistics.median(predicted),
             "copy_gbps": statistics.median(r[2] for r in runs),
             "unsplit_ms": statistics.median(r[5] for r in runs),
+            "unsplit_forecast_ms": statistics.median(r[1]["unsplit_ms_per_token"] for r in runs),
             "unsplit_decode_gbps": statistics.median(r[4] for r in runs),
-            "tier_bytes_per_token": runs[0][1]["tier_bytes_per_token"],
-            "host_bytes_per_token": runs[0][1]["host_bytes_per_token"],
-            "sides_ms": runs[0][1]["sides_ms"],
+            **{k: runs[0][1][k] for k in ("modes", "lm_head_on_tier",
+                                          "tier_weight_bytes_per_token",
+                                          "host_weight_bytes_per_token")},
             "error": statistics.median(predicted) / statistics.median(measured) - 1})
     if not args.json:
         for r in report:
-            print(f"{r['model']} at {r['gpu_budget']}: measured {r['measured_ms']['median']:.1f} "
-                  f"ms/token, forecast {r['forecast_ms']:.1f} ({r['error']:+.0%})")
+            print(f"{r['model']} at {r['gpu_budget']} ({r['modes']}, head on the tier: "
+                  f"{r['lm_head_on_tier']}): measured {r['measured_ms']['median']:.1f} "
+                  f"ms/token, forecast {r['forecast_ms']:.1f} ({r['error']:+.0%}); unsplit "
+                  f"{r['unsplit_ms']:.1f} ms/token")
     print(json.dumps(report))
     return 0
 

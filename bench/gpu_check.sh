@@ -6,7 +6,7 @@
 #
 # Made for a lent machine that has CUDA PyTorch and nothing to download from: the only
 # Python package Ember needs that such an image lacks is `gguf` (pure Python), carried as a
-# wheel in .whl/ (made here beforehand, see docs on the GPU tier):
+# wheel in .whl/ (made here beforehand; docs/gpu-tier.md, "Checks for a lent GPU"):
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 # A llama-cpp-python wheel built with CUDA may be carried there too; without one (or with a
@@ -16,7 +16,7 @@
 # (real shape, real types).
 #
 # Steps: install (wheels, then Ember editable, no index), build the C++ kernels, the tests
-# marked `cuda` plus the tier tests (the file's blocks decoded on the GPU, int8/int4
+# marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on the GPU, int8/int4
 # attention and LM head, three budgets each, a verified tree's rows against plain decode's
 # bit for bit, CUDA graphs of the hot FFN), `bench decode` on CUDA at three GPU budgets
 # (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
@@ -24,7 +24,9 @@
 # (its tokens must equal plain decoding's), once with EMBER_CUDA_GRAPHS=1, and on the CPU
 # without a split; then one JSON line: what passed, tokens/s per run, the plan's per-layer
 # modes and bytes, where attention ran and in what format, per-layer hot/cold/wait means.
-# Aim: under 5 minutes.
+# Every step after the install runs under one deadline (DEADLINE_S, 280 s from the start), so
+# the summary prints within 5 minutes; a step cut short reads as rc 124 in its log and the
+# summary ("timed_out").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_check}}
@@ -32,7 +34,18 @@ mkdir -p "$out"
 PY=${PYTHON:-python3}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ember-ext} PYTHONUNBUFFERED=1
 start=$(date +%s)
+deadline=$(( start + ${DEADLINE_S:-280} ))
 step() { echo "gpu_check: $1 ($(( $(date +%s) - start )) s)" >&2; }
+timed_out=()
+within() {  # NAME CAP COMMAND...: COMMAND for at most CAP s and what is left before the deadline
+    local name=$1 cap=$2 left=$(( deadline - $(date +%s) )); shift 2
+    (( left < cap )) || left=$cap
+    (( left > 5 )) || left=5
+    timeout "$left" "$@"
+    local rc=$?
+    (( rc == 124 )) && timed_out+=("$name")
+    return $rc
+}
 
 step "install"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -56,11 +69,12 @@ if [ ! -f "$model" ]; then
 fi
 
 step "C++ kernels"
-$PY -c "from ember.offload.body import file_blocks_model; assert file_blocks_model.applies()" \
+within kernels 150 $PY -c \
+    "from ember.offload.body import file_blocks_model; assert file_blocks_model.applies()" \
     >"$out/kernels.log" 2>&1 || { tail -20 "$out/kernels.log" >&2; exit 1; }
 
 step "tests"
-$PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py tests/test_tier_weights.py \
+within tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py tests/test_tier_weights.py \
     tests/test_tier_attention.py tests/test_tier_blocks.py tests/test_tier_placement.py \
     -k "not default_model" --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
 tests_rc=$?
@@ -69,29 +83,40 @@ against=()
 if $PY -c "import llama_cpp" 2>/dev/null; then against=(--against llama.cpp); fi
 
 step "model"
-if [ -n "$maker" ] && ! wait "$maker"; then tail "$out/make_model.log" >&2; exit 1; fi
+# waited for until a minute before the deadline, then given up (the summary says so)
+while [ -n "$maker" ] && kill -0 "$maker" 2>/dev/null && (( $(date +%s) < deadline - 60 )); do
+    sleep 2
+done
+if [ -n "$maker" ] && kill -0 "$maker" 2>/dev/null; then
+    kill "$maker"; timed_out+=(make_model)
+fi
+if [ -n "$maker" ] && ! wait "$maker"; then tail "$out/make_model.log" >&2; fi
 
 bench() {  # NAME, then bench decode's options
     local name=$1; shift
     step "bench decode $name"
-    $PY -m ember.app.cli bench decode --model "$model" --prompt-tokens 64 --gen-tokens 32 \
+    within "bench_$name" 40 $PY -m ember.app.cli bench decode --model "$model" --prompt-tokens 64 --gen-tokens 32 \
         --runs 2 --profile none --json "$@" >"$out/bench_$name.json" 2>"$out/bench_$name.log"
 }
-bench cpu_dense --device cpu
-for budget in 256MiB 512MiB 1GiB; do
-    bench "cuda_$budget" --device cuda --gpu-budget "$budget" "${against[@]}"
-done
-bench cuda_512MiB_self --device cuda --gpu-budget 512MiB --speculate self
-EMBER_CUDA_GRAPHS=1 bench cuda_1GiB_graphs --device cuda --gpu-budget 1GiB
+if [ -f "$model" ]; then
+    for budget in 256MiB 512MiB 1GiB; do
+        bench "cuda_$budget" --device cuda --gpu-budget "$budget" "${against[@]}"
+    done
+    bench cuda_512MiB_self --device cuda --gpu-budget 512MiB --speculate self
+    EMBER_CUDA_GRAPHS=1 bench cuda_1GiB_graphs --device cuda --gpu-budget 1GiB
+    bench cpu_dense --device cpu
+fi
 
 step "summary"
-$PY - "$out" "$tests_rc" "$(( $(date +%s) - start ))" <<'PY' | tee "$out/summary.json"
+$PY - "$out" "$tests_rc" "$(( $(date +%s) - start ))" "${timed_out[*]:-}" <<'PY' \
+    | tee "$out/summary.json"
 import json, sys, xml.etree.ElementTree as ET
 from pathlib import Path
 
 import torch
 
 out, tests_rc, seconds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+timed_out = sys.argv[4].split()
 suite = ET.parse(out / "tests.xml").getroot().find("testsuite") if (out / "tests.xml").exists() else None
 tests = None if suite is None else {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 runs = {}
@@ -132,5 +157,5 @@ except ImportError:
              "note": "no llama-cpp-python on this image: carry a CUDA wheel in .whl/"}
 print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__,
                   "tests_rc": tests_rc, "tests": tests, "llama_cpp": llama,
-                  "bench_decode": runs, "seconds": seconds}))
+                  "bench_decode": runs, "seconds": seconds, "timed_out": timed_out}))
 PY

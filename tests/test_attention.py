@@ -62,7 +62,7 @@ def path_and_threads():
 @needs_kernels
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("n_heads,n_kv,hd,window,softcap", [
-    (12, 2, 128, None, 0.0), (4, 1, 256, 40, 0.0), (8, 8, 64, None, 30.0), (6, 3, 32, 17, 0.0)])
+    pytest.param(12, 2, 128, None, 0.0, marks=pytest.mark.slow), (4, 1, 256, 40, 0.0), (8, 8, 64, None, 30.0), (6, 3, 32, 17, 0.0)])
 def test_every_path_matches_float64(path_and_threads, kind, n_heads, n_kv, hd, window, softcap):
     """A prompt chunk (causal, across several chunks and a window) on every CPU path, against
     float64 attention over the pool's own values."""

@@ -293,6 +293,7 @@ def test_cpu_paths(restore_path):
 
 
 @needs_kernel
+@pytest.mark.slow
 def test_env_var_picks_the_path_or_says_what_is_wrong():
     code = ("from ember.kernels import block_matmul as bm; import sys\n"
             "try:\n print(bm.cpu_path())\nexcept ValueError as e:\n print('ValueError:', e)")

@@ -141,6 +141,7 @@ def test_prompt_longer_than_context_exit_2(capsys, tiny_gemma_gguf):
     assert code == 2 and "context" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["repeated", "prose"])
 def test_bench_decode_reports_drafters_beside_plain(capsys, tiny_gemma_gguf, text):
     code, out, err = _run(capsys, "bench", "decode", "--model", str(tiny_gemma_gguf), "--runs", "2",
@@ -208,6 +209,7 @@ def test_info_names_the_chat_format(capsys, tiny_gemma_gguf):
     assert "chat format     transcript (no chat template in the file" in out
 
 
+@pytest.mark.slow
 def test_bench_context_reports_each_length_and_the_attention_against_its_bounds(
         capsys, tiny_q4_k_m):
     code, out, err = _run(capsys, "bench", "context", "--model", str(tiny_q4_k_m[2]),

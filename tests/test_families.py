@@ -283,10 +283,10 @@ def test_split_sparse_and_speculative_engines_decode_the_dense_tokens(family_mod
 
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
     want, want_logits = greedy(dense), _logits(dense.model, PROMPTS[1])
-    variants = {"split": dict(gpu_budget=budget, cold_dtype="fp32"),
-                "sparse": dict(profile=str(every), gpu_budget=budget, cold_dtype="fp32"),
-                "speculative split": dict(gpu_budget=budget, cold_dtype="fp32",
-                                          speculate="self")}
+    # the plan of FFN rows (attention on the host): the split's mechanics on every family
+    rows = dict(gpu_budget=budget, cold_dtype="fp32", tier_attention="host")
+    variants = {"split": rows, "sparse": dict(rows, profile=str(every)),
+                "speculative split": dict(rows, speculate="self")}
     try:
         for what, extra in variants.items():
             engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, **extra))

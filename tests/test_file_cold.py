@@ -95,9 +95,11 @@ def test_an_engine_with_the_file_cold_side(tiny_q4_k_m):
     want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
                                   PROMPT, 8)
     budget = workspace_bytes(loaded.config) + 420_000  # one 256-neuron group hot a layer, half
-    bundles = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
+    bundles = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, tier_attention="host",
+                                           gpu_budget=budget,
                                            cold_dtype="int8"))
-    options = EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget, cold_dtype="file")
+    options = EngineOptions(device="cpu", n_ctx=64, tier_attention="host",
+                            gpu_budget=budget, cold_dtype="file")
     engine = Engine(loaded, options)
     try:
         report = engine.hybrid_report()
@@ -132,6 +134,7 @@ def test_only_a_mapped_files_pages_are_let_go(tiny_q4_k_m, tiny_models):
     want = Engine(loaded, EngineOptions(device="cpu", n_ctx=64)).generate(
         PROMPT, sampling=GREEDY, max_tokens=6, ignore_eos=True).token_ids
     options = EngineOptions(device="cpu", n_ctx=64, cold_dtype="file",
+                            tier_attention="host",
                             gpu_budget=workspace_bytes(loaded.config) + 420_000)
     split = Engine(loaded, options)
     try:
@@ -147,6 +150,7 @@ def test_only_a_mapped_files_pages_are_let_go(tiny_q4_k_m, tiny_models):
                         (load_model(small[3]), 60_000)):
         cfg = other.config
         engine = Engine(other, EngineOptions(device="cpu", n_ctx=64, cold_dtype="file",
+                                             tier_attention="host",
                                              gpu_budget=workspace_bytes(cfg) + room))
         try:
             assert not other.source.weights.mapped

@@ -113,7 +113,8 @@ def test_engine_with_gpu_budget_matches_dense_engine(tiny_models):
 
     want = dense.generate(ids, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
     budget = workspace_bytes(loaded.config) + 100_000  # attention cannot fit: FFN gets it
-    hybrid = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget))
+    hybrid = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, tier_attention="host",
+                                          gpu_budget=budget))
     try:
         report = hybrid.hybrid_report()
         assert not report["on_gpu_tier"]["attention_and_kv"]
@@ -283,7 +284,7 @@ def test_generate_with_gpu_budget_reports_the_split(capsys, tiny_gemma_gguf):
     args = ["generate", "the cat", "--model", str(tiny_gemma_gguf), "--temperature", "0",
             "--max-tokens", "6", "--json", "--ignore-eos", "--device", "cpu"]
     dense = json.loads(_cli(capsys, *args)[1])
-    code, out, err = _cli(capsys, *args, "--gpu-budget", "1MB")
+    code, out, err = _cli(capsys, *args, "--gpu-budget", "1MB", "--tier-attention", "host")
     assert code == 0, err
     result = json.loads(out)
     hybrid = result["hybrid"]
@@ -294,6 +295,13 @@ def test_generate_with_gpu_budget_reports_the_split(capsys, tiny_gemma_gguf):
     # file's blocks), and down made neuron-major.
     assert hybrid["host_ffn_bytes"] > 0 and hybrid["host_ffn_dtype"] in ("file", "int8", "fp32")
     assert 0 < hybrid["down_neuron_major_bytes"] < hybrid["host_ffn_bytes"] + hybrid["gpu_bytes"]
+    # By default the whole-model plan, priced for the card --gpu names
+    code, out, err = _cli(capsys, *args, "--gpu-budget", "2MB", "--gpu", "rtx4090")
+    assert code == 0, err
+    result = json.loads(out)
+    plan = result["hybrid"]
+    assert len(plan["layer_modes"]) == 6 and plan["forecast"]["card"]["name"] == "rtx4090"
+    assert plan["gpu_bytes"] <= 2_000_000 and result["token_ids"] == dense["token_ids"]
 
 
 def test_info_prints_the_gpu_plan_and_rejects_impossible_budgets(capsys, tiny_gemma_gguf):

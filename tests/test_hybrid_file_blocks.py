@@ -123,7 +123,8 @@ def test_a_hybrid_split_runs_on_the_file_blocks(tiny_q4_k_m):
     dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
     want_tokens, gaps = greedy_with_gaps(dense, PROMPT, 8)
     # The int8 bundles' cold side (the default, the file's blocks, is tests/test_file_cold.py's)
-    options = EngineOptions(device="cpu", n_ctx=64, gpu_budget=_split_budget(loaded.config),
+    options = EngineOptions(device="cpu", n_ctx=64, tier_attention="host",
+                            gpu_budget=_split_budget(loaded.config),
                             cold_dtype="int8")
     assert not builds_float_model(loaded.source, options, CPU)
     assert split_rows_bytes(loaded.source, options, CPU) > 0  # charged by the memory check
@@ -195,6 +196,7 @@ def test_a_sparse_profile_runs_on_the_file_blocks(tmp_path, tiny_q4_k_m):
     every = _profile(loaded, -1e30).save(tmp_path / "every.safetensors")
     for budget in (None, _split_budget(loaded.config)):
         eng = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, profile=str(every),
+                                           tier_attention="host",
                                            gpu_budget=budget, cold_dtype="fp32"))
         try:
             assert isinstance(eng.model, FileBlocksModel)
@@ -213,6 +215,7 @@ def test_a_sparse_profile_runs_on_the_file_blocks(tmp_path, tiny_q4_k_m):
     some = _profile(loaded, 0.5).save(tmp_path / "some.safetensors")
     for cold_dtype in ("int8", "file"):
         eng = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, profile=str(some),
+                                           tier_attention="host",
                                            gpu_budget=_split_budget(loaded.config),
                                            cold_dtype=cold_dtype))
         try:

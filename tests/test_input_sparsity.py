@@ -395,7 +395,8 @@ def test_thresholds_compose_with_a_gpu_tier_split(capsys, tmp_path, tiny_models,
     assert any(downs), "the profile should threshold some layer's down input"
     budget = workspace_bytes(loaded.config) + 60_000  # some neurons hot, most cold
     for cold_dtype in ("int8", "file"):
-        engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget,
+        engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, tier_attention="host",
+                                              gpu_budget=budget,
                                               profile=str(out), ffn_mode="sparse",
                                               cold_dtype=cold_dtype))
         try:
@@ -419,7 +420,8 @@ def test_thresholds_compose_with_a_gpu_tier_split(capsys, tmp_path, tiny_models,
             assert all(f < 1.0 for f, t in zip(report["computed_fraction_per_layer"], downs) if t)
         finally:
             engine.close()
-    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, gpu_budget=budget,
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=128, tier_attention="host",
+                                         gpu_budget=budget,
                                          profile=str(out), ffn_mode="dense"))
     try:
         assert all(layer.down_threshold is None for layer in dense.hybrid.layers)

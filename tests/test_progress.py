@@ -256,6 +256,7 @@ def _on_a_pty(args: list[str], timeout: float = 240) -> str:
     return out.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_bench_on_a_terminal_shows_a_bar_and_with_json_does_not(tiny_gemma_gguf):
     base = ["bench", "decode", "--model", str(tiny_gemma_gguf), "--runs", "2",
             "--prompt-tokens", "8", "--gen-tokens", "4", "--device", "cpu", "--threads", "1"]

@@ -436,6 +436,7 @@ def test_tree_sizer_is_not_locked_out_by_a_cost_spike():
     assert levels >= 2
 
 
+@pytest.mark.slow
 def test_bench_speculate_runs_chat_requests_from_a_file(capsys, tiny_models, tmp_path):
     """`ember bench speculate --prompts-file` sends each line's request as a chat message,
     with a draft model and `auto`, and prints one JSON with every request's speedup."""

@@ -16,13 +16,15 @@ import torch
 
 from ember.kernels import tier_blocks
 from ember.kernels.hot_ffn import hot_ffn_bytes
+from ember.models.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.body import file_blocks_model
 from ember.offload.body.file_layers import FileLayers
 from ember.offload.body.protocol import BodyModel
 from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
 from ember.offload.options.sampling import SamplingParams
-from ember.offload.hybrid.memory_plan import workspace_bytes
+from ember.offload.hybrid import decode_costs
+from ember.offload.hybrid.memory_plan import ComponentBytes, workspace_bytes
 from ember.offload.hybrid.placed_model import read_layer_modes
 from ember.offload.hybrid.setup import tier_formats
 from ember.offload.hybrid.tier_dtypes import TierChoice
@@ -109,6 +111,162 @@ def check_budgets(loaded, fmt, want, gaps, prompt, n_ctx, n, device="cpu"):
             engine.close()
 
 
+def _whole_budgets(loaded, n_ctx: int) -> dict[str, int]:
+    """Rooms for the whole-model plan (`--tier-attention auto`, the file's blocks), from the
+    file's own bytes: everything; everything but half of one layer's FFN (that layer is
+    best split); half of attention and KV alone (some layers must stay on the host)."""
+    cfg = loaded.config
+    kv = plan_kv(cfg, n_ctx, value_bytes=2)
+    model = ComponentBytes.of_file_blocks(cfg, loaded.source.weights, n_ctx,
+                                          kv.device_blocks * kv.block_bytes).model
+    fixed = sum(l.attention + l.kv for l in model.layers)
+    ffn = sum(l.ffn for l in model.layers)
+    space = workspace_bytes(cfg)
+    fits = space + fixed + model.head + ffn
+    return {"fits": fits, "split": fits - model.layers[0].ffn // 2, "some": space + fixed // 2}
+
+
+def _whole_charges_are_the_tensors(engine: Engine) -> None:
+    """The whole-model plan charges, part by part, the bytes of what was built: each tier
+    layer's attention copy, its share of the KV pool, the head, the hot rows."""
+    plan, hybrid = engine.hybrid.plan, engine.hybrid
+    charges, on = plan.charges(), plan.tier_layers()
+    assert charges["attention"] == sum(w.nbytes() for w in hybrid.attention or [])
+    assert len(hybrid.attention or []) == len(on)
+    pool = engine.kv.device_pool  # blocks shared by all layers: each holds an equal share
+    n = engine.loaded.config.n_layers
+    assert charges["kv_pool"] == len(on) * ((pool.k.nbytes + pool.v.nbytes) // n)
+    assert charges["lm_head"] == (engine.model.head.nbytes if plan.lm_head_on_gpu else 0)
+    for i, layer in enumerate(hybrid.layers):
+        real = 0 if layer.hot is None else sum(
+            t.numel() * t.element_size() for side in (layer.hot.gate_up, layer.hot.down)
+            for t in side.tensors.values())
+        assert real == layer.gpu_bytes() == plan.sizes.hot_bytes(i, len(layer.hot_idx))
+    assert charges["ffn_hot"] == sum(layer.gpu_bytes() for layer in hybrid.layers)
+    assert plan.gpu_bytes <= plan.budget
+
+
+def _info_plan(path, budget: int, n_ctx: int, gpu: str | None = None) -> dict:
+    """`ember info --gpu-budget`'s plan of the same file, as JSON."""
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    from ember.app.cli import main
+
+    argv = ["info", "--model", str(path), "--gpu-budget", str(budget), "--ctx-size",
+            str(n_ctx), "--json"] + (["--gpu", gpu] if gpu else [])
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(argv) == 0
+    return json.loads(buf.getvalue())["gpu_plan"]
+
+
+def check_whole_model_budgets(loaded, want, gaps, prompt, n_ctx, n, monkeypatch):
+    """The engine under `--gpu-budget` alone plans the whole model as `ember info` does (one
+    plan: the same modes, hot rows and charges), builds it (charges are the tensors' bytes),
+    and decodes as the unsplit engine up to its first near-tie, at three budgets. Launches
+    and hand-overs are made free, so the tier is worth filling even for a tiny model's
+    layers and each budget gives the modes it names (whole, split, some on the host)."""
+    monkeypatch.setattr(decode_costs, "GRAPH_LAUNCH_MS", 0.0)
+    monkeypatch.setattr(decode_costs, "HANDOFF_MS", 0.0)
+    for name, budget in _whole_budgets(loaded, n_ctx).items():
+        engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=n_ctx, threads=2,
+                                              gpu_budget=budget))
+        try:
+            plan = engine.hybrid.plan
+            shown = _info_plan(loaded.source.path, budget, n_ctx)
+            assert shown["layer_modes"] == list(plan.layer_modes)
+            assert shown["charges"] == plan.charges()
+            report = engine.hybrid_report()
+            assert shown["hot_fraction_per_layer"] == report["hot_fraction_per_layer"]
+            assert engine.hybrid.layer_modes == plan.layer_modes
+            if not tier_blocks.block_kernels_on(CPU):  # the torch path: tier layers run there
+                runs = engine.model.runs or []
+                assert sum(r.attention is not None for r in runs) == len(plan.tier_layers())
+            _whole_charges_are_the_tensors(engine)
+            if name == "fits":  # the whole model on the tier, the host reads no weights
+                assert set(plan.layer_modes) == {"gpu"} and plan.lm_head_on_gpu
+                assert plan.host_weight_bytes() == 0
+            if name == "split":
+                assert "split" in plan.layer_modes and plan.lm_head_on_gpu
+                assert 0 < plan.placement.total_hot_fraction() < 1
+            if name == "some":
+                assert "cpu" in plan.layer_modes and set(plan.layer_modes) != {"cpu"}
+            if fmt_held := report["tier_attention_weights"]:
+                assert fmt_held["format"] == "file" and fmt_held["error_qkv"]["max"] == 0
+            got, _ = greedy_with_gaps(engine, prompt, n)
+            assert_agrees_until_near_tie(want, gaps, got)
+        finally:
+            engine.close()
+
+
+def test_the_tiny_q4_k_m_under_the_whole_model_plan_decodes_as_unsplit(tiny_q4_k_m,
+                                                                      monkeypatch):
+    loaded = load_model(tiny_q4_k_m[2])
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64))
+    want, gaps = greedy_with_gaps(dense, PROMPT, 8)
+    check_whole_model_budgets(loaded, want, gaps, PROMPT, 64, 8, monkeypatch)
+
+
+@pytest.mark.slow
+def test_the_default_model_under_the_whole_model_plan_decodes_as_unsplit(
+        default_greedy_reference, monkeypatch):
+    loaded, ids, want, gaps = default_greedy_reference
+    check_whole_model_budgets(loaded, want, gaps, ids, 256, 12, monkeypatch)
+
+
+def test_the_cuda_path_runs_the_whole_model_plan(tiny_q4_k_m, monkeypatch):
+    """The same three budgets with the tier's torch path chosen for the CPU (what a CUDA
+    tier runs): tier layers' attention decoded from the file's blocks there, host layers in
+    C++, one pool serving both (on the CPU)."""
+    loaded = load_model(tiny_q4_k_m[2])
+    want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
+                                  PROMPT, 8)
+    monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    check_whole_model_budgets(loaded, want, gaps, PROMPT, 64, 8, monkeypatch)
+
+
+@pytest.mark.parametrize("drafter", ["self", "lookup"])
+def test_speculation_under_the_whole_model_plan_is_lossless(tiny_q4_k_m, drafter, monkeypatch):
+    monkeypatch.setattr(decode_costs, "GRAPH_LAUNCH_MS", 0.0)
+    monkeypatch.setattr(decode_costs, "HANDOFF_MS", 0.0)
+    loaded = load_model(tiny_q4_k_m[2])
+    budget = _whole_budgets(loaded, 64)["split"]
+    prompt = PROMPT + PROMPT[1:]  # repeats: the lookup drafter finds drafts
+    plain = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget))
+    spec = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
+                                        speculate=drafter))
+    try:
+        assert "split" in spec.hybrid.plan.layer_modes
+        want = plain.generate(prompt, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        got = spec.generate(prompt, sampling=GREEDY, max_tokens=12, ignore_eos=True).token_ids
+        assert got == want and spec.speculation["verifications"] > 0
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_the_engines_plan_is_priced_for_the_named_card(tiny_q4_k_m):
+    """`--gpu NAME` reaches the engine's plan, as `ember info`'s; without a budget it is
+    refused, and a name the table lacks is one line naming the choices."""
+    loaded = load_model(tiny_q4_k_m[2])
+    budget = _whole_budgets(loaded, 64)["split"]
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
+                                          gpu="rtx4090"))
+    try:
+        made = dict(engine.hybrid.plan.forecast, solve_s=None)
+        assert made["card"]["name"] == "rtx4090"
+        assert dict(_info_plan(loaded.source.path, budget, 64, "rtx4090")["forecast"],
+                    solve_s=None) == made
+    finally:
+        engine.close()
+    with pytest.raises(ConfigError, match="--gpu rtx4090 prices a --gpu-budget plan"):
+        EngineOptions(gpu="rtx4090")
+    with pytest.raises(ConfigError, match="unknown --gpu"):
+        Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget, gpu="gtx"))
+
+
 def verified_chain_is_decode(engine: Engine, prompt: list[int]) -> None:
     """A drafted chain verified in one tree gives, row for row, the very logits decoding it
     token by token gives (lossless speculation rests on it; tier attention is a masked SDPA,
@@ -129,7 +287,8 @@ def verified_chain_is_decode(engine: Engine, prompt: list[int]) -> None:
     runner.reset("chain")
 
 
-@pytest.mark.parametrize("fmt", ["file", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["file", pytest.param("int8", marks=pytest.mark.slow),
+                                 pytest.param("int4", marks=pytest.mark.slow)])
 def test_the_tiny_q4_k_m_on_the_tier_decodes_as_unsplit_at_three_budgets(tiny_q4_k_m, fmt):
     if fmt == "int4" and not TierChoice.resolve("auto", CPU).caps.int4:
         pytest.skip("no int4 matmul in this PyTorch build")
@@ -149,6 +308,7 @@ def test_the_default_model_on_the_tier_decodes_as_unsplit_at_three_budgets(
     check_budgets(loaded, fmt, want, gaps, ids, 256, 12)
 
 
+@pytest.mark.slow
 def test_the_cuda_path_decodes_the_files_blocks_on_the_tier(tiny_q4_k_m, monkeypatch):
     """With the tier's torch path chosen for the CPU (what a CUDA tier runs), every layer's
     attention runs from the file's blocks decoded on the tier, the FFN and the LM head too,
@@ -207,6 +367,7 @@ def test_speculation_through_the_tier_is_lossless(tiny_q4_k_m, drafter, torch_pa
         spec.close()
 
 
+@pytest.mark.slow
 def test_tier_kv_blocks_swap_and_come_back_bit_for_bit(tiny_q4_k_m, monkeypatch):
     monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
     loaded = load_model(tiny_q4_k_m[2])

@@ -48,7 +48,8 @@ def test_each_tier_format_runs_charged_exactly_and_decodes_as_the_dense_model(ti
     want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
                                   PROMPT, 8)
     budget = workspace_bytes(loaded.config) + 400_000  # some layers' rows hot, not all
-    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, gpu_budget=budget,
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, tier_attention="host",
+                                          gpu_budget=budget,
                                           tier_dtype=tier))
     try:
         report = engine.hybrid_report()
@@ -69,6 +70,7 @@ def test_each_tier_format_runs_charged_exactly_and_decodes_as_the_dense_model(ti
 def test_the_default_model_split_decodes_as_unsplit_until_a_near_tie(default_greedy_reference):
     loaded, ids, want, gaps = default_greedy_reference
     engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=256, threads=2,
+                                          tier_attention="host",
                                           gpu_budget=workspace_bytes(loaded.config) + (8 << 20)))
     try:
         report = engine.hybrid_report()
@@ -116,6 +118,7 @@ def test_the_7b_plan_holds_3x_the_float32_plans_ffn_parameters():
     assert quantized.format_counts()["gate_up"] == {"int4": 32}
 
 
+@pytest.mark.slow
 def test_the_70b_forecast_puts_both_plans_side_by_side():
     r = forecast("llama2-70b", "Q4_K_M", 24 << 30)
     ember, layers = r["ember_plan"], r["whole_layer_offload"]

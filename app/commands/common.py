@@ -18,6 +18,7 @@ _SIZE_FIELDS = ("kv_budget", "kv_host_budget", "gpu_budget")
 _PLAIN_FIELDS = {"device": "device", "n_ctx": "ctx_size", "threads": "threads",
                  "weights": "weights", "split": "split", "cold_dtype": "cold_dtype",
                  "tier_dtype": "tier_dtype", "tier_attention": "tier_attention",
+                 "gpu": "gpu",
                  "ffn_mode": "ffn_mode", "speculate": "speculate", "tree": "tree",
                  "draft_model": "draft_model", "chat_format": "chat_format", "mmap": "mmap",
                  "kv_type": "kv_type"}

@@ -169,7 +169,10 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     this machine has: the budget describes a GPU."""
     if args.gpu_budget is None:
         return None
-    if _whole_model(args):
+    from ember.offload.hybrid.file_plan import plans_whole_model
+
+    if plans_whole_model(getattr(args, "tier_attention", "auto"),
+                         getattr(args, "tier_dtype", "auto")):
         return _layer_plan(cfg, args, n_ctx, source)
     from ember.offload.runtime.device import resolve_device
     from ember.offload.kv.plan import plan_kv
@@ -202,33 +205,20 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     return plan_memory(cfg, budget, sizes, args.split)
 
 
-def _whole_model(args) -> bool:
-    """The plan of every tensor in the file's bytes (per layer gpu/split/cpu, the LM head):
-    what `--tier-attention auto` with the file's formats asks for."""
-    return (getattr(args, "tier_attention", "auto") == "auto"
-            and getattr(args, "tier_dtype", "auto") in ("auto", "file"))
-
-
 def _layer_plan(cfg, args, n_ctx: int, source):
-    """The whole-model plan, priced for `--gpu NAME`, this machine's CUDA device, or the
-    first card of the table with the budget's memory."""
+    """The whole-model plan, as the engine makes it (file_plan.plan_file), priced for
+    `--gpu NAME`, this machine's CUDA device, or the first card of the table with the
+    budget's memory."""
     from ember.models.sizes import parse_size
-    from ember.offload.hybrid.gpu_cards import card, check_budget
-    from ember.offload.hybrid.layer_plan import plan_speeds
-    from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
+    from ember.offload.hybrid.file_plan import plan_file
     from ember.offload.kv.plan import plan_kv
     from ember.offload.runtime.device import resolve_device
 
     budget = parse_size(args.gpu_budget, "--gpu-budget")
     device = resolve_device(getattr(args, "device", "auto"))
-    named = getattr(args, "gpu", None)
-    speeds = plan_speeds(budget, card(named) if named else None,
-                         device if device.type == "cuda" else None)
-    check_budget(speeds.tier, budget)
     kv = plan_kv(cfg, n_ctx, value_bytes=2)  # float16 K and V
-    sizes = ComponentBytes.of_file_blocks(cfg, source.weights, n_ctx,
-                                          kv.device_blocks * kv.block_bytes)
-    return plan_memory(cfg, budget, sizes, args.split, speeds=speeds)
+    return plan_file(cfg, source.weights, budget, n_ctx, kv.device_blocks * kv.block_bytes,
+                     args.split, getattr(args, "gpu", None), device)
 
 
 def _attention_errors(source, plan) -> dict[str, float] | None:

@@ -68,7 +68,7 @@ class LayerBytes:
 @dataclass(frozen=True)
 class ModelBytes:
     layers: tuple[LayerBytes, ...]
-    head: int  # the output layer (and the final norm)
+    head: int  # the output layer (the final norm, a few KB, is the host's)
     hidden: int  # width of the hidden state that crosses between sides
 
     def weights_per_token(self) -> int:
@@ -101,8 +101,7 @@ class ModelBytes:
                                      gate_up // cfg.ffn_size, down.nbytes // cfg.ffn_size,
                                      cfg.ffn_size, block_info(down.qtype)[0]))
         head = weights.get("token_embd.weight" if cfg.tied_embeddings else "output.weight")
-        norm = weights.get("output_norm.weight").nbytes if "output_norm.weight" in weights else 0
-        return cls(tuple(layers), head.nbytes + norm, cfg.hidden_size)
+        return cls(tuple(layers), head.nbytes, cfg.hidden_size)
 
 
 @dataclass(frozen=True)

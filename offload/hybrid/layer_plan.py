@@ -2,7 +2,8 @@
 every tier tensor in the file's own bytes (`ComponentBytes.of_file_blocks`), chosen by the
 ILP (`ember.placement.layer_modes`) on the forecast's cost model (decode_costs.py) for the
 card the plan is made for (`plan_speeds`). `plan_memory` turns the answer into a MemoryPlan;
-this module also prices a plan (`plan_forecast`) and describes one (`layer_lines`).
+file_plan.py makes it for a real file (the engine and `ember info` alike). This module also
+prices a plan (`plan_forecast`) and describes one (`layer_lines`).
 """
 
 from __future__ import annotations

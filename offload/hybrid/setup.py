@@ -35,7 +35,7 @@ from .tier_dtypes import TierChoice
 def resolve_cold_dtype(choice: str, weights: str = "auto") -> str:
     """"file": GLU layers no predictor gates keep their cold rows in the file's blocks
     (file_cold.py), the others int8 bundles. "auto": "file" when the C++ kernels are built
-    and --weights is not fp32 (less RAM and faster: see the README's hybrid section); fp32
+    and --weights is not fp32 (less RAM and faster: docs/gpu-tier.md, "The split"); fp32
     bundles when the float32 reference is asked for or there are no kernels."""
     if choice == "file" and weights == "fp32":
         raise ConfigError("--cold-dtype file keeps the cold rows in the file's blocks, which "
@@ -181,7 +181,8 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
                extras_movable: bool = True, need_attention: str | None = None,
                host_reads=None, release_file_pages: bool = False,
                attention_format: str | None = None, attention_bytes: int | None = None,
-               lm_head_bytes: int | None = None) -> HybridModel:
+               lm_head_bytes: int | None = None,
+               plan: MemoryPlan | None = None) -> HybridModel:
     """Plan `budget` bytes of GPU tier and split each FFN layer accordingly, touching nothing
     shared: `ffns` are per layer float FeedForwards or row sources (offload/body/ffn_rows.py, e.g.
     the file's blocks), read and left as they are. `ungated[i]`: layer i will get no
@@ -197,22 +198,25 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
     file`) lets the mapped file's pages of its FFN go once split (not for a copy in RAM).
     `attention_format`, `attention_bytes`, `lm_head_bytes`: the tier format attention and
     the LM head move in and their exact bytes (offload/body/tier_layers.py); without them
-    the LM head is charged at fp32 (what the float32 model's GPU tier holds)."""
+    the LM head is charged at fp32 (what the float32 model's GPU tier holds). `plan`: made
+    already (the whole-model plan, file_plan.plan_file): the FFN layers are split by it and
+    the sizing arguments are not used."""
     if cold_dtype not in COLD_CHOICES:
         raise ConfigError(f"unknown cold weight type {cold_dtype!r}; choose one of "
                           f"{', '.join(COLD_CHOICES)}")
     cold_dtype = resolve_cold_dtype(cold_dtype)
-    formats = [tier_formats(tier, f) for f in ffns]
-    sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, lm_head=lm_head_bytes,
-                                    predictors=predictor_bytes,
-                                    formats=formats,
-                                    half=torch.bfloat16 if tier is None else tier.half,
-                                    attention_movable=attention_movable,
-                                    attention_dtype=attention_dtype,
-                                    extras_movable=extras_movable, host_reads=host_reads,
-                                    attention_format=attention_format,
-                                    attention=attention_bytes)
-    plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
+    if plan is None:
+        formats = [tier_formats(tier, f) for f in ffns]
+        sizes = ComponentBytes.estimate(cfg, kv_pool_bytes, lm_head=lm_head_bytes,
+                                        predictors=predictor_bytes,
+                                        formats=formats,
+                                        half=torch.bfloat16 if tier is None else tier.half,
+                                        attention_movable=attention_movable,
+                                        attention_dtype=attention_dtype,
+                                        extras_movable=extras_movable, host_reads=host_reads,
+                                        attention_format=attention_format,
+                                        attention=attention_bytes)
+        plan = plan_memory(cfg, budget, sizes, split, preferred, neuron_order, choose)
     if need_attention and not plan.attention_on_gpu:
         _no_room_for_attention(plan, need_attention)
     worker = CpuWorker()

@@ -44,6 +44,9 @@ class EngineOptions:
     # when the budget holds them, else on the host's file blocks), "host", or a type that
     # moves them on any device ("bf16", "fp16", "fp32"): tier_dtypes.attention_dtype.
     tier_attention: str = "auto"
+    # The card a whole-model plan is priced for (`--gpu NAME`, offload/hybrid/gpu_cards.py);
+    # None: a CUDA device's own properties, else the table's first card with the budget.
+    gpu: str | None = None
     # A profile artifact (`ember profile`): its placement guides the split and its
     # predictors gate the cold side. ffn_mode "auto" runs sparse when a profile is given.
     profile: str | None = None  # a path, "auto" (this model's default profile if any) or None
@@ -98,6 +101,9 @@ class EngineOptions:
                            ("--kv-host-budget", self.kv_host_budget)):
             if size is not None and size < 0:
                 raise ConfigError(f"{flag} must not be negative")
+        if self.gpu is not None and self.gpu_budget is None:
+            raise ConfigError(f"--gpu {self.gpu} prices a --gpu-budget plan: give it "
+                              "--gpu-budget BYTES, or drop the flag")
         if self.split != "auto" and self.gpu_budget is None:
             raise ConfigError(f"--split {self.split} needs --gpu-budget (the GPU tier's size)")
         if self.tier_attention not in ("auto", "host"):

@@ -22,6 +22,7 @@ from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictor
                             profile_chooser, profile_predictors, resolve_cold_dtype,
                             restore_dense, split_ffns)
 from ..hybrid.host_reads import HostReads
+from ..hybrid.file_plan import plan_file, plans_whole_model
 from ..hybrid.placed_model import build_placed_model
 from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_dtype, attention_format,
                                   attention_kv_dtype)
@@ -158,12 +159,21 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
         # blocks in host RAM. The predictors stay on the host.
         fmt = _attention_format(options, device)
         named = options.tier_attention not in ("auto", "host")
-        if fmt is not None and not named:
-            how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights, n_ctx)
-        half = how["tier"].half
-        moved = {} if fmt is None else dict(
-            attention_format=fmt, attention_bytes=tier_attention_bytes(blocks, fmt, half),
-            lm_head_bytes=tier_head_bytes(blocks, fmt, half))
+        moved = {}
+        if fmt is not None and plans_whole_model(options.tier_attention, options.tier_dtype):
+            # every tensor in the file's bytes, per layer "gpu", "split" or "cpu": the plan
+            # `ember info --gpu-budget` shows, made by the same call
+            how["plan"] = plan_file(loaded.config, loaded.source.weights, budget, n_ctx,
+                                    kv_bytes, split, options.gpu, device, how["neuron_order"],
+                                    _activity(profile, predictors) if sparse else None)
+        elif fmt is not None:  # the plan of FFN rows, attention moving whole or not at all
+            if not named:
+                how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights,
+                                                      n_ctx)
+            half = how["tier"].half
+            moved = dict(attention_format=fmt,
+                         attention_bytes=tier_attention_bytes(blocks, fmt, half),
+                         lm_head_bytes=tier_head_bytes(blocks, fmt, half))
         how["predictor_bytes"] = 0  # the file-blocks runtime runs them on the host
         hybrid = split_ffns(loaded.config, blocks.ffn_rows(), budget, device,
                             kv_bytes, ungated=[g is None for g in gates],
@@ -179,6 +189,14 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
     if sparse:
         attach_predictors(hybrid, predictors, profile.bias)
     return hybrid
+
+
+def _activity(profile, predictors) -> list:
+    """Per layer each neuron's firing frequency in the profile's calibration where a
+    predictor lets the host skip cold neurons (None: the layer runs dense), as the
+    whole-model plan prices it."""
+    return [None if p is None else f.numpy()
+            for f, p in zip(profile.frequency, predictors.predict)]
 
 
 def use_input_thresholds(profile, blocks, options) -> bool:
