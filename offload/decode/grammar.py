@@ -12,6 +12,7 @@ only the end-of-turn tokens remain allowed.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -78,6 +79,35 @@ def compile_grammar(grammar: Grammar, ll_tok) -> str:
     if error and not error.startswith("WARNING"):
         raise ConfigError(f"the {grammar.kind} cannot be compiled: {_one_line(error)}")
     return text
+
+
+class Grammars:
+    """One model's grammars: llguidance's view of its vocabulary (built on first use: about a
+    second for 150k tokens) and the latest few compiled grammars (a client repeats its
+    schema). Thread-safe: a server checks requests' grammars while its worker generates."""
+
+    KEEP = 16
+
+    def __init__(self, tokenizer: Tokenizer, stop_ids: set[int]):
+        self._tokenizer, self._stop_ids = tokenizer, stop_ids
+        self._ll_tok = None
+        self._compiled: dict[Grammar, str] = {}
+        self._lock = threading.Lock()
+
+    def compile(self, grammar: Grammar) -> str:
+        """llguidance's grammar text; ConfigError when it cannot be compiled."""
+        with self._lock:
+            if self._ll_tok is None:
+                self._ll_tok = ll_tokenizer(GrammarVocabulary(self._tokenizer, self._stop_ids))
+            if grammar not in self._compiled:
+                if len(self._compiled) >= self.KEEP:
+                    self._compiled.pop(next(iter(self._compiled)))
+                self._compiled[grammar] = compile_grammar(grammar, self._ll_tok)
+            return self._compiled[grammar]
+
+    def constraint(self, grammar: Grammar, n_logits: int) -> GrammarConstraint:
+        """A fresh matcher for one reply."""
+        return GrammarConstraint(self.compile(grammar), self._ll_tok, n_logits)
 
 
 class GrammarConstraint:

@@ -22,7 +22,7 @@ from ..body.file_blocks_model import runs_on_file_blocks
 from ..decode.events import DoneEvent, Timings, TokenEvent
 from ..decode.loop import PlainStep, Step, decode_loop
 from ..decode.runner import Runner
-from ..decode.grammar import GrammarConstraint, GrammarVocabulary, compile_grammar, ll_tokenizer
+from ..decode.grammar import Grammars
 from ..decode.sampler import Sampler
 from ..decode.stopping import StopStrings
 from ..kv.paged import PagedKVCache
@@ -33,7 +33,7 @@ from .device import resolve_device, set_threads
 from .context_fit import LEADING_ROLES, fit_conversation
 from .engine_model import build_engine_model, kv_value_bytes
 from ..options.engine_options import EngineOptions
-from ..options.sampling import Grammar, SamplingParams
+from ..options.sampling import SamplingParams
 from .prompts import ChatPrompt, PromptEncoder
 from .replies import reply_events
 from .resources import context_size, memory_check, weights_in_ram
@@ -71,9 +71,7 @@ class Engine:
         # of the machine and model, not of one reply, so later replies start well estimated.
         self.sizer = TreeSizer(self.tree_widths)
         self._spec_stats: SpecStats | None = None  # the latest stream's, with a drafter
-        self._ll_tokenizer = None  # llguidance's view of the vocabulary, built on first use
-        self._grammars: dict[Grammar, str] = {}
-        self._grammar_lock = threading.Lock()
+        self.grammars = Grammars(self.tokenizer, self.stop_ids)  # constrained decoding
 
     @property
     def speculation(self) -> dict | None:
@@ -240,7 +238,9 @@ class Engine:
         if sampling.grammar is not None and ignore_eos:
             raise ConfigError("a grammar ends the reply where it is complete: it cannot be "
                               "combined with ignore_eos")
-        sampler = Sampler(sampling, len(prompt_ids), self._constraint(sampling.grammar))
+        constraint = (None if sampling.grammar is None else
+                      self.grammars.constraint(sampling.grammar, self.loaded.config.vocab_size))
+        sampler = Sampler(sampling, len(prompt_ids), constraint)
         tokens = decode_loop(self.runner, session, self._step(session, sampler),
                              prompt_ids, max_tokens, stop_ids, timings, cancel)
         return reply_events(tokens, StreamDecoder(self.tokenizer), stops, self.hidden_ids,
@@ -254,29 +254,7 @@ class Engine:
             raise ConfigError(f"logit_bias names token {bad[0]}, past this model's vocabulary "
                               f"of {self.tokenizer.vocab_size}")
         if sampling.grammar is not None:
-            self._compiled(sampling.grammar)
-
-    def _compiled(self, grammar: Grammar) -> str:
-        """llguidance's grammar text, kept for the latest few (a client repeats its schema).
-        Thread-safe: a server checks requests' grammars while its worker generates."""
-        with self._grammar_lock:
-            return self._compiled_locked(grammar)
-
-    def _compiled_locked(self, grammar: Grammar) -> str:
-        if grammar not in self._grammars:
-            if self._ll_tokenizer is None:  # ~1 s for a 150k vocabulary: only when needed
-                self._ll_tokenizer = ll_tokenizer(GrammarVocabulary(self.tokenizer,
-                                                                    self.stop_ids))
-            if len(self._grammars) >= 16:
-                self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[grammar] = compile_grammar(grammar, self._ll_tokenizer)
-        return self._grammars[grammar]
-
-    def _constraint(self, grammar: Grammar | None) -> GrammarConstraint | None:
-        if grammar is None:
-            return None
-        return GrammarConstraint(self._compiled(grammar), self._ll_tokenizer,
-                                 self.loaded.config.vocab_size)
+            self.grammars.compile(sampling.grammar)
 
     def _step(self, session: str, sampler: Sampler) -> Step:
         """This engine's decode step: speculative with a drafter (fresh stats per reply),
