@@ -166,6 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-special", action="store_true",
                    help="read special tokens written in the prompt (<start_of_turn>, ...) as "
                         "plain text (default: they become the tokens they name)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                   help="lower generated tokens' logits by P once they appear (-2 to 2)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="P",
+                   help="lower generated tokens' logits by P per appearance (-2 to 2)")
+    p.add_argument("--logprobs", type=int, metavar="K",
+                   help="with --json: each token's log-probability and the K likeliest "
+                        "(0-20; the distribution after logit bias, penalties and grammar, "
+                        "before temperature and the top-k/top-p/min-p filters)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE",
+                       help="constrain the reply to JSON valid under this JSON schema")
+    shape.add_argument("--grammar", metavar="FILE",
+                       help="constrain the reply to this grammar: Lark in llguidance's dialect "
+                            "(GBNF when the file ends in .gbnf)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.set_defaults(handler="generate")

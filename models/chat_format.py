@@ -8,14 +8,20 @@
   The reply ends where the model starts the next user line.
 - a family's instruction format ("gemma", "llama3", "chatml", "inst"), only when asked.
 
-"auto" picks the template when the file has one, else the transcript. The result is
-tokenized with special tokens parsed; BOS is added by the tokenizer, so a template's leading
-BOS text is removed here.
+"auto" picks the template when the file has one, else the transcript. BOS is added by the
+tokenizer, so a template's leading BOS text is removed here.
+
+Message contents are text, never markers: `render_chat_parts` says which stretches of the
+prompt the format wrote and which are contents, so the tokenizer recognizes special tokens
+only in the former (a relayed document spelling "<|im_end|>" must not forge a turn). It renders
+each content as a unique sentinel and puts the content back in its place, trimmed on the sides
+where the template trimmed the sentinel's whitespace padding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .errors import ConfigError, ModelFormatError
@@ -40,8 +46,12 @@ _USER, _ASSISTANT = "User:", "Assistant:"
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" or "tool" (a tool's result)
     content: str
+    # An assistant's calls, as templates read them: {"type": "function", "id": ...,
+    # "function": {"name": ..., "arguments": {...}}}
+    tool_calls: tuple = ()
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 @dataclass(frozen=True)
@@ -92,37 +102,99 @@ def template_style(template: str) -> str | None:
     return next((name for name, marker in markers.items() if marker in template), None)
 
 
-def render_chat(messages: list[ChatMessage], fmt: ChatFormat | str, *, template: str | None = None,
-                bos_text: str = "", eos_text: str = "", bos_added: bool = True) -> str:
-    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin.
+# A content's stand-in while the format renders: private-use characters no tokenizer merges
+# across, padded with whitespace so a template's trim shows as the padding gone.
+_PAD = " \n"
+# A stand-in, or JSON the template wrote with tojson (tools, call arguments: text too).
+_SENTINEL = re.compile(r"(?P<left>(?: \n)?)\ue000(?P<n>\d+)\ue001(?P<right>(?: \n)?)"
+                       r"|\ue002(?P<json>.*?)\ue003", re.DOTALL)
+
+
+def render_chat_parts(messages: list[ChatMessage], fmt: ChatFormat | str, *,
+                      template: str | None = None, bos_text: str = "", eos_text: str = "",
+                      bos_added: bool = True, tools: list | None = None) -> list[tuple[str, bool]]:
+    """Prompt text for `messages` in `fmt`, ending where the assistant's reply should begin,
+    as (text, is_content) parts: what the format wrote (its markers are special tokens) and
+    the messages' contents (plain text whatever they spell).
 
     `bos_added`: the tokenizer puts BOS in front of the prompt, so a leading `bos_text` the
-    template wrote is removed (else it would be there twice); without it, it stays.
+    template wrote is removed (else it would be there twice); without it, it stays. `tools`:
+    OpenAI's function definitions, for a template that writes them (`template_tool_style`).
     """
     name = fmt.name if isinstance(fmt, ChatFormat) else fmt
+    if (tools or any(m.role == "tool" or m.tool_calls for m in messages)) and name != "template":
+        raise ConfigError(f"tools need the model's own chat template; the {name} format has none")
+    if name == "transcript":  # plain text throughout: nothing in it is a marker
+        return [(_strip_bos(_transcript(messages), bos_text, bos_added), True)]
+    # An empty content stays empty: templates test it ("if message.content").
+    stand_ins = [replace(m, content=f"{_PAD}\ue000{i}\ue001{_PAD}") if m.content else m
+                 for i, m in enumerate(messages)]
     if name == "template":
         if not template:
             raise ConfigError("the template chat format needs the model's chat template")
-        text = _render_template(template, messages, bos_text, eos_text)
+        text = _render_template(template, stand_ins, bos_text, eos_text, tools)
     else:
-        renderers = {"transcript": _transcript, "gemma": _gemma_turns, "llama3": _llama3_turns,
-                     "chatml": _chatml_turns, "inst": _inst_turns}
+        renderers = {"gemma": _gemma_turns, "llama3": _llama3_turns, "chatml": _chatml_turns,
+                     "inst": _inst_turns}
         if name not in renderers:
             raise ConfigError(f"unknown chat format {name!r}")
-        text = renderers[name](messages)
+        text = renderers[name](stand_ins)
+    text = _strip_bos(text, bos_text, bos_added)
+    parts, pos = [], 0
+    for m in _SENTINEL.finditer(text):
+        if m.group("json") is not None:
+            content = m.group("json")
+        else:
+            content = messages[int(m.group("n"))].content
+            if not m.group("left"):
+                content = content.lstrip()
+            if not m.group("right"):
+                content = content.rstrip()
+        parts += [(text[pos:m.start()], False), (content, True)]
+        pos = m.end()
+    parts.append((text[pos:], False))
+    return [(t, is_content) for t, is_content in parts if t]
+
+
+def _strip_bos(text: str, bos_text: str, bos_added: bool) -> str:
     if bos_added and bos_text and text.startswith(bos_text):
-        text = text[len(bos_text):]
+        return text[len(bos_text):]
     return text
 
 
-def _render_template(template: str, messages, bos_text: str, eos_text: str) -> str:
+def template_tool_style(template: str | None) -> str | None:
+    """The tool-call syntax a chat template writes and Ember reads back: "hermes" (Qwen2.5,
+    Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>) for a template that
+    renders `tools` and that syntax; None otherwise."""
+    if not template:
+        return None
+    from jinja2 import TemplateSyntaxError, meta
+
+    try:
+        names = meta.find_undeclared_variables(_template_env().parse(template))
+    except TemplateSyntaxError:
+        return None
+    return "hermes" if "tools" in names and "<tool_call>" in template else None
+
+
+def _message_dict(m: ChatMessage) -> dict:
+    out = {"role": m.role, "content": m.content}
+    if m.tool_calls:  # absent otherwise: templates test "message.tool_calls"
+        out["tool_calls"] = list(m.tool_calls)
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _render_template(template: str, messages, bos_text: str, eos_text: str,
+                     tools: list | None = None) -> str:
     from jinja2 import TemplateError
 
     try:
         return _template_env().from_string(template).render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
+            messages=[_message_dict(m) for m in messages],
             bos_token=bos_text, eos_token=eos_text, add_generation_prompt=True,
-            tools=None, documents=None,  # as Hugging Face passes them: defined, none
+            tools=tools or None, documents=None,  # as Hugging Face passes them
         )
     except TemplateError as exc:
         raise ModelFormatError("<chat template>", f"the model's chat template failed: {exc}") from None
@@ -131,8 +203,8 @@ def _render_template(template: str, messages, bos_text: str, eos_text: str) -> s
 def _template_env():
     """A sandbox with what files' templates call besides core Jinja (the names and behaviour
     Hugging Face's apply_chat_template provides): raise_exception, strftime_now (Llama 3.1+
-    dates its system prompt), a tojson that keeps non-ASCII text and does not HTML-escape,
-    and {% break %} / {% continue %}."""
+    dates its system prompt), a tojson that keeps non-ASCII text and does not HTML-escape
+    (its output marked as text for `render_chat_parts`), and {% break %} / {% continue %}."""
     import json
     from datetime import datetime
 
@@ -143,8 +215,9 @@ def _template_env():
         raise TemplateError(message)
 
     def tojson(value, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+        # Marked as text (render_chat_parts): JSON of tools and arguments spells no markers.
+        return "\ue002" + json.dumps(value, ensure_ascii=False, indent=indent,
+                                      separators=separators, sort_keys=sort_keys) + "\ue003"
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])

@@ -86,6 +86,12 @@ class SpmEncoder:
             self._encode_fragment(text[pos:], prev_special, out)
         return out
 
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as one fragment after a marker: no special token recognized in it."""
+        out: list[int] = []
+        self._encode_fragment(text, True, out)
+        return out
+
     def _encode_fragment(self, fragment: str, prefix: bool, out: list[int]) -> None:
         text = fragment.replace(" ", SPM_SPACE)
         if prefix and self._space_prefix:

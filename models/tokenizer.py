@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 import threading
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +33,9 @@ _UNKNOWN_PIECE = "\u2585".encode()  # llama.cpp renders the unknown token as "â–
 # Last resort for tokenizer.json folders whose configs name no bos/eos.
 _USUAL_NAMES = {"bos": ["<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>"],
                 "eos": ["<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"]}
+
+# What a Phi-3 special token swallows after it: llama.cpp skips isspace() bytes, ASCII only.
+_WHITESPACE_RUN = re.compile(r"[ \t\n\v\f\r]*")
 
 # ----------------------------------------------------------------- token bytes
 
@@ -87,6 +91,18 @@ class _HfEncoder:
     def token_id(self, text: str) -> int | None:
         return self.hf.token_to_id(text)
 
+    def encode_text(self, text: str) -> list[int]:
+        """`text` with no added token recognized, not even the user-defined ones
+        `encode_special_tokens` leaves on: a second tokenizer without them, built once."""
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def _plain(self) -> tokenizers.Tokenizer:
+        spec = json.loads(self.hf.to_str())
+        spec["added_tokens"] = []
+        spec["post_processor"] = None
+        return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
 
 class Tokenizer:
     """Text <-> token ids for one model. Build with `from_vocab` or `from_tokenizer_json`."""
@@ -94,12 +110,16 @@ class Tokenizer:
     def __init__(self, encoder: SpmEncoder | _HfEncoder, tokens: list[str], pieces: list[bytes],
                  control_ids: set[int], *, bos_id: int | None, eos_id: int | None, add_bos: bool,
                  strip_space: bool, as_hf: Callable[[], tokenizers.Tokenizer],
-                 kind: str = "tokenizer.json", origin: str | Path = ""):
+                 kind: str = "tokenizer.json", origin: str | Path = "",
+                 added_texts=(), rstrip_after=()):
         self._encoder = encoder
         self._as_hf = as_hf  # the Hugging Face form, for save_tokenizer_json
         self._tokens = tokens
         self._pieces = pieces
         self.special_ids = frozenset(control_ids)
+        # Tokens matched on the raw text rather than made by merges (control, user-defined,
+        # unknown), and those that swallow the whitespace after them: `encode_parts` reads them.
+        self._added_texts, self._rstrip_after = frozenset(added_texts), frozenset(rstrip_after)
         self.bos_id, self.eos_id = bos_id, eos_id
         self.add_bos = add_bos  # the model's own wish; encode(add_bos=True) honours it
         self._strip_space = strip_space  # undo the space prefix added while encoding
@@ -137,9 +157,11 @@ class Tokenizer:
         strip = spec.add_space_prefix and spec.model == "llama"
         kind = (f"byte-level BPE, pre-tokenizer {spec.pre or 'default'}" if spec.model == "gpt2"
                 else "SentencePiece-style BPE")
+        added = [t for t, k in zip(spec.tokens, kinds) if k in (CONTROL, USER_DEFINED, UNKNOWN)]
+        rstrip = [t for t in added if spec.rstrip_specials and t not in KEEP_SPACE_AFTER]
         return cls(encoder, spec.tokens, pieces, control, bos_id=spec.bos_id, eos_id=spec.eos_id,
                    add_bos=spec.add_bos, strip_space=strip, as_hf=as_hf, kind=kind,
-                   origin=origin)
+                   origin=origin, added_texts=added, rstrip_after=rstrip)
 
     @classmethod
     def from_tokenizer_json(cls, path: Path) -> Tokenizer:
@@ -170,7 +192,9 @@ class Tokenizer:
         first = hf.encode("a", add_special_tokens=False).tokens[:1]
         strip = not byte_level and bool(first) and first[0].startswith(SPM_SPACE)
         return cls(_HfEncoder(hf), tokens, pieces, control, bos_id=bos, eos_id=eos,
-                   add_bos=add_bos, strip_space=strip, as_hf=lambda: hf, origin=file)
+                   add_bos=add_bos, strip_space=strip, as_hf=lambda: hf, origin=file,
+                   added_texts=[t.content for t in added.values()],
+                   rstrip_after=[t.content for t in added.values() if t.rstrip])
 
     @property
     def vocab_size(self) -> int:
@@ -197,6 +221,63 @@ class Tokenizer:
         if add_bos and self.add_bos and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         return ids
+
+    def encode_parts(self, parts: list[tuple[str, bool]], add_bos: bool = True) -> list[int]:
+        """Ids of the text `parts` join to, where special tokens count only inside the parts
+        that are not content: (text, is_content) pairs, as `render_chat_parts` writes them.
+
+        Every added token is covered, not only control ones: a content spelling Qwen's
+        "<tool_call>" (user-defined, matched even without parse_special) stays text. The
+        joined text is tokenized once between the recognized markers, so merges across a
+        content's edges are those of tokenizing the whole prompt."""
+        ids, pending, swallow = [], [], False
+        for text, is_content in parts:
+            pieces = [text] if is_content else self._marker_split(text)
+            for n, piece in enumerate(pieces):
+                if n % 2:  # a marker the format wrote
+                    self._flush(pending, ids)
+                    ids.append(self.id_of(piece))
+                    swallow = piece in self._rstrip_after
+                    continue
+                if swallow:  # a Phi-3 style marker eats the whitespace after it
+                    piece = piece[_WHITESPACE_RUN.match(piece).end():]
+                    swallow = not piece
+                pending.append(piece)
+        self._flush(pending, ids)
+        if add_bos and self.add_bos and self.bos_id is not None:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def fewest_tokens(self, texts: list[str]) -> int:
+        """A lower bound on the tokens `texts` take as text (each at least its bytes over
+        the longest token's; what a Phi-3 style marker may swallow not counted)."""
+        swallow = bool(self._rstrip_after)
+        size = sum(len((t.lstrip() if swallow else t).encode("utf-8", "replace")) for t in texts)
+        return -(-size // self._longest_piece)
+
+    @cached_property
+    def _longest_piece(self) -> int:
+        # An unknown token stands for one character of up to 4 bytes, whatever it shows.
+        return max(4, max(map(len, self._pieces), default=0))
+
+    def _flush(self, pending: list[str], ids: list[int]) -> None:
+        text = "".join(pending)
+        pending.clear()
+        if text:
+            ids.extend(self._encoder.encode_text(text))
+
+    def _marker_split(self, text: str) -> list[str]:
+        """`text` split around the added tokens in it: text, marker, text, ... (odd places)."""
+        if self._marker_pattern is None:
+            return [text]
+        return self._marker_pattern.split(text)
+
+    @cached_property
+    def _marker_pattern(self) -> re.Pattern | None:
+        if not self._added_texts:
+            return None
+        longest_first = sorted(self._added_texts, key=len, reverse=True)
+        return re.compile("(" + "|".join(map(re.escape, longest_first)) + ")")
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes a token stands for (b"" for control tokens)."""

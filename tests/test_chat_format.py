@@ -3,12 +3,16 @@ family turn formats on request."""
 
 import pytest
 
-from ember.models.chat_format import (CHAT_FORMATS, ChatFormat, ChatMessage, render_chat,
+from ember.models.chat_format import (CHAT_FORMATS, ChatFormat, ChatMessage, render_chat_parts,
                                       resolve_chat_format)
 from ember.models.errors import ConfigError, ModelFormatError
 
 MSGS = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi"),
         ChatMessage("assistant", "Hello."), ChatMessage("user", "Bye")]
+
+
+def render_chat(messages, fmt, **kw) -> str:
+    return "".join(text for text, _ in render_chat_parts(messages, fmt, **kw))
 
 
 def test_gemma_format_folds_system_into_first_user_turn():

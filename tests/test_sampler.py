@@ -64,7 +64,46 @@ def test_repeat_penalty_lowers_seen_tokens_both_signs():
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-1), dict(top_p=0),
                                  dict(top_p=1.5), dict(min_p=1.0), dict(repeat_penalty=0),
-                                 dict(repeat_last_n=-2)])
+                                 dict(repeat_last_n=-2), dict(presence_penalty=2.5),
+                                 dict(frequency_penalty=-3), dict(logit_bias=((1, 101),)),
+                                 dict(logit_bias=((-1, 1),)), dict(logprobs=21)])
 def test_invalid_parameters_are_config_errors(bad):
     with pytest.raises(ConfigError):
         SamplingParams(**bad)
+
+
+def test_penalties_count_generated_tokens_only():
+    """OpenAI's: logit - count * frequency - presence, over what was generated (not the
+    prompt: `prompt_len` marks where that starts)."""
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.25),
+                prompt_len=2)
+    out = s.process(LOGITS, [1, 1, 2, 2, 2, 5])  # the prompt's two 1s do not count
+    want = LOGITS.clone()
+    want[2] -= 3 * 0.5 + 0.25
+    want[5] -= 0.5 + 0.25
+    torch.testing.assert_close(out, want)
+    assert s(LOGITS, [1, 1, 5, 5]) == 1  # 5 (2.9 - 1.25) fell below 2 and 3
+
+
+def test_logit_bias_adds_and_leaves_the_callers_logits_alone():
+    before = LOGITS.clone()
+    s = Sampler(SamplingParams(temperature=0, logit_bias=((4, 10.0), (1, -100.0))))
+    assert s(LOGITS) == 4
+    assert torch.equal(LOGITS, before)
+
+
+def test_logprobs_are_the_processed_distribution_before_the_filters():
+    """Recorded under the token's position: the log-softmax after the bias, in float64,
+    whatever temperature and top-k do to the draw."""
+    params = SamplingParams(temperature=0.7, top_k=2, seed=3, logprobs=3,
+                            logit_bias=((0, 1.5),))
+    s = Sampler(params)
+    token = s(LOGITS, [9, 9])
+    biased = LOGITS.double().clone()
+    biased[0] += 1.5
+    reference = torch.log_softmax(biased, -1)
+    entry = s.logprobs[2]
+    assert entry.logprob == pytest.approx(float(reference[token]), abs=1e-6)
+    top = reference.topk(3)
+    assert [i for i, _ in entry.top] == top.indices.tolist()
+    assert [lp for _, lp in entry.top] == pytest.approx(top.values.tolist(), abs=1e-6)

@@ -213,23 +213,47 @@ def test_api_key_is_checked_on_every_route_but_health(engine):
     ("/v1/completions", {"prompt": [1, 10**9]}, 400, "prompt", None),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
     ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs", "unsupported_parameter"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, 400, "logprobs", None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"x": 1}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1": 101}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, 400, "logit_bias", None),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": 2.5}, 400, "frequency_penalty",
+     None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, 400, "top_logprobs", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                              "top_logprobs": 21}, 400, "top_logprobs", None),
     ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unknown_parameter"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", None),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400,
+     "messages[0].tool_call_id", None),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400,
      "messages[0].role", None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages[0].content",
      "unsupported_parameter"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "tools": [{"type": "function"}]}, 400, "tools",
-     "unsupported_parameter"),
+                              "tools": [{"type": "function"}]}, 400, "tools[0]", None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, 400,
-     "response_format", "unsupported_parameter"),
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tools", "tools_not_supported"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "presence_penalty": 0.5}, 400, "presence_penalty",
-     "unsupported_parameter"),
+                              "tool_choice": "required"}, 400, "tool_choice", None),
+    ("/v1/embeddings", {"input": "x"}, 404, "model", "embeddings_not_supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "x", "schema": {"type": "strin"}}}}, 400,
+     "response_format", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema"}}, 400,
+     "response_format", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "xml"}}, 400, "response_format", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "ignore_eos": True,
+                              "response_format": {"type": "json_object"}}, 400, "ignore_eos",
+     None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "presence_penalty": -3}, 400, "presence_penalty", None),
 ])
 def test_bad_requests_are_4xx_in_openai_shape(client, path, body, status, param, code):
     if isinstance(body, bytes):
@@ -372,3 +396,78 @@ def test_an_engine_fault_is_a_500_without_traceback_and_the_server_goes_on(engin
         assert worker.stats.failed == 2 and worker.stats.finished == 1
     finally:
         worker.close()
+
+
+def test_hostile_sizes_are_refused_cheaply(client):
+    """A 50 MB body (with or without a length), JSON nested 100,000 deep and a 10 MB prompt
+    get a 4xx in OpenAI's shape at once, and the server answers the next request."""
+    big = b'{"prompt": "' + b"a" * (50 * 2**20) + b'"}'
+    start = time.perf_counter()
+    _error(client.post("/v1/completions", content=big), 413, code="body_too_large")
+    chunked = (big[i:i + 2**20] for i in range(0, len(big), 2**20))  # no Content-Length
+    _error(client.post("/v1/completions", content=chunked), 413, code="body_too_large")
+    for depth in (100_000, 65):
+        deep = b'{"prompt": "x", "metadata": ' + b"[" * depth + b"]" * depth + b"}"
+        _error(client.post("/v1/completions", content=deep), 400, code="invalid_json")
+    ten_mb = "the cat " * (10 * 2**20 // 8)
+    for path, body in (("/v1/completions", {"prompt": ten_mb}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": ten_mb}]})):
+        _error(client.post(path, json=body), 400, code="context_length_exceeded")
+    assert time.perf_counter() - start < 10  # tokenizing 10 MB took 17 s before
+    _error(client.post("/v1/completions", content=b'{"prompt": "a\\ud800b"}'), 400, "prompt")
+    assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+
+
+def test_logprobs_penalties_and_bias_whole_and_streamed(client, engine):
+    fields = dict(logprobs=True, top_logprobs=2, presence_penalty=0.5, frequency_penalty=0.5,
+                  logit_bias={"5": 3}, max_tokens=6, **GREEDY)
+    whole = _chat(client, [{"role": "user", "content": "the cat"}], **fields).json()
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"] == 6
+    for item in content:
+        assert item["logprob"] <= 0 and len(item["top_logprobs"]) == 2
+        assert item["top_logprobs"][0]["logprob"] >= item["top_logprobs"][1]["logprob"]
+        assert bytes(item["bytes"]).decode("utf-8", "replace") == item["token"] or not item["bytes"]
+    streamed = _sse(_chat(client, [{"role": "user", "content": "the cat"}], stream=True,
+                          **fields))
+    parts = [c["choices"][0]["logprobs"] for c in streamed[:-1] if c["choices"][0]["logprobs"]]
+    assert [i for p in parts for i in p["content"]] == content
+    r = client.post("/v1/completions", json={"prompt": "the cat", "logprobs": 1, "max_tokens": 4,
+                                             **GREEDY}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    assert lp["text_offset"][0] == 0
+
+
+def test_n_above_one_is_a_clear_400(client):
+    error = _error(_chat(client, [{"role": "user", "content": "x"}], n=3), 400, "n",
+                   "unsupported_parameter")
+    assert "one choice per request" in error["message"]
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["word", "n"],
+          "properties": {"word": {"type": "string", "maxLength": 8},
+                         "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_json_schema_and_object(client, stream):
+    jsonschema = pytest.importorskip("jsonschema")
+    formats = [({"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}},
+                SCHEMA), ({"type": "json_object"}, {"type": "object"})]
+    for fmt, schema in formats:
+        for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 3}):
+            r = _chat(client, [{"role": "user", "content": "the cat"}], response_format=fmt,
+                      stream=stream, max_tokens=60, **sampling)
+            assert r.status_code == 200, r.text
+            if stream:
+                chunks = _sse(r)[:-1]
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+                finish = chunks[-1]["choices"][0]["finish_reason"]
+            else:
+                text = r.json()["choices"][0]["message"]["content"]
+                finish = r.json()["choices"][0]["finish_reason"]
+            if finish == "stop":  # complete: it validates (a length cut may not be whole)
+                jsonschema.validate(json.loads(text), schema)
+            assert text.startswith("{")

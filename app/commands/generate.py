@@ -20,9 +20,15 @@ def run(args) -> int:
         raise EmberError("--system needs --chat (a system prompt belongs to a conversation)")
     if args.chat_format != "auto" and not args.chat:
         raise EmberError("--chat-format needs --chat")
+    if args.logprobs is not None and not args.json:
+        raise EmberError("--logprobs needs --json (they are reported in its object)")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed,
+                              presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty, logprobs=args.logprobs,
+                              grammar=_grammar(args))
     engine = load_engine(args)
+    engine.check_sampling(sampling)  # a grammar that cannot compile: before any output
     if args.chat:
         messages = [ChatMessage("system", args.system)] if args.system else []
         ids = engine.encode_chat(messages + [ChatMessage("user", prompt)])
@@ -30,10 +36,13 @@ def run(args) -> int:
         # As llama.cpp: "<start_of_turn>" written in a prompt is that token, unless asked not.
         ids = engine.encode(prompt, parse_special=not args.no_special)
     report = TimingsReport.from_env()  # EMBER_REPORT_TIMINGS=path: `ember bench startup`
-    done = None
+    done, logprobs = None, []
     for event in engine.stream(ids, sampling=sampling, max_tokens=args.max_tokens,
                                stop=tuple(args.stop), ignore_eos=args.ignore_eos):
         if isinstance(event, TokenEvent):
+            if event.logprob is not None:
+                logprobs.append({"token_id": event.token_id, "logprob": event.logprob.logprob,
+                                 "top": [[i, lp] for i, lp in event.logprob.top]})
             if report and event.token_id is not None:
                 report.mark("first_token")
             if not args.json:
@@ -48,6 +57,8 @@ def run(args) -> int:
             "token_ids": done.token_ids,
             "prompt_token_ids": done.prompt_token_ids,
             "finish_reason": done.finish_reason,
+            # with --logprobs: per generated token, its log-probability and the likeliest
+            "logprobs": logprobs if args.logprobs is not None else None,
             "chat_format": engine.chat_format.name if args.chat else None,
             "ttft_s": t.ttft_s,
             "prefill_tokens_per_s": t.prefill_tokens_per_s,
@@ -117,3 +128,28 @@ def _print_hybrid(hybrid: dict) -> None:
         print(f"ember: profile check on held-out text: perplexity x{check['ppl_ratio']:.3f} of "
               f"dense, top-1 agreement {check['top1_agreement']:.0%} (budget "
               f"+{hybrid['profile']['quality_budget']:.0%})", file=sys.stderr)
+
+
+def _grammar(args):
+    """The --json-schema or --grammar file as a Grammar (None without either)."""
+    from pathlib import Path
+
+    from ember.offload.options.sampling import Grammar
+
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EmberError(f"cannot read {path}: {exc}") from None
+    if args.json_schema:
+        return Grammar("json_schema", text)
+    if path.endswith(".gbnf"):
+        from llguidance import gbnf_to_lark
+
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
+            raise EmberError(f"{path}: not a GBNF grammar llguidance reads ({exc})") from None
+    return Grammar("lark", text)

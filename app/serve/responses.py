@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .worker import Finished
 
@@ -37,35 +38,52 @@ class Reply:
         return {"id": self.id, "object": object_name, "created": self.created,
                 "model": self.model, "system_fingerprint": None}
 
-    def whole(self, result: Finished) -> dict:
-        """The non-streamed response."""
+    def whole(self, result: Finished, logprobs: dict | None = None,
+              calls: tuple[str, list[dict]] | None = None) -> dict:
+        """The non-streamed response; `logprobs` from `logprobs_json`, when asked for;
+        `calls`: (content, tool_calls) read from the reply (tools.split_calls)."""
         done = result.done
         finish = FINISH_REASONS[done.finish_reason]
         if self.kind == "chat":
             body = self._head("chat.completion")
-            choice = {"index": 0, "message": {"role": "assistant", "content": done.text},
-                      "logprobs": None, "finish_reason": finish}
+            message = {"role": "assistant", "content": done.text}
+            if calls is not None and calls[1]:
+                message = {"role": "assistant", "content": calls[0] or None,
+                           "tool_calls": calls[1]}
+                finish = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": logprobs,
+                      "finish_reason": finish}
         else:
             body = self._head("text_completion")
-            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": done.text, "logprobs": logprobs,
+                      "finish_reason": finish}
         body["choices"] = [choice]
         body["usage"] = usage(result)
         body["timings"] = timings(result)
         return body
 
     def chunk(self, text: str | None = None, finish: str | None = None,
-              first: bool = False) -> dict:
-        """One streamed chunk: a text delta, or (with `finish`) the last one, empty."""
+              first: bool = False, logprobs: dict | None = None) -> dict:
+        """One streamed chunk: a text delta, or (with `finish`) the last one, empty;
+        `logprobs` those of the tokens since the previous chunk."""
         if self.kind == "chat":
             body = self._head("chat.completion.chunk")
             delta = {} if text is None else {"content": text}
             if first:
                 delta = {"role": "assistant", "content": text or ""}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             body = self._head("text_completion")
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
         body["choices"] = [choice]
+        return body
+
+    def call_chunk(self, index: int, call: dict) -> dict:
+        """A streamed tool call: the whole call in one delta (id, name and arguments)."""
+        body = self._head("chat.completion.chunk")
+        body["choices"] = [{"index": 0, "delta": {"tool_calls": [{"index": index, **call}]},
+                            "logprobs": None, "finish_reason": None}]
         return body
 
     def usage_chunk(self, result: Finished) -> dict:
@@ -92,6 +110,25 @@ def timings(result: Finished) -> dict:
             "prefilled_tokens": prefilled,
             # over the tokens actually computed, not the reused ones
             "prefill_tokens_per_s": prefilled / t.prefill_s if t.prefill_s > 0 else 0.0}
+
+
+def logprobs_json(kind: str, entries: list, spell: Callable[[int], tuple[str, bytes]],
+                  offset: int = 0) -> dict:
+    """OpenAI's logprobs object for (token id, `TokenLogprob`) pairs; `spell(id)` is the
+    token's (text, bytes). Chat: {"content": [{token, logprob, bytes, top_logprobs}]};
+    completions: parallel lists, text offsets counted from `offset`."""
+    if kind == "chat":
+        def item(token, logprob):
+            text, raw = spell(token)
+            return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+        return {"content": [{**item(t, e.logprob), "top_logprobs": [item(i, lp) for i, lp in e.top]}
+                            for t, e in entries], "refusal": None}
+    tokens = [spell(t)[0] for t, _ in entries]
+    offsets = [offset + sum(map(len, tokens[:n])) for n in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": [e.logprob for _, e in entries],
+            "top_logprobs": [{spell(i)[0]: lp for i, lp in e.top} for _, e in entries],
+            "text_offset": offsets}
 
 
 def model_card(model_id: str, created: int) -> dict:

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import json
 import logging
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -25,11 +26,13 @@ from ember.models.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
-from .responses import FINISH_REASONS, Reply, model_card
+from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
+from .tools import CallStream, call_grammar, parse_tools, split_calls
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
 MAX_BODY_BYTES = 16 * 2**20
+MAX_NESTING = 64  # JSON schemas and tool parameters nest a few levels; a body is not a stack
 _GONE = object()  # put in a job's inbox when its client disconnects
 
 
@@ -61,7 +64,37 @@ class Api:
         return JSONResponse(model_card(self.model_id, self.created))
 
     async def chat(self, request: Request):
-        return await self._generate(request, parse_chat(await _json(request), self.model_id))
+        body = await _json(request)
+        req = parse_chat(body, self.model_id)
+        req.tools = parse_tools(body)
+        self._check_tools(req)
+        return await self._generate(request, req)
+
+    async def embeddings(self, request: Request):
+        raise ApiError(404, f"This server has no embeddings: {self.model_id!r} is a chat model, "
+                            "whose pooled hidden states make poor retrieval embeddings, and "
+                            "computing them would occupy its one engine. Run an embedding "
+                            "model elsewhere for /v1/embeddings.", param="model",
+                       code="embeddings_not_supported")
+
+    def _check_tools(self, req: GenerationRequest) -> None:
+        """Tools need a template that writes them and a call syntax Ember reads; a forced
+        call becomes the request's grammar."""
+        history = any(m.role == "tool" or m.tool_calls for m in req.messages)
+        if (req.tools is not None or history) and self.engine.tool_style is None:
+            raise ApiError(400, f"The model {self.model_id!r} has no tool support: its chat "
+                                "template does not write tools in a call syntax Ember reads "
+                                "(<tool_call>{...}</tool_call>, as Qwen2.5's)",
+                           param="tools", code="tools_not_supported")
+        if req.tools is None or not req.tools.forced:
+            return
+        if req.sampling.grammar is not None or req.ignore_eos:
+            raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
+                                "grammar: it cannot be combined with response_format or "
+                                "ignore_eos", param="tool_choice")
+        tok = self.engine.tokenizer
+        req.sampling = replace(req.sampling, grammar=call_grammar(
+            req.tools, lambda marker: tok.id_of(marker) is not None))
 
     async def completions(self, request: Request):
         return await self._generate(request,
@@ -69,6 +102,11 @@ class Api:
 
     # -- one generation --------------------------------------------------------------------
     async def _generate(self, request: Request, req: GenerationRequest):
+        try:  # a schema compiles off the event loop (a first one builds the vocabulary's view)
+            await run_in_threadpool(self.engine.check_sampling, req.sampling)
+        except EmberError as exc:
+            param = "logit_bias" if "logit_bias" in str(exc) else "response_format"
+            raise ApiError(400, str(exc), param=param) from None
         prompt_ids = await run_in_threadpool(self._encode, req)
         room = self.engine.n_ctx - len(prompt_ids)
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
@@ -87,10 +125,13 @@ class Api:
             raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
         reply = Reply(req.kind, self.model_id)
         if req.stream:
-            return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage),
+            calls = CallStream(req.tools.names) if req.tools is not None else None
+            return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage,
+                                               calls),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         watcher = asyncio.create_task(_watch_disconnect(request, job, inbox))
+        logprobs = []
         try:
             while True:
                 item = await inbox.get()
@@ -98,28 +139,50 @@ class Api:
                     return JSONResponse({}, status_code=499)
                 if isinstance(item, Failed):
                     raise _failure(item)
+                if isinstance(item, TokenEvent) and item.logprob is not None:
+                    logprobs.append((item.token_id, item.logprob))
                 if isinstance(item, Finished):
-                    return JSONResponse(reply.whole(item))
+                    wanted = req.sampling.logprobs is not None
+                    calls = (split_calls(item.done.text, req.tools.names)
+                             if req.tools is not None else None)
+                    return JSONResponse(reply.whole(item, self._logprobs(reply, logprobs)
+                                                    if wanted else None, calls))
         finally:
             job.cancel.set()  # nothing to stop once finished; stops the engine if we are cancelled
             watcher.cancel()
 
     async def _sse(self, request: Request, job: Job, inbox: asyncio.Queue, reply: Reply,
-                   include_usage: bool):
+                   include_usage: bool, calls: CallStream | None = None):
         watcher = asyncio.create_task(_watch_disconnect(request, job, inbox))
         try:
             if reply.kind == "chat":
                 yield _event(reply.chunk(first=True))
+            pending, sent = [], 0  # logprobs not sent yet; text sent (completions' offsets)
             while True:
                 item = await inbox.get()
                 if item is _GONE:
                     return
                 if isinstance(item, TokenEvent):
-                    if item.text:
-                        yield _event(reply.chunk(item.text))
+                    if item.logprob is not None:
+                        pending.append((item.token_id, item.logprob))
+                    text = item.text if calls is None else calls.push(item.text)
+                    if text:
+                        yield _event(reply.chunk(text, logprobs=self._logprobs(
+                            reply, pending, sent) if pending else None))
+                        pending, sent = [], sent + len(text)
                     continue
                 if isinstance(item, Finished):
-                    yield _event(reply.chunk(finish=FINISH_REASONS[item.done.finish_reason]))
+                    finish = FINISH_REASONS[item.done.finish_reason]
+                    if calls is not None:
+                        content, found = calls.finish()
+                        if content:
+                            yield _event(reply.chunk(content))
+                        for index, call in enumerate(found):
+                            yield _event(reply.call_chunk(index, call))
+                        finish = "tool_calls" if found else finish
+                    yield _event(reply.chunk(finish=finish,
+                                             logprobs=self._logprobs(reply, pending, sent)
+                                             if pending else None))
                     if include_usage:
                         yield _event(reply.usage_chunk(item))
                 elif isinstance(item, Failed):  # the status line has gone: the error in-band
@@ -130,13 +193,25 @@ class Api:
             job.cancel.set()
             watcher.cancel()
 
+    def _logprobs(self, reply: Reply, entries: list, offset: int = 0) -> dict:
+        tok = self.engine.tokenizer
+
+        def spell(token: int) -> tuple[str, bytes]:
+            raw = tok.token_bytes(token)  # a control token has no bytes: shown by its name
+            return (raw.decode("utf-8", "replace") if raw else tok.token_text(token)), raw
+
+        return logprobs_json(reply.kind, entries, spell, offset)
+
     def _encode(self, req: GenerationRequest) -> list[int]:
         """Prompt token ids; ApiError if they do not leave room for one generated token."""
         param = "messages" if req.kind == "chat" else "prompt"
         try:
+            if isinstance(req.prompt, str) and req.kind == "completion":
+                self.engine.check_text_fits([req.prompt])  # before tokenizing megabytes
             if req.kind == "chat":  # the oldest turns left out if it outgrew the context
                 ids = self.engine.fit_chat(req.messages, req.max_tokens or self.max_tokens
-                                           or self.engine.n_ctx)
+                                           or self.engine.n_ctx,
+                                           tools=req.tools.tools if req.tools else None)
             elif isinstance(req.prompt, str):
                 ids = self.engine.encode(req.prompt)
             else:
@@ -162,7 +237,8 @@ def create_app(worker: EngineWorker, model_id: str, *, api_key: str | None = Non
               Route("/v1/models", api.models, methods=["GET"]),
               Route("/v1/models/{name:path}", api.model, methods=["GET"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
-              Route("/v1/completions", api.completions, methods=["POST"])]
+              Route("/v1/completions", api.completions, methods=["POST"]),
+              Route("/v1/embeddings", api.embeddings, methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     return app if api_key is None else ApiKeyCheck(app, api_key)
@@ -190,15 +266,41 @@ class ApiKeyCheck:
 
 
 async def _json(request: Request):
+    """The body as JSON: 413 as soon as it passes MAX_BODY_BYTES (read no further), 400 for
+    anything that is not JSON or nests deeper than MAX_NESTING."""
+    too_large = ApiError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
+                         code="body_too_large")
     if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
-                       code="body_too_large")
-    raw = await request.body()
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():  # a chunked body names no length: count it
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
     try:
-        return json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are
-        raise ApiError(400, f"We could not parse the JSON body of your request ({exc})",
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ApiError(400, f"We could not parse the JSON body of your request ({reason})",
                        code="invalid_json") from None
+    if nesting(body) > MAX_NESTING:
+        raise ApiError(400, f"the JSON body nests deeper than {MAX_NESTING} levels",
+                       code="invalid_json")
+    return body
+
+
+def nesting(value) -> int:
+    """How deep lists and objects nest in `value`, counted without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = (item.values() if isinstance(item, dict) else item
+                    if isinstance(item, list) else ())
+        if children:
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 async def _watch_disconnect(request: Request, job: Job, inbox: asyncio.Queue) -> None:

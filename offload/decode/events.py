@@ -41,6 +41,8 @@ class TokenEvent:
 
     token_id: int | None
     text: str
+    # With SamplingParams.logprobs: the draw's `decode.sampler.TokenLogprob`
+    logprob: object | None = None
 
 
 @dataclass

@@ -12,7 +12,9 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ember.models.chat_format import NON_TEXT_TOKENS, ChatFormat, ChatMessage
+from ember.models.chat_format import (NON_TEXT_TOKENS, ChatFormat, ChatMessage,
+                                      template_tool_style)
+from ember.models.errors import ConfigError, PromptTooLong
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 
@@ -20,6 +22,7 @@ from ..body.file_blocks_model import runs_on_file_blocks
 from ..decode.events import DoneEvent, Timings, TokenEvent
 from ..decode.loop import PlainStep, Step, decode_loop
 from ..decode.runner import Runner
+from ..decode.grammar import Grammars
 from ..decode.sampler import Sampler
 from ..decode.stopping import StopStrings
 from ..kv.paged import PagedKVCache
@@ -27,7 +30,7 @@ from ..kv.plan import DEFAULT_ROLLBACK_MARGIN, plan_kv
 from ..speculative.setup import make_drafter
 from ..speculative.verify import SpecStats, SpeculativeStep, TreeSizer
 from .device import resolve_device, set_threads
-from .context_fit import fit_conversation
+from .context_fit import LEADING_ROLES, fit_conversation
 from .engine_model import build_engine_model, kv_value_bytes
 from ..options.engine_options import EngineOptions
 from ..options.sampling import SamplingParams
@@ -68,6 +71,7 @@ class Engine:
         # of the machine and model, not of one reply, so later replies start well estimated.
         self.sizer = TreeSizer(self.tree_widths)
         self._spec_stats: SpecStats | None = None  # the latest stream's, with a drafter
+        self.grammars = Grammars(self.tokenizer, self.stop_ids)  # constrained decoding
 
     @property
     def speculation(self) -> dict | None:
@@ -141,22 +145,46 @@ class Engine:
         """What a --chat-format choice means for this model (ConfigError if it cannot be)."""
         return self.prompts.resolve_chat_format(choice)
 
-    def encode_chat(self, messages: list[ChatMessage],
-                    chat_format: str | None = None) -> ChatPrompt:
+    def encode_chat(self, messages: list[ChatMessage], chat_format: str | None = None,
+                    tools: list | None = None) -> ChatPrompt:
         """The conversation in this engine's chat format (or in `chat_format`, a
         --chat-format choice), as token ids that carry the format (so `stream()` ends the
-        reply at its stop strings)."""
+        reply at its stop strings). `tools`: function definitions for the template to write
+        (see `tool_style`)."""
         fmt = self.chat_format if chat_format is None else self.resolve_chat_format(chat_format)
-        return self.prompts.encode_chat(messages, fmt)
+        return self.prompts.encode_chat(messages, fmt, tools)
+
+    @property
+    def tool_style(self) -> str | None:
+        """The tool-call syntax this engine's chat format writes and reads ("hermes"), or
+        None when it has no tool support."""
+        if self.chat_format.name != "template":
+            return None
+        return template_tool_style(self.prompts.chat_template)
 
     def fit_chat(self, messages: list[ChatMessage], reply_tokens: int,
-                 chat_format: str | None = None) -> ChatPrompt:
+                 chat_format: str | None = None, tools: list | None = None) -> ChatPrompt:
         """`encode_chat` for a conversation that may have outgrown the context: its oldest
         exchanges are left out until the prompt and room for the reply fit (the policy and
         its cost: offload/runtime/context_fit.py); `dropped_messages` on the result says
         how many. PromptTooLong only if the newest message cannot fit even alone."""
-        return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format),
+        lead = next((i for i, m in enumerate(messages) if m.role not in LEADING_ROLES),
+                    len(messages))
+        kept = messages[:lead] + messages[max(lead, len(messages) - 1):]
+        self.check_text_fits([m.content for m in kept])  # what no dropping can save
+        return fit_conversation(messages, lambda kept: self.encode_chat(kept, chat_format, tools),
                                 self.n_ctx, reply_tokens)
+
+    def check_text_fits(self, texts: list[str]) -> None:
+        """PromptTooLong when `texts`' bytes alone prove they cannot fit the context (no
+        token stands for more bytes than the vocabulary's longest): a hostile 10 MB prompt
+        is refused without spending seconds tokenizing it."""
+        fewest = self.tokenizer.fewest_tokens(texts)
+        if fewest >= self.n_ctx:
+            raise PromptTooLong(f"the prompt is at least {fewest} tokens long by its bytes "
+                                f"alone, but the context holds "
+                                f"{self.n_ctx} for the prompt and its reply together; "
+                                "shorten it or raise --ctx-size")
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """The rules a prompt must meet before it runs: not empty, room left in the context
@@ -206,10 +234,27 @@ class Engine:
         fmt = prompt_ids.format if isinstance(prompt_ids, ChatPrompt) else ChatFormat("none")
         stops = StopStrings([*stop, *fmt.stop_strings], strip_leading=fmt.strip_leading_space)
         stop_ids = set() if ignore_eos else self.stop_ids
-        tokens = decode_loop(self.runner, session, self._step(session, Sampler(sampling)),
+        self.check_sampling(sampling)
+        if sampling.grammar is not None and ignore_eos:
+            raise ConfigError("a grammar ends the reply where it is complete: it cannot be "
+                              "combined with ignore_eos")
+        constraint = (None if sampling.grammar is None else
+                      self.grammars.constraint(sampling.grammar, self.loaded.config.vocab_size))
+        sampler = Sampler(sampling, len(prompt_ids), constraint)
+        tokens = decode_loop(self.runner, session, self._step(session, sampler),
                              prompt_ids, max_tokens, stop_ids, timings, cancel)
         return reply_events(tokens, StreamDecoder(self.tokenizer), stops, self.hidden_ids,
-                            prompt_ids, timings)
+                            prompt_ids, timings, sampler.logprobs)
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """ConfigError for settings this model cannot honour (a logit_bias id past its
+        vocabulary, a grammar llguidance cannot compile); the rest SamplingParams checks."""
+        bad = [t for t, _ in sampling.logit_bias if t >= self.tokenizer.vocab_size]
+        if bad:
+            raise ConfigError(f"logit_bias names token {bad[0]}, past this model's vocabulary "
+                              f"of {self.tokenizer.vocab_size}")
+        if sampling.grammar is not None:
+            self.grammars.compile(sampling.grammar)
 
     def _step(self, session: str, sampler: Sampler) -> Step:
         """This engine's decode step: speculative with a drafter (fresh stats per reply),

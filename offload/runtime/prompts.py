@@ -4,7 +4,7 @@ stop strings."""
 
 from __future__ import annotations
 
-from ember.models.chat_format import (ChatFormat, ChatMessage, render_chat,
+from ember.models.chat_format import (ChatFormat, ChatMessage, render_chat_parts,
                                       resolve_chat_format)
 from ember.models.tokenizer import Tokenizer
 
@@ -36,14 +36,17 @@ class PromptEncoder:
                                    has_token=lambda t: self.tokenizer.id_of(t) is not None,
                                    turn_ends=self._turn_end_texts())
 
-    def encode_chat(self, messages: list[ChatMessage], fmt: ChatFormat) -> ChatPrompt:
-        """The conversation written in `fmt`, as ids that carry it."""
+    def encode_chat(self, messages: list[ChatMessage], fmt: ChatFormat,
+                    tools: list | None = None) -> ChatPrompt:
+        """The conversation (and `tools`, OpenAI's function definitions) written in `fmt`, as
+        ids that carry it. The format's markers are special tokens; the messages' contents
+        and the tools' JSON are text, whatever they spell."""
         tok = self.tokenizer
-        text = render_chat(messages, fmt, template=self.chat_template,
-                           bos_text=self._token_text(tok.bos_id),
-                           eos_text=self._token_text(tok.eos_id),
-                           bos_added=tok.add_bos and tok.bos_id is not None)
-        return ChatPrompt(self.encode(text, parse_special=True), fmt)
+        parts = render_chat_parts(messages, fmt, template=self.chat_template,
+                                  bos_text=self._token_text(tok.bos_id),
+                                  eos_text=self._token_text(tok.eos_id),
+                                  bos_added=tok.add_bos and tok.bos_id is not None, tools=tools)
+        return ChatPrompt(tok.encode_parts(parts), fmt)
 
     def _turn_end_texts(self) -> tuple[str, ...]:
         """The spelling of each end-of-turn token (EOS excepted: "</s>" or "<eos>" written

@@ -14,9 +14,10 @@ from ..decode.stopping import StopStrings
 
 def reply_events(tokens: Iterator[tuple[int | None, str | None]], decoder: StreamDecoder,
                  stops: StopStrings, hidden_ids: set[int], prompt_ids: list[int],
-                 timings: Timings) -> Iterator[TokenEvent | DoneEvent]:
+                 timings: Timings, logprobs: dict | None = None) -> Iterator[TokenEvent | DoneEvent]:
     """A TokenEvent per token of `tokens` (what `decode_loop` yields), then one DoneEvent
-    with the loop's finish reason, or "stop" when a stop string ends the reply first."""
+    with the loop's finish reason, or "stop" when a stop string ends the reply first.
+    `logprobs`: the sampler's, by position; each token's goes on its event."""
     generated: list[int] = []
     text, finish = "", None
     start = time.perf_counter()
@@ -28,10 +29,11 @@ def reply_events(tokens: Iterator[tuple[int | None, str | None]], decoder: Strea
         if not generated:
             timings.ttft_s = now - start
         timings.decode_s = now - start - timings.ttft_s
+        position = len(prompt_ids) + len(generated)
         generated.append(token)
         delta = stops.push("" if token in hidden_ids else decoder.push(token))
         text += delta
-        yield TokenEvent(token, delta)
+        yield TokenEvent(token, delta, None if logprobs is None else logprobs.pop(position, None))
         if stops.stopped:
             finish = "stop"
             break

@@ -1,0 +1,183 @@
+"""OpenAI tool calling over a model's own chat template.
+
+The request's `tools` go to the template (which writes them as the model was trained to see
+them); the reply is read back in the template's call syntax. Ember reads the Hermes syntax
+Qwen2.5 uses: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per
+call. `tool_choice` "required" or a named function forces a call: a Lark grammar (llguidance)
+admits only a call block whose JSON names an allowed function with arguments valid under its
+`parameters` schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from ember.offload.options.sampling import Grammar
+
+from .protocol import ApiError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+# JSON as the template writes it (and as the model learned it): ", " and ": "
+_JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
+
+@dataclass
+class ToolRequest:
+    """The request's functions (as given: what the template writes) and what it wants:
+    "auto" (the model chooses), "required" (some call) or one function's name."""
+
+    tools: list[dict]
+    choice: str
+
+    @property
+    def forced(self) -> bool:
+        return self.choice != "auto"
+
+    @property
+    def names(self) -> set[str]:
+        return {tool["function"]["name"] for tool in self.tools}
+
+
+def parse_tools(body: dict) -> ToolRequest | None:
+    """`tools` and `tool_choice` checked; None without tools or with tool_choice "none"."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none"):
+            raise bad_request("tool_choice needs tools", "tool_choice")
+        return None
+    if not isinstance(tools, list) or len(tools) > 128:
+        raise bad_request("tools must be a list of up to 128 function tools", "tools")
+    names = [_function_name(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    if len(set(names)) != len(names):
+        raise bad_request("tools name the same function twice", "tools")
+    if choice is None or choice in ("auto", "required"):
+        return ToolRequest(tools, choice or "auto")
+    if choice == "none":
+        return None
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function" and name in names):
+        raise bad_request('tool_choice must be "none", "auto", "required" or {"type": '
+                          '"function", "function": {"name": NAME}} naming one of the tools',
+                          "tool_choice")
+    return ToolRequest(tools, name)
+
+
+def bad_request(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _function_name(tool, where: str) -> str:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(fn, dict)
+            and set(tool) == {"type", "function"}
+            and set(fn) <= {"name", "description", "parameters", "strict"}
+            and isinstance(fn.get("name"), str) and _NAME.fullmatch(fn["name"])
+            and isinstance(fn.get("description", ""), str)
+            and isinstance(fn.get("parameters", {}), dict)):
+        raise bad_request(f"{where} must be {{\"type\": \"function\", \"function\": {{name, "
+                          "description?, parameters?}}}} with a name of letters, digits, _ "
+                          "or - (up to 64)", where)
+    return fn["name"]
+
+
+def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Grammar:
+    """A Lark grammar admitting one call block to an allowed function, arguments valid under
+    its parameters. `is_token(text)`: the vocabulary has that marker as a token (named as
+    one in the grammar; else spelled)."""
+    options = []
+    for tool in request.tools:
+        fn = tool["function"]
+        if request.choice in ("required", fn["name"]):
+            options.append({"type": "object", "additionalProperties": False,
+                            "required": ["name", "arguments"],
+                            "properties": {"name": {"const": fn["name"]},
+                                           "arguments": fn.get("parameters") or {"type": "object"}}})
+    schema = {"anyOf": options, "x-guidance": _JSON_STYLE}
+    open_, close = (m if is_token(m) else json.dumps(m) for m in (OPEN, CLOSE))
+    return Grammar("lark", f'start: {open_} "\\n" call "\\n" {close}\n'
+                           f"call: %json {json.dumps(schema)}\n")
+
+
+def split_calls(text: str, names: set[str] = frozenset()) -> tuple[str, list[dict]]:
+    """The reply's text before its first call, and its calls as OpenAI `tool_calls`; a block
+    whose JSON is not {"name", "arguments"} is left as text.
+
+    Without call blocks, a reply that is nothing but such JSON (bare or in a ```json fence)
+    naming one of `names` is a call too: Qwen2.5-Coder writes its calls that way, though its
+    template asks for the tags."""
+    calls, first = [], None
+    for m in _BLOCK.finditer(text):
+        call = _call(m.group(1))
+        if call is None:
+            continue
+        calls.append(call)
+        first = m.start() if first is None else first
+    if not calls:
+        bare = _FENCE.fullmatch(text.strip())
+        call = _call(bare.group(1)) if bare else None
+        if call is not None and call["function"]["name"] in names:
+            return "", [call]
+        return text, []
+    return text[:first].strip(), calls
+
+
+_FENCE = re.compile(r"(?:```(?:json)?\s*)?(\{.*\})(?:\s*```)?", re.DOTALL)
+
+
+def _call(block: str) -> dict | None:
+    try:
+        data = json.loads(block)
+    except ValueError:
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("name"), str)):
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": data["name"], "arguments": json.dumps(arguments,
+                                                                         ensure_ascii=False)}}
+
+
+class CallStream:
+    """A streamed reply with tools: text deltas pass as content until a call may begin; from
+    there the rest is held and read as calls when the reply ends. A reply that opens with
+    JSON or a code fence is held whole (it may be a bare call: `split_calls`)."""
+
+    def __init__(self, names: set[str] = frozenset()):
+        self._held, self._names = "", names
+        self._in_call = self._started = False
+
+    def push(self, delta: str) -> str:
+        """The part of `delta` that is content for sure."""
+        self._held += delta
+        if self._in_call:
+            return ""
+        if not self._started:
+            opening = self._held.lstrip()
+            if opening.startswith(("{", "```")):  # perhaps a bare call: told at the end
+                self._in_call = True
+                return ""
+            if not opening or "```".startswith(opening):  # too early to tell
+                return ""
+            self._started = True
+        text = self._held
+        at = text.find(OPEN)
+        if at >= 0:
+            self._in_call, self._held = True, text[at:]
+            return text[:at]
+        keep = next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1)
+                     if OPEN.startswith(text[-n:])), 0)  # perhaps the start of a marker
+        self._held = text[len(text) - keep:]
+        return text[:len(text) - keep]
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(content still held, the calls)."""
+        content, calls = split_calls(self._held, self._names)
+        if not calls:
+            return self._held, []
+        return content, calls
