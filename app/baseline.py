@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.offload.profile.perplexity import PerplexityResult, windows
 
 

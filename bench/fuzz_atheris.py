@@ -26,7 +26,7 @@ import tokenizers  # noqa: F401
 import torch  # noqa: F401
 
 with atheris.instrument_imports(include=["ember"]):
-    from ember.models.errors import EmberError
+    from ember.models.support.errors import EmberError
     from tests.fuzz_harness import exercise
 
 from tests.fuzz_mutators import build_seeds

@@ -138,7 +138,7 @@ def llama_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
     in a fixed order. Every piece is a shorter piece plus one character, so each one can be
     reached by merging; scores fall with rank as in SentencePiece's BPE models.
     """
-    from ember.models.synthetic import (CHARS, PIECES, TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL,
+    from ember.models.testing.synthetic import (CHARS, PIECES, TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL,
                                         TYPE_UNKNOWN)
 
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]

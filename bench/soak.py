@@ -39,7 +39,7 @@ USER_LINES = [
 
 
 def _tiny_model(folder: Path) -> Path:
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     cfg = synthetic.tiny_config("gemma3")
     return synthetic.write_gguf(folder / "tiny.gguf", cfg, synthetic.tiny_weights(cfg, 0))

@@ -22,7 +22,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from ember.models.user_dirs import cache_dir as user_cache_dir
+from ember.models.support.user_dirs import cache_dir as user_cache_dir
 
 log = logging.getLogger("ember.kernels")
 

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write_text
-from .user_dirs import cache_dir
+from .support.atomic import atomic_write_text
+from .support.user_dirs import cache_dir
 
 
 @dataclass(frozen=True)

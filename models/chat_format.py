@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .errors import ConfigError, ModelFormatError
+from .support.errors import ConfigError, ModelFormatError
 
 FAMILY_FORMATS = ("gemma", "llama3", "chatml", "inst")
 CHAT_FORMATS = ("auto", "template", "transcript", *FAMILY_FORMATS)

@@ -6,7 +6,7 @@ for `ModelConfig`.
 
 from __future__ import annotations
 
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig

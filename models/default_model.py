@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .atomic import fsync_dir
+from .support.atomic import fsync_dir
 from .catalog import is_verified, models_dir, record_verified
-from .errors import EmberError
+from .support.errors import EmberError
 
 
 def default_model_path() -> Path:

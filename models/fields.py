@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 
 _CHECKS = {
     int: lambda v: isinstance(v, int) and not isinstance(v, bool),

@@ -14,7 +14,7 @@ import math
 
 from .common_fields import gguf_fields, hf_fields
 from .config import ModelConfig
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .gemma3 import hf_transform  # noqa: F401  (the same (1 + w) norms)
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from .errors import ModelFormatError, UnsupportedModelError
+from .support.errors import ModelFormatError, UnsupportedModelError
 from .fields import typed
 from .gguf_split import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, first_part_name, part_paths
 from .ram_copy import read_into_ram

@@ -31,10 +31,10 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
-from .atomic import atomic_write_bytes
-from .errors import UnsupportedModelError
+from .support.atomic import atomic_write_bytes
+from .support.errors import UnsupportedModelError
 from .pre_tokenizers import PRE_TOKENIZERS, pre_tokenizer
-from .user_dirs import cache_dir
+from .support.user_dirs import cache_dir
 
 # Bump when the conversion changes, so caches written by older code are rebuilt.
 CONVERTER_VERSION = 3

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .fields import typed
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse megabytes of it

@@ -20,7 +20,7 @@ import torch
 from .activations import is_gated
 from .common_fields import gguf_fields, hf_fields
 from .config import ACTIVATIONS, ModelConfig
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
 from .hf_names import COMMON_LAYER_NAMES, canonical_name

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import ModelConfig
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUF_MAGIC, GGUFFile
 from .gguf_vocab import VocabSpec, tokenizer_cache_path

@@ -14,7 +14,7 @@ from typing import Mapping
 from gguf import LlamaFileType
 
 from .chat_format import template_style
-from .errors import EmberError
+from .support.errors import EmberError
 from .gguf_file import GGUFFile
 from .registry import GGUF_ARCHITECTURES
 from .stores import Located, locate_models

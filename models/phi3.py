@@ -27,7 +27,7 @@ import torch
 
 from .common_fields import gguf_factor_tensor, gguf_fields, hf_fields, require_silu
 from .config import ModelConfig
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .fields import typed
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig

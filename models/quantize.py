@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from .errors import UnsupportedModelError
+from .support.errors import UnsupportedModelError
 from .quants import T, check_shape, type_name
 
 __all__ = ["QUANTIZE_TYPES", "quantize"]

@@ -25,7 +25,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .block_decoders import DEQUANT
-from .errors import UnsupportedModelError
+from .support.errors import UnsupportedModelError
 
 __all__ = [
     "SUPPORTED_TYPES",

@@ -14,7 +14,7 @@ import torch
 
 from .common_fields import gguf_fields, hf_fields, require_silu
 from .config import ModelConfig
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .gguf_file import GGUFFile
 from .hf_config import HFConfig
 from .hf_names import COMMON_LAYER_NAMES, canonical_name

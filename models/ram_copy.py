@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 
 # Reads of this size, a few at a time: large enough that system-call overhead vanishes,
 # small enough that two threads share the work (and page faults) evenly.

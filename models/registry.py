@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .errors import UnsupportedModelError
+from .support.errors import UnsupportedModelError
 
 GGUF_ARCHITECTURES = {"gemma2": "gemma2", "gemma3": "gemma3", "llama": "llama", "phi3": "phi3",
                       "qwen2": "qwen", "qwen3": "qwen"}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .catalog import CATALOG, DEFAULT_MODEL, catalog_model, installed_path
-from .errors import EmberError
+from .support.errors import EmberError
 from .stores import STORES, Located, locate_models
 
 

@@ -11,7 +11,7 @@ from types import ModuleType
 
 from safetensors import SafetensorError, safe_open
 
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .weights import QTensor, WeightStore
 
 

@@ -27,7 +27,7 @@ from typing import Iterator, Mapping
 
 from .catalog import CATALOG
 from .gguf_split import model_stem, part_number
-from .user_dirs import cache_dir
+from .support.user_dirs import cache_dir
 
 STORES = ("ember", "huggingface", "ollama", "lm-studio")
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"

@@ -21,12 +21,12 @@ from typing import Callable
 
 import tokenizers
 
-from .atomic import atomic_write_bytes
-from .errors import ModelFormatError
+from .support.atomic import atomic_write_bytes
+from .support.errors import ModelFormatError
 from .gguf_vocab import (BYTE, BYTE_TOKEN, CONTROL, KEEP_SPACE_AFTER, NORMAL, SPM_SPACE, UNKNOWN,
                          UNUSED, USER_DEFINED, VocabSpec, build_hf, load_cache, token_kinds,
                          write_cache)
-from .heap import release_free_heap
+from .support.heap import release_free_heap
 from .spm_encoder import SpmEncoder
 
 _UNKNOWN_PIECE = "\u2585".encode()  # llama.cpp renders the unknown token as "▅"

@@ -18,7 +18,7 @@ from torch import nn
 
 from .activations import activate
 from .config import ModelConfig
-from .kv import ContiguousKVCache, KVCache
+from .reference_cache import ContiguousKVCache, KVCache
 from .rotary import Rotary, layer_rotaries
 from .tree_rows import TreeRows, tree_keys, tree_span
 from .weights import QTensor, WeightStore

@@ -16,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from . import quants
-from .errors import ModelFormatError
+from .support.errors import ModelFormatError
 from .gguf_file import GGUFFile
 
 _TORCH_TO_GGML = {

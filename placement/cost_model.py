@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from .layout import Placement
 from .problem import PlacementProblem

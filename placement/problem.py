@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 _PER_LAYER = ("neuron_bytes", "gpu_ms_per_neuron", "cpu_ms_per_active",
               "gpu_base_ms", "cpu_base_ms", "split_ms")

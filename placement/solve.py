@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from .cost_model import PlacementResult
 from .greedy import solve_greedy

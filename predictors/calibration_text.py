@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 SEED_PROMPTS: tuple[str, ...] = (
     "The lighthouse keeper had not seen a ship in eleven days when the fog finally lifted and",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.transformer import Transformer
 
 from .ffn_swap import intermediate, swapped_ffns

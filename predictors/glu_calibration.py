@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.transformer import Transformer, rms_norm, softcap
 
 from .ffn_swap import intermediate, swapped_ffns

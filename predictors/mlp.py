@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.models.errors import ModelFormatError
+from ember.models.support.errors import ModelFormatError
 
 _NAMES = ("w1", "b1", "w2", "b2", "threshold")
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.models.config import ModelConfig
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from .mlp import Predictor, PredictorSet
 from .stats import Collection

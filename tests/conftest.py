@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ember.models import synthetic
+from ember.models.testing import synthetic
 
 TINY_KINDS = {
     "gemma3": dict(arch="gemma3"),
@@ -22,7 +22,7 @@ def _private_cache_dir(tmp_path_factory):
     """Derived files of the hundreds of tiny and mutated models tests open (tokenizer caches)
     go to a private cache directory, not the user's. The assembled default model and the
     compiled kernels are shared from the real one by links, so they are not rebuilt."""
-    from ember.models.user_dirs import cache_dir
+    from ember.models.support.user_dirs import cache_dir
 
     real, private = cache_dir(), tmp_path_factory.mktemp("xdg-cache")
     (private / "ember").mkdir()

@@ -51,7 +51,7 @@ class Definition:
     decorators: tuple[str, ...] = ()
 
     def key(self, root: pathlib.Path) -> str:
-        """How allow-lists name it: "models/synthetic.py::write_hf"."""
+        """How allow-lists name it: "models/testing/synthetic.py::write_hf"."""
         return f"{self.path.relative_to(root).as_posix()}::{self.qualname}"
 
     def where(self, root: pathlib.Path) -> str:

@@ -21,7 +21,7 @@ import torch
 
 # Imported here, not inside a case: an import cut short by the time limit leaves torch half
 # registered and every later case failing, and import memory is not the case's growth.
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.models.loader import load_model, open_model
 
 MIB = 1 << 20

@@ -27,7 +27,7 @@ SMALL = [0, 1, 2, 3, 7, 255]
 
 def _q4k_config():
     """A tiny model whose every matrix row is a whole Q4_K block (256 elements)."""
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     return synthetic.tiny_config("llama", activation="silu_glu", hidden_size=256, n_heads=4,
                                  n_kv_heads=2, head_dim=64, ffn_size=256, n_layers=2)
@@ -36,7 +36,7 @@ def _q4k_config():
 def _seed_specs():
     from gguf import GGMLQuantizationType as Q
 
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     return {
         "gguf-f32": ("gguf", lambda: synthetic.tiny_config("gemma3"), Q.F32),
@@ -53,7 +53,7 @@ SEED_KINDS = ("gguf-f32", "gguf-q8_0", "gguf-q4_k", "hf-gemma3", "hf-llama")
 
 def build_seeds(root: Path) -> dict[str, Path]:
     """Write every seed model under `root`: kind -> .gguf file or HF folder."""
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     out = {}
     for i, (kind, (fmt, make_cfg, qtype)) in enumerate(_seed_specs().items()):

@@ -14,7 +14,7 @@ import pytest
 from ember.app.cli import main
 from ember.app.commands.startup_prompt import prompt_of_length
 from ember.app.process_clock import REPORT_ENV, TimingsReport, seconds_since_start
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 
 def _bench(path, *extra) -> dict:

@@ -5,7 +5,7 @@ import pytest
 
 from ember.models.chat_format import (CHAT_FORMATS, ChatFormat, ChatMessage, render_chat_parts,
                                       resolve_chat_format)
-from ember.models.errors import ConfigError, ModelFormatError
+from ember.models.support.errors import ConfigError, ModelFormatError
 
 MSGS = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi"),
         ChatMessage("assistant", "Hello."), ChatMessage("user", "Bye")]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.models import synthetic
+from ember.models.testing import synthetic
 from ember.models.chat_format import ChatMessage
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
@@ -212,7 +212,7 @@ def test_file_named_end_of_turn_ids_stop(base_vocab, tmp_path):
 
 def test_template_errors_reach_the_user(base_vocab, tmp_path):
     engine = family_engine(tmp_path, base_vocab, "gemma")
-    from ember.models.errors import ModelFormatError
+    from ember.models.support.errors import ModelFormatError
 
     bad = [ChatMessage("user", "a"), ChatMessage("user", "b")]  # Gemma wants alternation
     with pytest.raises(ModelFormatError, match="roles must alternate"):

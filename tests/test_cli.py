@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ember.app.cli import main
-from ember.models import synthetic
+from ember.models.testing import synthetic
 
 
 def _run(capsys, *argv):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ember.models.chat_format import ChatFormat, ChatMessage
-from ember.models.errors import PromptTooLong
+from ember.models.support.errors import PromptTooLong
 from ember.offload.runtime.context_fit import REPLY_ROOM_SHARE, fit_conversation
 from ember.offload.runtime.prompts import ChatPrompt
 

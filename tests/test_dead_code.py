@@ -16,10 +16,10 @@ PACKAGES = ("app", "offload", "predictors", "placement", "kernels", "models", "b
 
 # Kept without a caller, on purpose.
 ALLOWED = {
-    "models/synthetic.py::write_hf":
+    "models/testing/synthetic.py::write_hf":
         "writes the Hugging Face folders the safetensors loader is tested on; it shares "
         "synthetic.py's tensor naming, and STYLE.md keeps the tiny synthetic models in models/",
-    "models/synthetic.py::confident_weights":
+    "models/testing/synthetic.py::confident_weights":
         "makes the family tests' tiny models confident (logits several units apart at the top) "
         "so argmax can be compared with llama.cpp at every position; beside tiny_weights, "
         "where STYLE.md keeps the tiny synthetic models",

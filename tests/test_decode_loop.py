@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.decode.events import TokenEvent
 from ember.offload.options.sampling import GREEDY

@@ -13,7 +13,7 @@ import pytest
 
 from ember.models.loader import file_fingerprint, open_model
 from ember.models.gguf_vocab import tokenizer_cache_path
-from ember.models.user_dirs import cache_dir
+from ember.models.support.user_dirs import cache_dir
 
 def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

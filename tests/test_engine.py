@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ember.models.chat_format import ChatMessage
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.decode.events import DoneEvent, TokenEvent
 from ember.offload.options.sampling import GREEDY

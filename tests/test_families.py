@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ember.kernels import decoder_step
-from ember.models import synthetic
-from ember.models.kv import ContiguousKVCache
+from ember.models.testing import synthetic
+from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model, open_model
 from ember.offload.body import file_blocks_model
 from ember.offload.body.file_blocks_model import FileBlocksModel
@@ -385,7 +385,7 @@ def test_an_engine_past_the_original_context_rotates_with_the_long_factors(famil
 
 
 def test_a_longrope_file_with_one_factor_set_is_refused(family_models, tmp_path):
-    from ember.models.errors import ModelFormatError
+    from ember.models.support.errors import ModelFormatError
 
     cfg, weights, _ = family_models["phi3_longrope"]
     path = synthetic.write_gguf(tmp_path / "one-set.gguf", cfg, weights)
@@ -399,7 +399,7 @@ def test_a_longrope_file_with_one_factor_set_is_refused(family_models, tmp_path)
 
 
 def test_a_qwen2_file_without_its_biases_is_refused(family_models, tmp_path):
-    from ember.models.errors import ModelFormatError
+    from ember.models.support.errors import ModelFormatError
 
     biases = {f"blk.{i}.attn_{x}.bias": None for i in range(3) for x in "qkv"}
     path = _rewrite(tmp_path, "qwen2", family_models, tensors=biases)
@@ -441,7 +441,7 @@ def _patched(src, tmp_path, keys: dict):
 ])
 def test_rope_variants_ember_does_not_compute_are_refused(family_models, tmp_path, keys,
                                                           message):
-    from ember.models.errors import ModelFormatError
+    from ember.models.support.errors import ModelFormatError
 
     path = _patched(family_models["qwen2"][2], tmp_path, keys)
     with pytest.raises(ModelFormatError, match=message):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ember.kernels import decoder_step
-from ember.models.kv import ContiguousKVCache
+from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model, open_model
 from ember.models.tree_rows import TreeRows
 from ember.offload.body import file_blocks_model, file_layers

@@ -10,7 +10,7 @@ import torch
 
 from ember.kernels import input_sparse as isp
 from ember.kernels.block_matmul import block_matmul_reference
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model
 from ember.models.transformer import activate
 from ember.offload.body import file_blocks_model

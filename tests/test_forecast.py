@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.offload.hybrid import decode_costs, forecast as forecast_module
 from ember.offload.hybrid.forecast import ember_plan, forecast, synthetic_frequencies
 from ember.offload.hybrid.gpu_cards import (CARDS, card, card_for_budget, check_budget,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.models.errors import ModelFormatError
+from ember.models.support.errors import ModelFormatError
 from ember.models.loader import load_model, open_model
 
 from .fuzz_harness import memory_bound, run_case

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from ember.models.errors import ModelFormatError, UnsupportedModelError
+from ember.models.support.errors import ModelFormatError, UnsupportedModelError
 from ember.models.gguf_file import GGUFFile
 
 from .gguf_tools import patch_u64_after_name, relabel_tensor_type
@@ -96,7 +96,7 @@ def test_unknown_tensor_type(good):
 def test_row_not_multiple_of_block(tmp_path, tiny_models):
     from gguf import GGMLQuantizationType as Q
 
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     cfg, weights, _, _ = tiny_models["gemma3"]
     path = synthetic.write_gguf(tmp_path / "q.gguf", cfg, weights, qtype=Q.Q8_0)
@@ -108,7 +108,7 @@ def test_row_not_multiple_of_block(tmp_path, tiny_models):
 def test_impossible_hyper_parameters_are_format_errors(tmp_path, tiny_models):
     from dataclasses import replace
 
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
     from ember.models.loader import open_model
 
     cfg, weights, _, _ = tiny_models["gemma3"]

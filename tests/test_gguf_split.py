@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.models import synthetic
-from ember.models.errors import ModelFormatError
+from ember.models.testing import synthetic
+from ember.models.support.errors import ModelFormatError
 from ember.models.gguf_file import GGUFFile
 from ember.models.gguf_split import model_stem, part_number
 from ember.models.loader import load_model, open_model

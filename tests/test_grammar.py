@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from ember.models.chat_format import ChatMessage
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.options.sampling import Grammar, SamplingParams
 from ember.offload.runtime.engine import Engine, EngineOptions

@@ -14,7 +14,7 @@ import torch
 
 from ember.kernels.hot_ffn import HotFFNWeights, hot_ffn, hot_ffn_reference
 from ember.kernels.sparse_ffn import SparseFFNWeights, neuron_rows_ffn
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.hybrid.cpu_worker import CpuWorker
 from ember.offload.runtime.engine import Engine, EngineOptions

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ember.models.kv import ContiguousKVCache
+from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model
 from ember.models.weights import QTensor
 from ember.offload.body import file_blocks_model

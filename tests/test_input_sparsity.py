@@ -9,7 +9,7 @@ import torch
 
 from ember.kernels import block_matmul as bm
 from ember.kernels import input_sparse as isp
-from ember.models.kv import ContiguousKVCache
+from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model
 from ember.offload.body import file_blocks_model
 from ember.offload.profile.input_calibration import (SlotStats, allocate, collect_slot_stats,
@@ -17,7 +17,7 @@ from ember.offload.profile.input_calibration import (SlotStats, allocate, collec
 from ember.offload.body.input_sparsity import (MATMULS, SLOTS, apply_input_sparsity,
                                                 check_thresholds, slot_weights)
 from ember.offload.body.file_blocks_model import FileBlocksModel
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 needs_native = pytest.mark.skipif(not file_blocks_model.applies(),
                                   reason="C++ kernels not built on this machine")
@@ -225,7 +225,7 @@ def uneven_model(tmp_path_factory):
     """A tiny SwiGLU llama whose layers 1 and 2 barely write to the residual stream (their
     output projections scaled by 1e-3): thresholding them costs almost nothing end to end,
     though each one's inputs and relative output error look just like layer 0's."""
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     cfg = synthetic.tiny_config("llama", "silu_glu")
     weights = synthetic.tiny_weights(cfg, seed=7)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ember.models import synthetic
+from ember.models.testing import synthetic
 
 # Long enough that generation is still running when the signal arrives, whatever the machine.
 CONTEXT = 20_000
@@ -93,7 +93,7 @@ def test_ctrl_c_during_load(long_context_model, tmp_path):
 
 
 def test_an_interrupted_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
-    from ember.models import atomic
+    from ember.models.support import atomic
 
     path = tmp_path / "settings.json"
     atomic.atomic_write_text(path, "old")
@@ -109,13 +109,13 @@ def test_an_interrupted_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_ember_writes_files_only_through_atomic(request):
-    """Audit: outside models/atomic.py (and the test-model writer), no runtime code opens a file
+    """Audit: outside models/support/atomic.py (and the test-model writer), no runtime code opens a file
     for writing, so every file Ember writes is temp file + fsync + rename."""
     import ast
     from pathlib import Path
 
     root = Path(request.config.rootpath)
-    allowed = {root / "models" / "atomic.py", root / "models" / "synthetic.py"}
+    allowed = {root / "models" / "support" / "atomic.py", root / "models" / "testing" / "synthetic.py"}
     offenders = []
     for package in ("app", "offload", "models", "predictors", "placement", "kernels"):
         for path in (root / package).rglob("*.py"):

@@ -10,7 +10,7 @@ import torch
 
 from ember.app import cli
 from ember.kernels import decoder_step
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model, open_model
 from ember.offload.body import file_blocks_model
 from ember.offload.body.file_blocks_model import FileBlocksModel

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import open_model
 from ember.offload.hybrid.gpu_cards import CARDS
 from ember.offload.hybrid.layer_plan import plan_speeds

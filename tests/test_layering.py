@@ -111,3 +111,20 @@ def test_the_app_uses_only_the_engines_public_surface():
             if isinstance(node, ast.Attribute) and node.attr in ENGINE_INTERNALS:
                 bad.append(f"{f.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_ground_floor_imports_nothing_else_of_ember():
+    """models/support/ is what every room stands on: it may not reach back into them."""
+    bad = [f"{f.relative_to(ROOT)}: imports {name}"
+           for f in (ROOT / "models" / "support").rglob("*.py") for name in _imports(f)
+           if name.startswith("ember.") and not name.startswith("ember.models.support")]
+    assert not bad, "\n".join(bad)
+
+
+def test_synthetic_models_are_for_tests_and_benches_only():
+    """models/testing/ builds random-weight models: nothing the app runs may import it."""
+    bad = [f"{f.relative_to(ROOT)}: imports {name}"
+           for pkg in RANK for f in (ROOT / pkg).rglob("*.py")
+           if "testing" not in f.relative_to(ROOT).parts
+           for name in _imports(f) if name.startswith("ember.models.testing")]
+    assert not bad, "\n".join(bad)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ember.app.cli import main
-from ember.models import synthetic
-from ember.models.errors import EmberError
+from ember.models.testing import synthetic
+from ember.models.support.errors import EmberError
 from ember.models.loader import open_model
 from ember.models.model_list import list_models
 from ember.models.resolve import resolve_model

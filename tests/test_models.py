@@ -79,7 +79,7 @@ def test_truncate_then_recompute_matches(tiny_models):
 def test_quantized_q8_model_runs_close_to_f32(tiny_models, tmp_path):
     from gguf import GGMLQuantizationType
 
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     cfg, weights, gguf_path, _ = tiny_models["gemma3"]
     q8 = synthetic.write_gguf(tmp_path / "q8.gguf", cfg, weights, qtype=GGMLQuantizationType.Q8_0)
@@ -100,7 +100,7 @@ def test_dequantize_rows_reads_selected_rows(tiny_models):
 
 
 def test_weight_store_names_missing_tensor(tmp_path):
-    from ember.models.errors import ModelFormatError
+    from ember.models.support.errors import ModelFormatError
 
     store = WeightStore(tmp_path / "m.gguf", {"a": QTensor.from_torch(torch.zeros(2))})
     with pytest.raises(ModelFormatError, match="tensor 'b' is missing"):

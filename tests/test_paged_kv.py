@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.models.kv import ContiguousKVCache
+from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model
 from ember.offload.kv.blocks import BlockAllocator, OutOfBlocks
 from ember.offload.kv.paged import DROPPED, HOST, PagedKVCache

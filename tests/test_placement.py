@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.placement import (Placement, PlacementProblem, default_group_size, evaluate,
                              solve)
 from ember.placement.cost_model import layer_curve

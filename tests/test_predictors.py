@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.models.errors import ConfigError, ModelFormatError
-from ember.models.synthetic import tiny_config, tiny_weights
+from ember.models.support.errors import ConfigError, ModelFormatError
+from ember.models.testing.synthetic import tiny_config, tiny_weights
 from ember.models.transformer import FeedForward, Transformer, activate
 from ember.models.weights import QTensor, WeightStore
 from ember.predictors.calibration_text import SEED_PROMPTS, sampled_text, split_ids

@@ -95,7 +95,7 @@ def test_profile_cli_json_and_bad_flags(capsys, tmp_path, tiny_models, text_file
 def test_held_out_files_stay_apart_from_the_calibration_text(tmp_path, tiny_models, text_file):
     """`--held-out FILE`: every calibration token trains and the held-out side is exactly
     the file's (disjoint texts); a file that cannot be read is named in the error."""
-    from ember.models.errors import ConfigError
+    from ember.models.support.errors import ConfigError
     from ember.offload.profile.profiler import calibration_ids
 
     loaded = load_model(tiny_models["llama-relu"][2])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ember.models.errors import ConfigError, ModelFormatError
+from ember.models.support.errors import ConfigError, ModelFormatError
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.runtime.profile_file import Profile, default_profile_path, load_profile

@@ -12,7 +12,7 @@ import pytest
 
 from ember.app.model_fetch import pull
 from ember.models.catalog import CATALOG, CatalogModel, installed_path, target_path
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 PART_BYTES = 70_000
 

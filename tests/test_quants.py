@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 
 from ember.models import quantize as QZ
 from ember.models import quants as Q
-from ember.models.errors import UnsupportedModelError
+from ember.models.support.errors import UnsupportedModelError
 
 # Byte offsets of the fp16 scale fields in each block type; random block bytes
 # get these overwritten with finite halves so no block decodes to inf/nan.

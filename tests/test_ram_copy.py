@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ember.models import ram_copy
-from ember.models.errors import ConfigError, ModelFormatError
+from ember.models.support.errors import ConfigError, ModelFormatError
 from ember.models.gguf_file import GGUFFile
 from ember.models.loader import load_model, open_model
 from ember.offload.body import file_blocks_model

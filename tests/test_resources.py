@@ -120,7 +120,7 @@ def test_the_default_context_is_capped_so_both_kv_pools_fit_in_the_free_ram(tiny
 
     import torch
 
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
     from ember.offload.kv.plan import plan_kv
 
     cfg = dataclasses.replace(synthetic.tiny_config(arch="llama", activation="silu_glu"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.offload.decode.sampler import Sampler, apply_repeat_penalty, filter_candidates
 from ember.offload.options.sampling import GREEDY, SamplingParams
 

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from ember.app.serve.server import create_app  # noqa: E402
 from ember.app.serve.tools import CallStream, split_calls  # noqa: E402
 from ember.app.serve.worker import EngineWorker  # noqa: E402
-from ember.models import synthetic  # noqa: E402
+from ember.models.testing import synthetic  # noqa: E402
 from ember.models.chat_format import ChatMessage  # noqa: E402
 from ember.models.loader import load_model  # noqa: E402
 from ember.offload.runtime.engine import Engine, EngineOptions  # noqa: E402

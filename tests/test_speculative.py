@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from ember.offload.kv.paged import PagedKVCache
@@ -348,7 +348,7 @@ def test_lookup_branches_join_the_model_tree(tiny_models, plain):
 
 
 def _small_same_tokenizer(tmp_path, layers: int, **overrides) -> Path:
-    from ember.models import synthetic
+    from ember.models.testing import synthetic
 
     cfg = synthetic.tiny_config("gemma3", n_layers=layers,
                                 sliding_window=(8,) * (layers - 1) + (None,), **overrides)

@@ -14,7 +14,7 @@ import torch
 
 from ember.kernels.tier_attention import (AttendRows, TierAttentionWeights, attention_bytes,
                                           tier_attention, tier_attention_reference)
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model, open_model
 from ember.offload.body import file_blocks_model
 from ember.offload.options.sampling import SamplingParams

@@ -16,7 +16,7 @@ import torch
 
 from ember.kernels import tier_blocks
 from ember.kernels.hot_ffn import hot_ffn_bytes
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import load_model
 from ember.offload.body import file_blocks_model
 from ember.offload.body.file_layers import FileLayers

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.models.errors import UnsupportedModelError
+from ember.models.support.errors import UnsupportedModelError
 from ember.models.gguf_vocab import VocabSpec
 from ember.models.tokenizer import StreamDecoder, Tokenizer, _byte_level_chars
 

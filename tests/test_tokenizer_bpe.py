@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.models.errors import UnsupportedModelError
+from ember.models.support.errors import UnsupportedModelError
 from ember.models.gguf_file import GGUFFile
 from ember.models.loader import vocab_spec_from_gguf
 from ember.models.pre_tokenizers import PRE_TOKENIZERS

@@ -19,7 +19,7 @@ from ember.app.tui.widgets.message_list import MessageView
 from ember.app.tui.widgets.prompt_input import PromptInput
 from ember.app.tui.widgets.sidebar import ConversationList
 from ember.models.chat_format import ChatMessage
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from .tui_fakes import FakeEngine
 
 SIZE = (80, 24)

@@ -307,7 +307,7 @@ def test_backend_reports_speculation_from_a_real_engine(tiny_gemma_gguf):
 def test_backend_writes_a_conversation_in_its_settings_chat_format(tiny_gemma_gguf):
     from ember.app.tui.settings import ChatSettings
     from ember.models.chat_format import ChatMessage
-    from ember.models.errors import ConfigError
+    from ember.models.support.errors import ConfigError
     from ember.models.loader import load_model
     from ember.offload.runtime.engine import Engine, EngineOptions
 

@@ -18,7 +18,7 @@ from ember.app.tui.engine_port import EngineBackend
 from ember.app.tui.screens.model_picker import ModelPicker
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.sidebar import ConversationList
-from ember.models import synthetic
+from ember.models.testing import synthetic
 from ember.models.catalog import DEFAULT_MODEL, catalog_model, record_verified, target_path
 from ember.models.model_list import list_models
 from ember.offload.options.engine_options import EngineOptions

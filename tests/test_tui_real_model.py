@@ -13,7 +13,7 @@ from ember.app.tui.app import ChatApp
 from ember.app.tui.store import ChatStore
 from ember.app.tui.widgets.message_list import MessageView
 from ember.app.tui.widgets.prompt_input import PromptInput
-from ember.models import synthetic
+from ember.models.testing import synthetic
 from ember.models.loader import load_model
 from ember.offload.runtime.engine import Engine, EngineOptions
 from .tui_fakes import PreloadedBackend

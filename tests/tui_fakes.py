@@ -18,7 +18,7 @@ import threading
 import time
 
 from ember.app.tui.engine_port import EngineBackend
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.offload.decode.events import DoneEvent, Timings, TokenEvent
 
 KV_BLOCK_TOKENS = 16

@@ -11,7 +11,7 @@ import inspect
 import statistics
 import time
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from ..progress import progress_bar
 from .bench_decode import _cpu_report, _ember_run, _settle, _stats, copy_bandwidth

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from ..progress import progress_bar
 from .common import load_engine, model_path, print_json

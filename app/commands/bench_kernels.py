@@ -21,7 +21,7 @@ import math
 import statistics
 import time
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from .common import print_json
 

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.offload.runtime.cache_timing import step_times
 
 from ..progress import progress_bar

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from .common import print_json
 
@@ -127,7 +127,7 @@ def run(args) -> int:
 def _forecast(args) -> int:
     """`--shape`: Ember's whole-model plan and llama.cpp's whole-layer offload side by side
     on one card (offload/hybrid/forecast.py)."""
-    from ember.models.sizes import format_size, parse_size
+    from ember.models.support.sizes import format_size, parse_size
     from ember.offload.hybrid.forecast import forecast
     from ember.offload.hybrid.gpu_cards import card
 

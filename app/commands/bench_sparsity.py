@@ -21,7 +21,7 @@ from .common import model_path, print_json
 def run(args) -> int:
     import torch
 
-    from ember.models.errors import ConfigError
+    from ember.models.support.errors import ConfigError
     from ember.models.loader import open_model
     from ember.offload.runtime.device import set_threads
     from ember.offload.profile.input_calibration import collect_slot_stats

@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from ..progress import progress_bar
 from .common import engine_options, model_path, print_json

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from ..process_clock import REPORT_ENV
 from ..progress import progress_bar

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from ember.models.catalog import CATALOG, DEFAULT_MODEL, catalog_model, installed_path
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.models.resolve import resolve_model
 
 from .common import engine_options

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.models.resolve import resolve_model
 from ember.offload.options.engine_options import EngineOptions  # no torch behind it
 
@@ -39,7 +39,7 @@ def engine_options(args, **overrides) -> EngineOptions:
     """The `EngineOptions` a command's flags ask for (a flag the command lacks keeps the
     option's default), with `overrides` on top. Checked as far as flags alone allow, before
     torch is imported: `ember chat` shows its window at once, a typo is one line."""
-    from ember.models.sizes import parse_size
+    from ember.models.support.sizes import parse_size
 
     fields = {name: getattr(args, dest) for name, dest in _PLAIN_FIELDS.items()
               if getattr(args, dest, None) is not None}

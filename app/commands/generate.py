@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..process_clock import TimingsReport
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from .common import load_engine, print_json, read_prompt
 

@@ -108,7 +108,7 @@ def _chat_formats(source) -> dict:
     """The chat format `--chat-format auto` picks for this file, why, and every format
     the file can be given."""
     from ember.models.chat_format import CHAT_FORMATS, resolve_chat_format
-    from ember.models.errors import ConfigError
+    from ember.models.support.errors import ConfigError
 
     has_template = bool(source.chat_template)
     has_token = lambda t: source.tokenizer.id_of(t) is not None  # noqa: E731
@@ -132,7 +132,7 @@ def _host_rows(source, plan) -> tuple[int, str]:
     assuming the C++ kernels are built (asking would build them, and `info` must stay quick):
     on a GLU model each split layer's cold gate/up rows in the file's blocks and its down as
     tiles ("file"); else int8 bundles of the cold neurons."""
-    from ember.models.errors import ModelFormatError
+    from ember.models.support.errors import ModelFormatError
     from ember.offload.hybrid.memory_plan import host_ffn_bytes
 
     cfg, placement = source.config, plan.placement
@@ -177,7 +177,7 @@ def _gpu_plan(cfg, args, n_ctx: int, source=None):
     from ember.offload.runtime.device import resolve_device
     from ember.offload.kv.plan import plan_kv
     from ember.offload.hybrid.memory_plan import ComponentBytes, plan_memory
-    from ember.models.sizes import parse_size
+    from ember.models.support.sizes import parse_size
     from ember.offload.hybrid.host_reads import HostReads
     from ember.offload.body.file_layers import FileLayers
     from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
@@ -209,7 +209,7 @@ def _layer_plan(cfg, args, n_ctx: int, source):
     """The whole-model plan, as the engine makes it (file_plan.plan_file), priced for
     `--gpu NAME`, this machine's CUDA device, or the first card of the table with the
     budget's memory."""
-    from ember.models.sizes import parse_size
+    from ember.models.support.sizes import parse_size
     from ember.offload.hybrid.file_plan import plan_file
     from ember.offload.kv.plan import plan_kv
     from ember.offload.runtime.device import resolve_device

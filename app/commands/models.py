@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ember.models.catalog import CATALOG, installed_path, target_path
 from ember.models.model_list import ModelListing, list_models
-from ember.models.sizes import format_size
+from ember.models.support.sizes import format_size
 
 from .common import print_json
 

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from .common import load_engine, print_json
 

@@ -14,7 +14,7 @@ def run(args) -> int:
     from ember.offload.runtime.device import set_threads
     from ember.offload.runtime.profile_file import default_profile_path
     from ember.offload.profile.profiler import ProfileOptions, run_profile
-    from ember.models.sizes import parse_size
+    from ember.models.support.sizes import parse_size
 
     options = ProfileOptions(
         texts=tuple(args.text or ()), held_out_texts=tuple(args.held_out or ()),

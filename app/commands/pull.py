@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ember.models.catalog import CATALOG, catalog_model
-from ember.models.errors import EmberError
-from ember.models.sizes import format_size
+from ember.models.support.errors import EmberError
+from ember.models.support.sizes import format_size
 
 from ..progress import NoProgress, ProgressBar, progress_wanted
 

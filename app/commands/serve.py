@@ -8,7 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from .common import load_engine, model_path
 

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 from .bench_decode import PROSE_TEXT
 

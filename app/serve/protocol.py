@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from ember.models.chat_format import ChatMessage
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.offload.options.sampling import MAX_TOP_LOGPROBS, Grammar, SamplingParams
 
 # Sampling defaults are Ember's own (llama.cpp's): top_k 40 and min_p 0.05 stay on unless

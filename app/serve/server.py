@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ember.models.errors import EmberError, PromptTooLong
+from ember.models.support.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion

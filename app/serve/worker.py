@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.offload.decode.events import DoneEvent
 from ember.offload.options.sampling import SamplingParams
 

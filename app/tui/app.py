@@ -24,7 +24,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
 from ember.models.chat_format import ChatMessage
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.offload.decode.events import DoneEvent
 
 from .conversations import Conversations, title_from

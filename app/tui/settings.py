@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from ember.models.chat_format import CHAT_FORMATS
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.offload.options.choices import DEFAULT_CHAT_MAX_TOKENS
 from ember.offload.options.sampling import SamplingParams
 

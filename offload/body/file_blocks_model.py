@@ -23,7 +23,7 @@ from ember.kernels import block_matmul as bm
 from ember.kernels.attention import kv_row_values
 from ember.kernels import decoder_step
 from ember.kernels.fused_ops import rms_norm
-from ember.models.kv import ContiguousKVCache, KVCache
+from ember.models.reference_cache import ContiguousKVCache, KVCache
 from ember.models.loader import ModelSource
 from ember.models.rotary import layer_rotaries
 from ember.models.tree_rows import TreeRows

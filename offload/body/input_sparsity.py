@@ -21,7 +21,7 @@ from ember.kernels import tile_layout as tl
 from ember.kernels.page_advice import release_pages
 from ember.kernels.decoder_step import DecoderLayer
 from ember.models import quants
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.weights import QTensor
 
 SLOTS = ("qkv", "o", "gate_up", "down")

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ember.models.config import ModelConfig
-from ember.models.kv import KVCache
+from ember.models.reference_cache import KVCache
 from ember.models.tree_rows import TreeRows
 
 

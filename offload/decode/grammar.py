@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.tokenizer import Tokenizer
 
 from ..options.sampling import Grammar

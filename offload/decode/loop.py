@@ -16,7 +16,7 @@ from typing import Iterator, Protocol
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from .events import Timings
 from .runner import Runner

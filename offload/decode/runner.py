@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ember.models.errors import ConfigError, PromptTooLong
+from ember.models.support.errors import ConfigError, PromptTooLong
 
 from ..body.protocol import BodyModel
 from ..kv.plan import DEFAULT_PREFILL_CHUNK

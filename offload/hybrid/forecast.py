@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.placement.layer_modes import solve_greedy
 from ember.placement.layer_modes_ilp import solve_layers
 

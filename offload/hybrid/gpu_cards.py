@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 ACHIEVED = 0.75  # of a card's documented bandwidth, batch-1 reads of quantized blocks
 # GB/s per lane and direction after encoding: PCIe 3.0, 4.0, 5.0

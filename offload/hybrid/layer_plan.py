@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ember.models.errors import ConfigError
-from ember.models.sizes import format_size
+from ember.models.support.errors import ConfigError
+from ember.models.support.sizes import format_size
 from ember.placement.layer_modes import ModelPlan, crossings
 from ember.placement.layer_modes_ilp import solve_layers
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from ember.kernels.hot_ffn import granule
 from ember.models.config import ModelConfig
-from ember.models.errors import ConfigError
-from ember.models.sizes import format_size
+from ember.models.support.errors import ConfigError
+from ember.models.support.sizes import format_size
 from ember.placement.layout import Placement
 
 from ..kv.plan import DEFAULT_PREFILL_CHUNK

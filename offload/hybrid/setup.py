@@ -19,8 +19,8 @@ import torch
 
 from ember.kernels import q8_matmul
 from ember.kernels.page_advice import release_pages
-from ember.models.errors import ConfigError
-from ember.models.heap import release_free_heap
+from ember.models.support.errors import ConfigError
+from ember.models.support.heap import release_free_heap
 from ember.models.transformer import FeedForward, Transformer
 
 from ..options.choices import COLD_CHOICES
@@ -244,7 +244,7 @@ def split_ffns(cfg, ffns: list, budget: int, gpu: torch.device, kv_pool_bytes: i
 
 
 def _no_room_for_attention(plan: MemoryPlan, flag: str):
-    from ember.models.sizes import format_size
+    from ember.models.support.sizes import format_size
 
     s = plan.sizes
     raise ConfigError(f"{flag} needs {format_size(s.attention + s.kv_pool)} of the GPU tier "
@@ -303,7 +303,7 @@ def profile_chooser(profile, predictors: LayerPredictors | None, sparse: bool, c
     try:
         costs = SideCosts.from_dict(profile.meta["costs"])
     except (KeyError, TypeError, ValueError):
-        from ember.models.errors import ModelFormatError
+        from ember.models.support.errors import ModelFormatError
 
         raise ModelFormatError("profile artifact", "its 'costs' entry is malformed; run "
                                "`ember profile` again") from None

@@ -33,7 +33,7 @@ from ember.kernels.block_matmul import NATIVE_TYPES
 from ember.kernels.hot_ffn import file_format
 from ember.kernels.tier_weights import (FORMATS, INT4_GROUP, conversion_error, has_kernel,
                                         int4_fits, linear_bytes, wider)
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.quants import type_name
 
 from ..options.choices import ATTENTION_CHOICES, FILE, TIER_CHOICES

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 
 
 class OutOfBlocks(EmberError):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.models.config import ModelConfig
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
-from ember.models.sizes import format_size
+from ember.models.support.sizes import format_size
 
 from ..options.choices import DEFAULT_BLOCK_SIZE
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.models.chat_format import CHAT_FORMATS
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from .choices import (ATTENTION_CHOICES, COLD_CHOICES, DEFAULT_BLOCK_SIZE,
                       DEVICE_CHOICES, FFN_MODES, KV_TYPES, MMAP_CHOICES, REMOVED_WEIGHTS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit

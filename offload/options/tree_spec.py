@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 # Verification runs every node of a tree as one batch of rows.
 MAX_TREE_NODES = 256

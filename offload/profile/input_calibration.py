@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from ember.kernels import block_matmul as bm
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.kernels.decoder_step import decoder_step_reference
 from ember.predictors.passes import score, segments
 

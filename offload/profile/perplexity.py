@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.transformer import Transformer
 
 LOGIT_CHUNK = 256  # rows of (rows, vocab) logits alive at once: 256 x 262k x 4 B = 268 MB

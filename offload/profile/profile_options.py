@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 Say = Callable[[str, str], None]  # say(stage, message)
 Progress = Callable[[float, str], None]  # progress(fraction of the stage, "stage: detail")

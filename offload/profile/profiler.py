@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import LoadedModel
 from ember.placement.layout import Placement
 

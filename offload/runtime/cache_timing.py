@@ -1,5 +1,5 @@
 """What the paged KV cache costs: one decode step through an engine's paged cache against
-the same step through the contiguous reference cache (models/kv.py), for `ember bench kv`.
+the same step through the contiguous reference cache (models/reference_cache.py), for `ember bench kv`.
 
 Lives beside the Engine because it times the engine's own model and cache, which nothing
 outside offload/ touches.

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ember.models.chat_format import ChatMessage
-from ember.models.errors import PromptTooLong
+from ember.models.support.errors import PromptTooLong
 
 from .prompts import ChatPrompt
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from ember.models.chat_format import (NON_TEXT_TOKENS, ChatFormat, ChatMessage,
                                       template_tool_style)
-from ember.models.errors import ConfigError, PromptTooLong
+from ember.models.support.errors import ConfigError, PromptTooLong
 from ember.models.loader import OPEN_SHARE, LoadedModel, load_model
 from ember.models.tokenizer import StreamDecoder
 

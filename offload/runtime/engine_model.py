@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 from ember.models.loader import LoadedModel
 
 from ..body.file_blocks_model import FileBlocksModel, kv_dtype, runs_on_file_blocks

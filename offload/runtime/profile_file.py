@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ember.models.atomic import atomic_write_bytes
+from ember.models.support.atomic import atomic_write_bytes
 from ember.models.config import ModelConfig
-from ember.models.errors import ConfigError, ModelFormatError
+from ember.models.support.errors import ConfigError, ModelFormatError
 from ember.placement.layout import Placement
 
 FORMAT = "ember-profile"

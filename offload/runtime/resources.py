@@ -19,7 +19,7 @@ import psutil
 import torch
 
 from ember.models import ram_copy
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.models.loader import ModelSource
 from ember.models.summary import summarize
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.models.errors import EmberError
+from ember.models.support.errors import EmberError
 from ember.models.gguf_file import GGUFFile
-from ember.models.user_dirs import cache_dir
+from ember.models.support.user_dirs import cache_dir
 
 MAX_DRAFT_SHARE = 0.5
 

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 from ..decode.runner import Runner
 from .drafters import DEFAULT_SHORTLIST, LookupDrafter, ShortlistHead, top_children

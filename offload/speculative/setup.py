@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from ember.models.errors import ConfigError, EmberError
+from ember.models.support.errors import ConfigError, EmberError
 
 from .draft_choice import find_draft_model
 from .drafters import LookupDrafter, SelfDrafter

@@ -19,7 +19,7 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 from ember.models.catalog import CATALOG, installed_path
-from ember.models.sizes import format_size
+from ember.models.support.sizes import format_size
 
 from .dialogs import DIALOG_CSS
 

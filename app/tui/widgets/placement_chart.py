@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from ember.models.sizes import format_size
+from ember.models.support.sizes import format_size
 
 # Distinct characters as well as colours, so the bars read without colour too. COLD: not
 # measured yet, whether computed or skipped.

@@ -15,9 +15,9 @@ from typing import Callable
 
 import torch
 
-from .config import ModelConfig
-from .quantize import quantize
-from .rotary import llama3_rope_factors
+from ..config import ModelConfig
+from ..quantize import quantize
+from ..rotary import llama3_rope_factors
 
 CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 PIECES = [
@@ -198,7 +198,7 @@ def write_gguf(path: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     """
     import gguf
 
-    from .llama import permute_for_gguf
+    from ..llama import permute_for_gguf
 
     path = Path(path)
     arch = cfg.architecture
@@ -304,9 +304,9 @@ def write_hf(folder: str | Path, cfg: ModelConfig, weights: dict[str, torch.Tens
     """Write config.json, model.safetensors and tokenizer.json (Hugging Face layout)."""
     from safetensors.torch import save_file
 
-    from . import registry
-    from .gguf_vocab import VocabSpec
-    from .tokenizer import Tokenizer
+    from .. import registry
+    from ..gguf_vocab import VocabSpec
+    from ..tokenizer import Tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

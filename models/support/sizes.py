@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ember.models.errors import ConfigError
+from ember.models.support.errors import ConfigError
 
 _UNITS = {
     "": 1, "b": 1,
