@@ -23,8 +23,9 @@ NOT_OP_MODULES = {"__init__", "cpu_extension", "ffn_bundles", "tier_weights", "t
 # decoder_step's per-layer entry point (its reference is attention_reference, per layer).
 NOT_OPS = {"available", "cpu_path", "set_cpu_path", "cpu_paths", "layer_attention"}
 # What kernels/ may import from models/: the activation table, the GGML formats and the
-# rotary math (a function of tensors, no model knowledge).
-MODEL_MODULES_ALLOWED = {"activations", "quants", "quantize", "weights", "user_dirs", "rotary"}
+# rotary math (a function of tensors, no model knowledge), and the ground floor (models/support/:
+# where the compiled kernels are cached).
+MODEL_MODULES_ALLOWED = {"activations", "quants", "quantize", "weights", "support", "rotary"}
 
 
 def _modules():
