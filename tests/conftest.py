@@ -146,9 +146,12 @@ def pytest_configure(config):
 # test that takes one is slow.
 SLOW_FIXTURES = {"default_model_path", "default_engine", "default_greedy_reference"}
 # Modules whose tests start processes, servers or terminals (live server load, kill -9, a
-# pty, start-up timing, the fuzz run): slow whatever model they use.
+# pty, start-up timing, the fuzz runs, the chat app driven through Textual's pilot): slow
+# whatever model they use.
 SLOW_MODULES = {"test_serve_live", "test_serve_load", "test_tui_kill9", "test_bench_startup",
-                "test_interrupts", "test_soak", "test_fuzz", "test_tui_real_model"}
+                "test_interrupts", "test_soak", "test_fuzz", "test_serve_fuzz",
+                "test_tui_real_model", "test_tui_chat", "test_tui_snapshots",
+                "test_tui_engine_view", "test_tui_status", "test_tui_models"}
 
 
 def pytest_collection_modifyitems(config, items):

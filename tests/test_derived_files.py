@@ -68,6 +68,7 @@ def _open_in_read_only_folder(folder: Path, model: Path, env: dict) -> subproces
     return out
 
 
+@pytest.mark.slow
 def test_read_only_model_folder(tiny_gemma_gguf, tmp_path):
     folder, cache = tmp_path / "models", tmp_path / "cache"
     folder.mkdir()

@@ -363,6 +363,7 @@ def _random_blocks(qtype: T, rows: int, cols: int) -> torch.Tensor:
     return raw.view(-1)
 
 
+@pytest.mark.slow
 def test_timing_print(capsys):
     # The brief asked for a 2048 x 640 Q4_K tensor, but 640 is not a multiple of the
     # 256-element K-quant block; in the model such a matrix is stored as 640 x 2048

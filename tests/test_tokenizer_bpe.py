@@ -96,6 +96,8 @@ def llama_cpp_vocab(path: Path):
         pytest.skip(f"the installed llama.cpp cannot load {path.stem!r}")
 
 
+# A second engine loaded per pre-tokenizer (~0.3 s each): the full run's, not the quick loop's.
+@pytest.mark.slow
 @pytest.mark.parametrize("pre", REPRESENTATIVES + sorted(set(PRE_TOKENIZERS) - set(REPRESENTATIVES)))
 def test_token_ids_match_llama_cpp(pre, gguf_for):
     path = gguf_for(pre)
