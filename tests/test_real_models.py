@@ -2,8 +2,8 @@
 llama.cpp: token ids, greedy continuations up to llama.cpp's first near-tie, the chat template
 end to end, and perplexity within 0.5% of llama.cpp's with flash attention off or on.
 
-Why either: llama.cpp's two attention paths round differently (the query and the softmax to
-fp16 or not), and on this 492-token text they alone are 0.54% (0.5B) and 0.94% (1.5B) apart;
+Why either: llama.cpp's two attention paths are different kernels with their own fp16
+roundings, and on this 492-token text they alone are 0.54% (0.5B) and 0.94% (1.5B) apart;
 token by token any two of them (or Ember) differ by 0.08-0.19 nats on the 0.5B, so 492 tokens
 cannot resolve finer than ~1%. On 6k tokens of the 1.5B, Ember and llama.cpp agree to 0.03%
 (docs/long-context.md).
