@@ -63,6 +63,18 @@ def _budgets(loaded, fmt: str, n_ctx: int, device: torch.device = CPU) -> dict[s
     return {"fits": fixed + ffn, "half": fixed + ffn // 2, "none": fixed}
 
 
+def _hot_rows_are_the_tensors(plan, hybrid, charges: dict) -> None:
+    """Each layer's hot rows charged at the bytes of the tensors built for them, and the plan
+    inside its budget."""
+    for i, layer in enumerate(hybrid.layers):
+        real = 0 if layer.hot is None else sum(
+            t.numel() * t.element_size() for side in (layer.hot.gate_up, layer.hot.down)
+            for t in side.tensors.values())
+        assert real == layer.gpu_bytes() == plan.sizes.hot_bytes(i, len(layer.hot_idx))
+    assert charges["ffn_hot"] == sum(layer.gpu_bytes() for layer in hybrid.layers)
+    assert plan.gpu_bytes <= plan.budget
+
+
 def _charges_are_the_tensors(engine: Engine) -> None:
     plan, hybrid, model = engine.hybrid.plan, engine.hybrid, engine.model
     charges = plan.charges()
@@ -74,13 +86,7 @@ def _charges_are_the_tensors(engine: Engine) -> None:
     assert charges["kv_pool"] == pool.k.nbytes + pool.v.nbytes
     assert pool.k.dtype == torch.float16
     assert charges["lm_head"] == model.head.nbytes
-    for i, layer in enumerate(hybrid.layers):
-        real = 0 if layer.hot is None else sum(
-            t.numel() * t.element_size() for side in (layer.hot.gate_up, layer.hot.down)
-            for t in side.tensors.values())
-        assert real == layer.gpu_bytes() == plan.sizes.hot_bytes(i, len(layer.hot_idx))
-    assert charges["ffn_hot"] == sum(layer.gpu_bytes() for layer in hybrid.layers)
-    assert plan.gpu_bytes <= plan.budget
+    _hot_rows_are_the_tensors(plan, hybrid, charges)
 
 
 def check_budgets(loaded, fmt, want, gaps, prompt, n_ctx, n, device="cpu"):
@@ -137,13 +143,7 @@ def _whole_charges_are_the_tensors(engine: Engine) -> None:
     n = engine.loaded.config.n_layers
     assert charges["kv_pool"] == len(on) * ((pool.k.nbytes + pool.v.nbytes) // n)
     assert charges["lm_head"] == (engine.model.head.nbytes if plan.lm_head_on_gpu else 0)
-    for i, layer in enumerate(hybrid.layers):
-        real = 0 if layer.hot is None else sum(
-            t.numel() * t.element_size() for side in (layer.hot.gate_up, layer.hot.down)
-            for t in side.tensors.values())
-        assert real == layer.gpu_bytes() == plan.sizes.hot_bytes(i, len(layer.hot_idx))
-    assert charges["ffn_hot"] == sum(layer.gpu_bytes() for layer in hybrid.layers)
-    assert plan.gpu_bytes <= plan.budget
+    _hot_rows_are_the_tensors(plan, hybrid, charges)
 
 
 def _info_plan(path, budget: int, n_ctx: int, gpu: str | None = None) -> dict:
