@@ -72,20 +72,26 @@ class Sampler:
         return token
 
     def process(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
-        """The logits the filters and the draw see: a new float32 tensor, the caller's
-        untouched (a verification's rows are views of one tensor)."""
+        """The logits the filters and the draw see, as float32; the caller's are never
+        written (a verification's rows are views of one tensor). Copied once, and only when
+        a step below writes in place: plain greedy decoding reads them as they are."""
         p = self.params
-        logits = logits.float().clone()
+        penalties = bool(p.frequency_penalty or p.presence_penalty)
+        logits = logits.float()
+        if p.logit_bias or penalties or self.constraint is not None:
+            logits = logits.clone()
         if p.logit_bias:
             ids, bias = zip(*p.logit_bias)
             logits[list(ids)] += torch.tensor(bias, dtype=logits.dtype)
         recent = history[-p.repeat_last_n:] if p.repeat_last_n else ()
-        logits = apply_repeat_penalty(logits, recent, p.repeat_penalty)
-        generated = history[self.prompt_len:]
-        if p.frequency_penalty or p.presence_penalty:
-            apply_openai_penalties(logits, generated, p.frequency_penalty, p.presence_penalty)
-        if self.constraint is not None:
-            self.constraint.apply(logits, generated)
+        logits = apply_repeat_penalty(logits, recent, p.repeat_penalty)  # copies if it writes
+        if penalties or self.constraint is not None:
+            generated = history[self.prompt_len:]
+            if penalties:
+                apply_openai_penalties(logits, generated, p.frequency_penalty,
+                                       p.presence_penalty)
+            if self.constraint is not None:
+                self.constraint.apply(logits, generated)
         return logits
 
 
