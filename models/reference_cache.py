@@ -32,14 +32,32 @@ class KVCache(Protocol):
 
 class ContiguousKVCache:
     def __init__(self, config: ModelConfig, max_len: int, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, row_values: int | None = None):
+                 dtype: torch.dtype = torch.float32, row_values: int | None = None,
+                 host_layers: tuple[tuple[int, ...], torch.dtype, int] | None = None):
         """row_values: elements per KV head and position (default head_dim; a pool of Q8_0
-        blocks holds their bytes, kernels.attention.kv_row_values)."""
+        blocks holds their bytes, kernels.attention.kv_row_values). host_layers: (layers,
+        dtype, row_values) of layers whose attention runs on the host beside a device: their
+        K/V are kept apart, in host RAM (`k`/`v` then hold the other layers only)."""
         if max_len <= 0:
             raise ValueError(f"KV cache length must be positive, got {max_len}")
-        shape = (config.n_layers, max_len, config.n_kv_heads, row_values or config.head_dim)
+        apart = () if host_layers is None else tuple(host_layers[0])
+        main = [i for i in range(config.n_layers) if i not in apart]
+        shape = (len(main), max_len, config.n_kv_heads, row_values or config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # per layer: its K and V tensors and its index in them
+        self._at = {layer: (self.k, self.v, j) for j, layer in enumerate(main)}
+        self.host_k = self.host_v = None
+        if apart:
+            _, host_dtype, host_values = host_layers
+            host_shape = (len(apart), max_len, config.n_kv_heads, host_values)
+            self.host_k = torch.zeros(host_shape, dtype=host_dtype)
+            self.host_v = torch.zeros(host_shape, dtype=host_dtype)
+            self._at.update({layer: (self.host_k, self.host_v, j)
+                             for j, layer in enumerate(apart)})
+        self._rows = {id(k): (k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:]))
+                      for k, v, _ in self._at.values()}
+        self._layer_rows = [self._rows[id(self._at[i][0])] for i in range(config.n_layers)]
         self.max_len = max_len
         self.length = 0  # tokens committed so far
 
@@ -57,22 +75,29 @@ class ContiguousKVCache:
         end = start + k.shape[0]
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} tokens; position {end - 1} is past it")
-        self.k[layer, start:end] = k
-        self.v[layer, start:end] = v
+        k_all, v_all, j = self._at[layer]
+        k_all[j, start:end] = k
+        v_all[j, start:end] = v
 
     def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of positions lo..hi-1 of `layer`, each (hi-lo, n_kv, hd) (views, no copy)."""
-        return self.k[layer, lo:hi], self.v[layer, lo:hi]
+        k, v, j = self._at[layer]
+        return k[j, lo:hi], v[j, lo:hi]
 
     def slots_of(self, layer: int, lo: int, hi: int) -> torch.Tensor:
         """Rows of `pools()` holding positions lo..hi-1 of `layer` (as the paged cache offers,
         so attention that reads keys in place works on both)."""
-        return torch.arange(layer * self.max_len + lo, layer * self.max_len + hi,
-                            device=self.k.device)
+        k, _, j = self._at[layer]
+        return torch.arange(j * self.max_len + lo, j * self.max_len + hi, device=k.device)
 
     def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of every layer and position as (rows, n_kv_heads, head_dim) views."""
+        """K and V of every layer and position as (rows, n_kv_heads, head_dim) views (of
+        every layer but the host layers kept apart, if any: see `layer_pools`)."""
         return self.k.view(-1, *self.k.shape[2:]), self.v.view(-1, *self.v.shape[2:])
+
+    def layer_pools(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the K and V rows its `slots_of` index (as the paged cache offers)."""
+        return self._layer_rows
 
     def truncate(self, length: int) -> None:
         """Forget every position at or after `length` (regenerate, rejected drafts)."""
@@ -82,4 +107,4 @@ class ContiguousKVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(k.nbytes + v.nbytes for k, v in self._rows.values())

@@ -218,7 +218,8 @@ def _layer_plan(cfg, args, n_ctx: int, source):
     device = resolve_device(getattr(args, "device", "auto"))
     kv = plan_kv(cfg, n_ctx, value_bytes=2)  # float16 K and V
     return plan_file(cfg, source.weights, budget, n_ctx, kv.device_blocks * kv.block_bytes,
-                     args.split, getattr(args, "gpu", None), device)
+                     args.split, getattr(args, "gpu", None), device,
+                     kv_layers=kv.layer_bytes())
 
 
 def _attention_errors(source, plan) -> dict[str, float] | None:

@@ -77,10 +77,12 @@ class FileBlocksModel:
     """See the module docstring. `runs`: per layer a `LayerRun` (None: every layer whole on
     the host's blocks); `head`: the LM head (None: the file's head matrix in its blocks on
     the host); `kv`: (device, dtype) of the K/V pool the attention reads (None: the host's,
-    in KV_DTYPE)."""
+    in KV_DTYPE); `host_kv`: (layers, dtype) of the layers whose attention runs on the host
+    beside a device tier, their K/V kept in host RAM in that type (`kv_host_layers`)."""
 
     def __init__(self, file: FileLayers, runs: list[LayerRun] | None = None, head=None,
-                 kv: tuple[torch.device, torch.dtype] | None = None):
+                 kv: tuple[torch.device, torch.dtype] | None = None,
+                 host_kv: tuple[tuple[int, ...], torch.dtype] | None = None):
         cfg = file.cfg
         self.file, self.cfg, self.device = file, cfg, CPU
         self.layers = file.layers
@@ -88,6 +90,7 @@ class FileBlocksModel:
         self.head = BlockLMHead(file.head, cfg.final_logit_softcap) if head is None else head
         self.derived = file.derived
         self.attention_device, self.kv_dtype = (CPU, KV_DTYPE) if kv is None else kv
+        self.kv_host_layers = host_kv if host_kv is not None and host_kv[0] else None
         self.rotary = layer_rotaries(cfg)
         self.windows = [cfg.window(i) for i in range(cfg.n_layers)]
         if runs is not None and len(runs) != len(file.layers):
@@ -136,9 +139,14 @@ class FileBlocksModel:
         return rows * self.cfg.embed_scale
 
     def new_cache(self, max_len: int) -> ContiguousKVCache:
+        apart = None
+        if self.kv_host_layers is not None:
+            layers, dtype = self.kv_host_layers
+            apart = (layers, dtype, kv_row_values(dtype, self.cfg.head_dim))
         return ContiguousKVCache(self.cfg, max_len, device=self.attention_device,
                                  dtype=self.kv_dtype,
-                                 row_values=kv_row_values(self.kv_dtype, self.cfg.head_dim))
+                                 row_values=kv_row_values(self.kv_dtype, self.cfg.head_dim),
+                                 host_layers=apart)
 
     @torch.inference_mode()
     def hidden(self, ids: torch.Tensor, cache: KVCache, tree: TreeRows | None = None) -> torch.Tensor:
@@ -149,10 +157,11 @@ class FileBlocksModel:
         if tree is None:
             cache.reserve(T)
         rows = PassRows(start, T, cache, tree, self.rotary, self.windows)
-        x, pools = self.embed(ids), cache.pools()
+        x = self.embed(ids)
         if self.whole is not None:
-            x = self.whole.run(x, *pools, *rows.host(self.whole.idx))
+            x = self.whole.run(x, *cache.pools(), *rows.host(self.whole.idx))
         else:
+            pools = cache.layer_pools()
             for segment in self._segments:
                 x = segment(x.to(segment.device), pools, rows)
             x = x.to(CPU)

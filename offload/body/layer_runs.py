@@ -10,8 +10,11 @@ calls in order:
     SplitRun   one layer: attention in C++, then its FFN callable and the residual step
     TierRun    one layer: attention on the tier (kernels/tier_attention.py), its FFN callable
 
-Every run reads and writes the one KV pool the cache gives (`cache.pools()`), each row at
-its own slots, so runs of different kinds share it. `PassRows` works out, once per pass and
+Every run reads and writes its layers' K/V in the pool the cache gives for them
+(`cache.layer_pools()`, one entry per layer), each row at its own slots: with one pool all
+runs share it; a plan with attention on a device tier for some layers and on the host for
+others gets a cache whose tier layers' blocks are on the device and the host layers' in
+host RAM (offload/kv/paged.py), so each run finds its K/V where its attention runs. `PassRows` works out, once per pass and
 only for the layers that need them, the pool slots each row reads (host runs), the
 `AttendRows` (tier runs) and the rows' rotary tables.
 """
@@ -135,7 +138,8 @@ class NativeRun:
         self.run = decoder_step.decoder_step([layers[i] for i in idx])
 
     def __call__(self, x: torch.Tensor, pools, rows: PassRows) -> torch.Tensor:
-        return self.run(x, *pools, *rows.host(self.idx))
+        # consecutive whole host layers: one pool holds all their blocks
+        return self.run(x, *pools[self.idx[0]], *rows.host(self.idx))
 
 
 class SplitRun:
@@ -150,7 +154,8 @@ class SplitRun:
 
     def __call__(self, x: torch.Tensor, pools, rows: PassRows) -> torch.Tensor:
         slots, positions, cos, sin = rows.host([self.i])
-        mid, h = self.attend(self.local, x, *pools, slots[0], positions, cos[0], sin[0])
+        mid, h = self.attend(self.local, x, *pools[self.i], slots[0], positions, cos[0],
+                             sin[0])
         return residual_norm(mid, self.ffn(h).contiguous(), self.post_ffn_norm, None,
                              self.eps)[0]
 
@@ -165,7 +170,7 @@ class TierRun:
 
     def __call__(self, x: torch.Tensor, pools, rows: PassRows) -> torch.Tensor:
         w = self.w
-        mid, h = tier_attention(w, x, *pools, *rows.tier(self.i, self.device))
+        mid, h = tier_attention(w, x, *pools[self.i], *rows.tier(self.i, self.device))
         f = self.ffn(h).float()
         return residual_norm_reference(mid, f, w.norm("post_ffn_norm"), None, w.eps)[0]
 

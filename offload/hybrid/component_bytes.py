@@ -77,11 +77,12 @@ class ComponentBytes:
 
     @classmethod
     def of_file_blocks(cls, cfg: ModelConfig, weights, n_ctx: int,
-                       kv_pool: int) -> "ComponentBytes":
+                       kv_pool: int, kv_layers=None) -> "ComponentBytes":
         """Every tensor on the tier in the file's own bytes (contract of issue 30): attention
         and norms as stored, the KV pool (`kv_pool` bytes at the KV type's width), the output
-        layer, hot FFN neurons as their rows and whole blocks of down (`LayerBytes.hot`)."""
-        model = ModelBytes.of_file(cfg, weights, n_ctx, kv_pool)
+        layer, hot FFN neurons as their rows and whole blocks of down (`LayerBytes.hot`);
+        `kv_layers`: each layer's share of the pool (see ModelBytes.of_file)."""
+        model = ModelBytes.of_file(cfg, weights, n_ctx, kv_pool, kv_layers)
         return cls(sum(l.attention for l in model.layers), kv_pool, model.head, 0,
                    tuple(l.gate_up + l.down for l in model.layers),
                    (("file", "file"),) * cfg.n_layers, cfg.hidden_size, cfg.gated,

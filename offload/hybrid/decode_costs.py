@@ -76,11 +76,12 @@ class ModelBytes:
         return sum(l.attention + l.ffn for l in self.layers) + self.head
 
     @classmethod
-    def of_file(cls, cfg, weights, n_ctx: int, kv_pool: int) -> "ModelBytes":
+    def of_file(cls, cfg, weights, n_ctx: int, kv_pool: int, kv_layers=None) -> "ModelBytes":
         """From the file's tensors (`WeightStore`): each layer's attention is every tensor
         of its block but the FFN's (norms and biases with it); `kv_pool`, the tier's KV
         pool in bytes, is shared out by the positions each layer holds (a windowed layer
-        its window, at most)."""
+        its window, at most), or as `kv_layers` says (per layer bytes: KVPlan.layer_bytes,
+        the blocks the cache gives each layer, so a tier layer is charged what it holds)."""
         from ember.models.quants import block_info
 
         held = [n_ctx if cfg.window(i) is None else min(n_ctx, cfg.window(i))
@@ -96,8 +97,8 @@ class ModelBytes:
             gate_up = sum(weights.get(p + f"ffn_{n}.weight").nbytes
                           for n in ("gate", "up") if p + f"ffn_{n}.weight" in weights)
             down = weights.get(p + "ffn_down.weight")
-            layers.append(LayerBytes(attention, int(row * held[i]), int(row * min(held[i],
-                                                                                 n_ctx // 2)),
+            kv = int(row * held[i]) if kv_layers is None else kv_layers[i]
+            layers.append(LayerBytes(attention, kv, int(row * min(held[i], n_ctx // 2)),
                                      gate_up // cfg.ffn_size, down.nbytes // cfg.ffn_size,
                                      cfg.ffn_size, block_info(down.qtype)[0]))
         head = weights.get("token_embd.weight" if cfg.tied_embeddings else "output.weight")

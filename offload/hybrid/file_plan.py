@@ -19,14 +19,16 @@ def plans_whole_model(tier_attention: str, tier_dtype: str) -> bool:
 
 
 def plan_file(cfg, weights, budget: int, n_ctx: int, kv_pool: int, split: str = "auto",
-              gpu: str | None = None, device=None, order=None, activity=None) -> MemoryPlan:
+              gpu: str | None = None, device=None, order=None, activity=None,
+              kv_layers=None) -> MemoryPlan:
     """The whole-model plan of a file for `budget` tier bytes and a KV pool of `kv_pool`
     bytes, priced for a CUDA `device`'s own properties, else the card `gpu` names, else the
     table's first card with the budget's memory (`layer_plan.plan_speeds`). `order`: per
     layer, neurons hottest first (a profile's); `activity`: their firing probabilities where
-    a predictor lets the host skip cold ones."""
+    a predictor lets the host skip cold ones. `kv_layers`: each layer's share of `kv_pool`
+    (KVPlan.layer_bytes: the blocks the cache gives it), charged to a tier layer."""
     speeds = plan_speeds(budget, card(gpu) if gpu else None, device)
     check_budget(speeds.tier, budget)
-    sizes = ComponentBytes.of_file_blocks(cfg, weights, n_ctx, kv_pool)
+    sizes = ComponentBytes.of_file_blocks(cfg, weights, n_ctx, kv_pool, kv_layers)
     return plan_memory(cfg, budget, sizes, split, neuron_order=order, speeds=speeds,
                        activity=activity)

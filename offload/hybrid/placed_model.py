@@ -12,13 +12,15 @@ and the file's layers into a `FileBlocksModel` whose runs are fixed from then on
 On a CPU tier (the tests' stand-in) whatever the tier holds in the file's blocks is
 multiplied by the C++ block kernels (kernels/tier_blocks.py:block_kernels_on): a "gpu" or
 "cpu" layer is then one more layer of the one-call C++ pass, a "split" layer's attention runs
-in C++ too, and only the accounting says which bytes the tier holds. Elsewhere (CUDA) the
-tier's layers run in torch on the device (`TierRun`), attention from its tier copies.
+in C++ too, one KV pool (in --kv-type) serves every layer, and only the accounting says
+which bytes the tier holds. Elsewhere (CUDA) the tier's layers run in torch on the device
+(`TierRun`), attention from its tier copies and K/V from a pool on the device in the tier's
+K/V type; with some layers left on the host, those run in C++ on K/V kept in host RAM in
+--kv-type (the model's `kv_host_layers`: the engine's PagedKVCache splits its pool so).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -29,9 +31,8 @@ from ..body.file_blocks_model import KV_DTYPE, FileBlocksModel
 from ..body.file_layers import FileLayers
 from ..body.layer_runs import LayerRun
 from ..body.tier_layers import tier_attention_weights, tier_head
-from .tier_dtypes import FILE, attention_kv_dtype
+from .tier_dtypes import FILE, tier_kv_dtype
 
-log = logging.getLogger("ember.runtime")
 MODES = ("gpu", "split", "cpu")
 
 
@@ -74,12 +75,6 @@ def build_placed_model(file: FileLayers, hybrid, fmt: str | None, half: torch.dt
     device = hybrid.gpu
     native = tier_blocks.block_kernels_on(device) and fmt == FILE  # the tier's bytes run in C++ here
     on_tier = placed.attention_on_tier if fmt is not None else (False,) * len(file.layers)
-    if not native and any(on_tier) and not all(on_tier) and device.type != "cpu":
-        # One KV pool serves every layer; a CUDA pool cannot serve the host's C++ attention.
-        log.warning("ember: the plan keeps some layers' attention on the host and others on "
-                    "%s; one KV pool serves both only on the host, so all attention stays "
-                    "there", device)
-        on_tier = (False,) * len(file.layers)
     runs, held = [], []
     for i, (mode, ffn) in enumerate(zip(placed.modes, hybrid.layers)):
         # Whole in C++: a host layer whose FFN computes what the file's blocks do (nothing
@@ -98,7 +93,10 @@ def build_placed_model(file: FileLayers, hybrid, fmt: str | None, half: torch.dt
     head = None
     if placed.lm_head_on_tier and fmt is not None and not native:
         head = tier_head(file, device, fmt, half)
-    tier_runs = any(r.attention is not None for r in runs)
-    # the host's pool type (--kv-type) unless attention runs on the tier in its own type
-    kv = (device, attention_kv_dtype(fmt)) if tier_runs else (torch.device("cpu"), host_kv_dtype)
-    return FileBlocksModel(file, runs, head, kv)
+    # K/V where each layer's attention reads them: tier layers' on the tier in its type,
+    # the others' in host RAM in the host's (--kv-type); with no tier runs, one host pool
+    host_layers = tuple(i for i, r in enumerate(runs) if r.attention is None)
+    if len(host_layers) == len(runs):
+        return FileBlocksModel(file, runs, head, (torch.device("cpu"), host_kv_dtype))
+    kv = (device, tier_kv_dtype(fmt, device, host_kv_dtype))
+    return FileBlocksModel(file, runs, head, kv, (host_layers, host_kv_dtype))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.kernels import tier_blocks
 from ember.kernels.block_matmul import NATIVE_TYPES
 from ember.kernels.hot_ffn import file_format
 from ember.kernels.tier_weights import (FORMATS, INT4_GROUP, conversion_error, has_kernel,
@@ -138,6 +139,15 @@ def attention_format(choice: str, device: torch.device) -> str | None:
 def attention_kv_dtype(fmt: str) -> torch.dtype:
     """K/V type on the tier beside attention in `fmt` (float16 unless a float format)."""
     return _ATTENTION_TYPES.get(fmt, TIER_KV_DTYPE)
+
+
+def tier_kv_dtype(fmt: str, device: torch.device, host_kv_dtype: torch.dtype) -> torch.dtype:
+    """K/V type of the tier layers' pool: the host's (--kv-type, `host_kv_dtype`) where the
+    tier's file blocks run in the C++ pass (a CPU tier: one pool serves every layer), else
+    attention's on the tier (`attention_kv_dtype`)."""
+    if fmt == FILE and tier_blocks.block_kernels_on(device):
+        return host_kv_dtype
+    return attention_kv_dtype(fmt)
 
 
 def attention_dtype(choice: str, device: torch.device) -> torch.dtype | None:

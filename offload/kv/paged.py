@@ -14,6 +14,18 @@ silently.
 Sliding-window layers release blocks that lie wholly before their window (keeping
 `rollback_margin` extra positions so a short truncate still finds what it needs).
 
+Layers split by place (`host_layers`): a model whose plan runs some layers' attention on a
+device tier and others' on the host keeps each layer's K/V where its attention reads them:
+the device pool holds the tier layers' blocks (in the tier's K/V type), a third pool in host
+RAM the host layers' (in theirs). A sequence's `tier` then speaks of its device layers
+alone: a swap moves only their blocks to the host pool and back, since the host layers'
+blocks are in host RAM already and moving them would copy bytes to where they are (their
+table entries and cached slots stay as they were). When the host layers' pool runs out,
+swapping frees none of it, so the least recently used idle sequence is dropped. Fork,
+copy-on-write, truncate and window release work per layer on the pool that layer uses. With
+no `host_layers` there is one resident pool and everything is as it always was: decode reads
+that pool in place by slot.
+
 `view(seq_id)` gives the object the model's attention talks to (reserve/write/read/commit).
 """
 
@@ -28,6 +40,7 @@ from ember.kernels.attention import kv_row_values
 from ember.models.config import ModelConfig
 
 from .blocks import KVPool, OutOfBlocks
+from .plan import KVPlan
 from .sequence import SequenceKV
 
 DEVICE, HOST, DROPPED = "device", "host", "dropped"
@@ -45,6 +58,16 @@ class Sequence:
     slot_cache: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HostLayers:
+    """Layers whose attention runs on the host beside a device tier: their K/V live in a pool
+    of `blocks` blocks of `dtype` in host RAM, never swapped."""
+
+    layers: tuple[int, ...]
+    blocks: int
+    dtype: torch.dtype
+
+
 @dataclass
 class KVStats:
     swaps_out: int = 0
@@ -59,13 +82,30 @@ class KVStats:
 class PagedKVCache:
     def __init__(self, config: ModelConfig, device_blocks: int, host_blocks: int = 0,
                  block_size: int = 16, device: torch.device | str = "cpu",
-                 rollback_margin: int = 64, dtype: torch.dtype = torch.float32):
+                 rollback_margin: int = 64, dtype: torch.dtype = torch.float32,
+                 host_layers: HostLayers | None = None):
         if block_size < 1 or device_blocks < 1 or host_blocks < 0:
             raise ValueError("block_size and device_blocks must be >= 1, host_blocks >= 0")
         dims = (block_size, config.n_kv_heads, kv_row_values(dtype, config.head_dim))
         pin = torch.device(device).type == "cuda"
         self.device_pool = KVPool(device_blocks, *dims, device=device, dtype=dtype)
         self.host_pool = KVPool(host_blocks, *dims, device="cpu", dtype=dtype, pin=pin)
+        # Per layer: the pool its blocks live in while its sequence is resident, and while
+        # it is swapped out (the host layers' own pool both times)
+        self.resident = [self.device_pool] * config.n_layers
+        self.host_layer_pool = None
+        if host_layers is not None and host_layers.layers:
+            if host_layers.blocks < 1:
+                raise ValueError("a pool of host layers needs at least one block")
+            self.host_layer_pool = KVPool(
+                host_layers.blocks, block_size, config.n_kv_heads,
+                kv_row_values(host_layers.dtype, config.head_dim), dtype=host_layers.dtype)
+            for layer in host_layers.layers:
+                self.resident[layer] = self.host_layer_pool
+        self.swapped = [self.host_pool if p is self.device_pool else p for p in self.resident]
+        # the layers a swap moves, and each layer's pool as (rows, n_kv_heads, head_dim)
+        self.device_layers = [i for i, p in enumerate(self.resident) if p is self.device_pool]
+        self.rows = [p.rows for p in self.resident]
         self.block_size = block_size
         self.n_layers = config.n_layers
         self.windows = [config.window(i) for i in range(config.n_layers)]
@@ -77,6 +117,22 @@ class PagedKVCache:
         self._clock = 0
         # Sequences in the middle of a reserve or a swap: never chosen for eviction or drop.
         self._busy: set[int] = set()
+
+    @classmethod
+    def of_plan(cls, config: ModelConfig, plan: KVPlan, device: torch.device, dtype: torch.dtype,
+                rollback_margin: int, host_kv: tuple[tuple[int, ...], torch.dtype] | None = None
+                ) -> "PagedKVCache":
+        """The cache `plan` sizes: one pool on `device` for every layer, or with `host_kv`
+        (layers, dtype) split by layer, those layers' share of the plan's blocks in host RAM
+        and the rest's on `device` (the swap pool then sized for the device layers alone)."""
+        if not host_kv or not host_kv[0]:
+            return cls(config, plan.device_blocks, plan.host_blocks, plan.block_size, device,
+                       rollback_margin, dtype)
+        layers, host_dtype = host_kv
+        on_device = plan.blocks_of(i for i in range(config.n_layers) if i not in layers)
+        swap = plan.host_blocks * on_device // plan.device_blocks
+        return cls(config, on_device, swap, plan.block_size, device, rollback_margin, dtype,
+                   HostLayers(tuple(layers), plan.blocks_of(layers), host_dtype))
 
     # -- sequence verbs -----------------------------------------------------------------
     def allocate(self) -> int:
@@ -96,8 +152,7 @@ class PagedKVCache:
         self._ensure_resident(src)
         child = Sequence(self._next_id, [list(t) for t in src.tables], src.length, src.tier)
         self._next_id += 1
-        pool = self._pool(src)
-        for table in child.tables:
+        for pool, table in zip(self._pools(src), child.tables):
             for block in table:
                 if block is not None:
                     pool.allocator.incref(block)
@@ -112,10 +167,11 @@ class PagedKVCache:
         if not self.can_truncate(seq_id, length):
             raise ValueError(f"cannot truncate sequence {seq_id} of length {seq.length} to {length}")
         keep = -(-length // self.block_size)
-        pool = self._pool(seq)
+        pools = self._pools(seq)
         for layer, table in enumerate(seq.tables):
             if len(table) <= keep:
                 continue  # unchanged: its cached slots stay valid (speculation truncates often)
+            pool = pools[layer]
             for block in table[keep:]:
                 if block is not None:
                     pool.allocator.decref(block)
@@ -133,9 +189,8 @@ class PagedKVCache:
         moves = [(s, d) for s, d in zip(src, dst) if s != d]
         if not moves:
             return
-        pool = self.device_pool
-        k, v = pool.k.view(-1, *pool.k.shape[2:]), pool.v.view(-1, *pool.v.shape[2:])
         for layer in range(self.n_layers):
+            k, v = self.rows[layer]
             table = self.slots(seq, layer, 0, max(max(m) for m in moves) + 1)
             s_slots = table[[m[0] for m in moves]]
             d_slots = table[[m[1] for m in moves]]
@@ -177,11 +232,16 @@ class PagedKVCache:
     def usage(self) -> dict:
         d, h = self.device_pool.allocator, self.host_pool.allocator
         tiers = [s.tier for s in self.seqs.values()]
+        split = {}
+        if self.host_layer_pool is not None:
+            r = self.host_layer_pool.allocator
+            split = {"host_layer_blocks_used": r.n_used, "host_layer_blocks_free": r.n_free,
+                     "host_layer_block_bytes": self.host_layer_pool.block_bytes}
         return {
             "block_size": self.block_size,
             "device_blocks_used": d.n_used, "device_blocks_free": d.n_free,
             "host_blocks_used": h.n_used, "host_blocks_free": h.n_free,
-            "block_bytes": self.device_pool.block_bytes,
+            "block_bytes": self.device_pool.block_bytes, **split,
             "sequences": {t: tiers.count(t) for t in (DEVICE, HOST, DROPPED)},
             **self.stats.__dict__,
         }
@@ -197,11 +257,12 @@ class PagedKVCache:
             self._ensure_resident(seq)
             first, last = seq.length // self.block_size, (seq.length + n - 1) // self.block_size
             for layer, table in enumerate(seq.tables):
+                pool = self.resident[layer]
                 for b in range(first, last + 1):
                     if b >= len(table):
-                        table.append(self._alloc_device(seq))
-                    elif self.device_pool.allocator.refs[table[b]] > 1:
-                        table[b] = self._copy_on_write(seq, table[b])
+                        table.append(self._alloc_resident(seq, pool))
+                    elif pool.allocator.refs[table[b]] > 1:
+                        table[b] = self._copy_on_write(seq, pool, table[b])
                     else:
                         continue
                     seq.slot_cache.pop(layer, None)
@@ -218,7 +279,7 @@ class PagedKVCache:
             blocks = torch.tensor([b if b is not None else 0 for b in seq.tables[layer]],
                                   dtype=torch.long)
             flat = (blocks[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
-            flat = seq.slot_cache[layer] = flat.to(self.device_pool.k.device)
+            flat = seq.slot_cache[layer] = flat.to(self.resident[layer].k.device)
         return flat[lo:hi]
 
     def commit(self, seq: Sequence, n: int) -> None:
@@ -234,31 +295,35 @@ class PagedKVCache:
         return max(0, length - self.rollback_margin - window + 1)
 
     def _release_outside_windows(self, seq: Sequence) -> None:
-        pool = self._pool(seq)
+        pools = self._pools(seq)
         for layer, table in enumerate(seq.tables):
             if self.windows[layer] is None:
                 continue
             dead_blocks = self._first_needed(layer, seq.length) // self.block_size
             for b in range(min(dead_blocks, len(table))):
                 if table[b] is not None:
-                    pool.allocator.decref(table[b])
+                    pools[layer].allocator.decref(table[b])
                     table[b] = None
 
-    def _alloc_device(self, seq: Sequence) -> int:
+    def _alloc_resident(self, seq: Sequence, pool: KVPool) -> int:
+        """A block of `pool` (the device pool, or the host layers'), making room as needed:
+        swapping out (device) or dropping (host layers) the least recently used idle one."""
         while True:
             try:
-                return self.device_pool.allocator.alloc()
+                return pool.allocator.alloc()
             except OutOfBlocks:
-                if not self._evict_one(exclude=seq):
+                room = self._evict_one(exclude=seq) if pool is self.device_pool \
+                    else self._drop_one((DEVICE, HOST), exclude=seq)
+                if not room:
                     raise OutOfBlocks(
-                        f"the KV budget ({self.device_pool.n_blocks} blocks of "
+                        f"the KV budget ({pool.n_blocks} blocks of "
                         f"{self.block_size} tokens per layer) cannot hold this context; raise "
                         "--kv-budget or lower --ctx-size") from None
 
-    def _copy_on_write(self, seq: Sequence, block: int) -> int:
-        fresh = self._alloc_device(seq)
-        self.device_pool.copy_blocks(self.device_pool, [block], [fresh])
-        self.device_pool.allocator.decref(block)
+    def _copy_on_write(self, seq: Sequence, pool: KVPool, block: int) -> int:
+        fresh = self._alloc_resident(seq, pool)
+        pool.copy_blocks(pool, [block], [fresh])
+        pool.allocator.decref(block)
         self.stats.cow_copies += 1
         return fresh
 
@@ -280,7 +345,8 @@ class PagedKVCache:
 
     def _move_blocks(self, seq: Sequence, src: KVPool, dst: KVPool, tier: str) -> None:
         t0 = time.perf_counter()
-        ids = sorted({b for table in seq.tables for b in table if b is not None})
+        moved = [seq.tables[i] for i in self.device_layers]  # the host layers' stay put
+        ids = sorted({b for table in moved for b in table if b is not None})
         new_ids = self._alloc_many(dst, len(ids), seq)
         if new_ids is None and tier == HOST:  # both pools full: this idle sequence is dropped
             self._release_all(seq)
@@ -292,11 +358,12 @@ class PagedKVCache:
                               "tokens) on the device; raise --kv-budget")
         dst.copy_blocks(src, ids, new_ids)
         mapping = dict(zip(ids, new_ids))
-        for table in seq.tables:
+        for table in moved:
             for i, b in enumerate(table):
                 if b is not None:
                     table[i] = mapping[b]
-        seq.slot_cache.clear()
+        for layer in self.device_layers:
+            seq.slot_cache.pop(layer, None)
         for b in ids:
             src.allocator.decref(b)
         seq.tier = tier
@@ -316,13 +383,15 @@ class PagedKVCache:
             if pool is self.device_pool:
                 if not self._evict_one(exclude=seq):
                     return None
-            elif not self._drop_one_host(exclude=seq):
+            elif not self._drop_one((HOST,), exclude=seq):
                 return None
         return [pool.allocator.alloc() for _ in range(n)]
 
-    def _drop_one_host(self, exclude: Sequence) -> bool:
-        idle = [s for s in self.seqs.values()
-                if s.tier == HOST and s is not exclude and s.id not in self._busy]
+    def _drop_one(self, tiers: tuple[str, ...], exclude: Sequence) -> bool:
+        """Drop the least recently used idle sequence of `tiers` holding blocks; False if
+        there is none."""
+        idle = [s for s in self.seqs.values() if s.tier in tiers and s is not exclude
+                and s.id not in self._busy and _holds_blocks(s)]
         if not idle:
             return False
         victim = min(idle, key=lambda s: s.last_used)
@@ -334,8 +403,7 @@ class PagedKVCache:
     def _release_all(self, seq: Sequence) -> None:
         if seq.tier == DROPPED:
             return
-        pool = self._pool(seq)
-        for table in seq.tables:
+        for pool, table in zip(self._pools(seq), seq.tables):
             for b in table:
                 if b is not None:
                     pool.allocator.decref(b)
@@ -348,8 +416,9 @@ class PagedKVCache:
         if seq.tier == DROPPED:
             raise ValueError(f"sequence {seq.id} was dropped; recompute it")
 
-    def _pool(self, seq: Sequence) -> KVPool:
-        return self.host_pool if seq.tier == HOST else self.device_pool
+    def _pools(self, seq: Sequence) -> list[KVPool]:
+        """Per layer, the pool that holds a sequence's blocks now."""
+        return self.swapped if seq.tier == HOST else self.resident
 
     def _get(self, seq_id: int) -> Sequence:
         if seq_id not in self.seqs:

@@ -23,6 +23,18 @@ class KVPlan:
     device_blocks: int
     host_blocks: int
     min_device_blocks: int  # one sequence of n_ctx tokens
+    # Per layer, its share of device_blocks (in proportion to what it holds of one sequence):
+    # what the plan charges a layer whose K/V sit on the tier, and what a pool split by
+    # layer (PagedKVCache's host_layers) gives each side.
+    layer_blocks: tuple[int, ...] = ()
+
+    def blocks_of(self, layers) -> int:
+        """Device blocks of `layers`' share."""
+        return sum(self.layer_blocks[i] for i in layers)
+
+    def layer_bytes(self) -> tuple[int, ...]:
+        """Per layer, the bytes of its share of the device pool."""
+        return tuple(n * self.block_bytes for n in self.layer_blocks)
 
     def to_dict(self) -> dict:
         return {"block_size": self.block_size, "block_bytes": self.block_bytes,
@@ -38,13 +50,31 @@ def blocks_for_one_sequence(cfg: ModelConfig, n_ctx: int, block_size: int,
     windowed ones the window, the rollback margin and one prefill chunk (a chunk's blocks are
     reserved before the blocks it pushes out of the window are released), plus a partial
     block at the start."""
+    return sum(_layer_needs(cfg, n_ctx, block_size, margin, chunk))
+
+
+def _layer_needs(cfg: ModelConfig, n_ctx: int, block_size: int,
+                 margin: int = DEFAULT_ROLLBACK_MARGIN,
+                 chunk: int = DEFAULT_PREFILL_CHUNK) -> list[int]:
+    """Per layer, the blocks one sequence of n_ctx tokens holds at most there."""
     full = -(-n_ctx // block_size)
-    total = 0
+    needs = []
     for layer in range(cfg.n_layers):
         window = cfg.window(layer)
         held = full if window is None else -(-(window + margin + chunk) // block_size) + 1
-        total += min(full, held)
-    return total
+        needs.append(min(full, held))
+    return needs
+
+
+def share_blocks(needs: list[int], total: int) -> tuple[int, ...]:
+    """`total` blocks shared out in proportion to `needs`, whole blocks (largest remainder,
+    ties to the first layer), summing to `total`: with total == sum(needs), exactly them."""
+    whole = sum(needs)
+    shares = [total * n // whole for n in needs]
+    rest = sorted(range(len(needs)), key=lambda i: (-(total * needs[i] % whole), i))
+    for i in rest[:total - sum(shares)]:
+        shares[i] += 1
+    return tuple(shares)
 
 
 def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
@@ -55,7 +85,8 @@ def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
     if block_size < 1:
         raise ConfigError(f"KV block size must be at least 1, got {block_size}")
     block_bytes = round(2 * block_size * cfg.n_kv_heads * cfg.head_dim * value_bytes)  # K and V
-    need = blocks_for_one_sequence(cfg, n_ctx, block_size)
+    needs = _layer_needs(cfg, n_ctx, block_size)
+    need = sum(needs)
     device = need if device_budget is None else device_budget // block_bytes
     if device < need:
         raise ConfigError(
@@ -63,4 +94,4 @@ def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
             f"it needs at least {format_size(need * block_bytes)} ({need} blocks of "
             f"{block_size} tokens); raise --kv-budget or lower --ctx-size")
     host = need if host_budget is None else host_budget // block_bytes
-    return KVPlan(block_size, block_bytes, device, host, need)
+    return KVPlan(block_size, block_bytes, device, host, need, share_blocks(needs, device))

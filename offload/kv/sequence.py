@@ -28,7 +28,7 @@ class SequenceKV:
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         slots = self.cache.slots(self.seq, layer, start, start + k.shape[0])
-        k_pool, v_pool = self.pools()
+        k_pool, v_pool = self.cache.rows[layer]
         k_pool.index_copy_(0, slots, k)
         v_pool.index_copy_(0, slots, v)
 
@@ -37,11 +37,17 @@ class SequenceKV:
         return self.cache.slots(self.seq, layer, lo, hi)
 
     def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The device pool's K and V as (rows, n_kv_heads, head_dim): read in place by slot."""
+        """The device pool's K and V as (rows, n_kv_heads, head_dim): read in place by slot
+        (every layer's, unless the cache keeps host layers apart: see `layer_pools`)."""
         return self.cache.device_pool.rows
 
+    def layer_pools(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the K and V rows of the pool its blocks live in (`slots_of` indexes
+        them): the device pool's, or for a host layer beside a device tier its own pool's."""
+        return self.cache.rows
+
     def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k_pool, v_pool = self.pools()
+        k_pool, v_pool = self.cache.rows[layer]
         slots = self.slots_of(layer, lo, hi)
         return k_pool.index_select(0, slots), v_pool.index_select(0, slots)
 

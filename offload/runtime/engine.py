@@ -61,9 +61,8 @@ class Engine:
                            if (i := self.tokenizer.id_of(t)) is not None}
         self.prompts = PromptEncoder(self.tokenizer, loaded.source.chat_template, self.stop_ids)
         self.chat_format = self.resolve_chat_format(options.chat_format)
-        self.kv = PagedKVCache(loaded.config, self.kv_plan.device_blocks, self.kv_plan.host_blocks,
-                               self.kv_plan.block_size, built.compute, DEFAULT_ROLLBACK_MARGIN,
-                               built.kv_dtype)
+        self.kv = PagedKVCache.of_plan(loaded.config, self.kv_plan, built.compute,
+                                       built.kv_dtype, DEFAULT_ROLLBACK_MARGIN, built.host_kv)
         self.runner = Runner(self.model, self.kv, n_ctx)
         self.options = options
         self.drafter, self.tree_widths = make_drafter(self, options)

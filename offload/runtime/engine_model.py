@@ -24,8 +24,8 @@ from ..hybrid.setup import (UNLIMITED, HostLMHead, HybridModel, attach_predictor
 from ..hybrid.host_reads import HostReads
 from ..hybrid.file_plan import plan_file, plans_whole_model
 from ..hybrid.placed_model import build_placed_model
-from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_dtype, attention_format,
-                                  attention_kv_dtype)
+from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_format, attention_kv_dtype,
+                                  tier_kv_dtype)
 from ..kv.plan import KVPlan
 from ..options.engine_options import EngineOptions
 from .profile_file import default_profile_path, load_profile
@@ -42,6 +42,9 @@ class EngineModel:
     input_sparsity: object | None  # a profile's input thresholds, when applied
     profile_path: str | Path | None
     profile_quality: dict | None  # what the profile's end-to-end check measured
+    # (layers, dtype): layers whose attention runs on the host beside a device tier, their
+    # K/V in host RAM in that type (None: every layer's K/V at `compute` in `kv_dtype`)
+    host_kv: tuple[tuple[int, ...], torch.dtype] | None = None
 
 
 def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torch.device,
@@ -67,7 +70,7 @@ def build_engine_model(loaded: LoadedModel, options: EngineOptions, device: torc
     if blocks is not None:
         head = file.head.qtype_name.lower()
         return EngineModel(blocks, blocks.attention_device, blocks.kv_dtype, "native", head,
-                           hybrid, input_sparsity, path, quality)
+                           hybrid, input_sparsity, path, quality, blocks.kv_host_layers)
     compute = device if hybrid is None else hybrid.attention_device
     model = _float_model(loaded, compute, hybrid)
     return EngineModel(model, compute, torch.float32, "fp32", "fp32", hybrid, input_sparsity,
@@ -93,13 +96,16 @@ def _attention_format(options: EngineOptions, device: torch.device) -> str | Non
 
 
 def kv_value_bytes(options: EngineOptions, device: torch.device) -> float:
-    """Bytes per K/V value the KV plan is sized by: the tier attention's type when
-    `--tier-attention` names one, else the runtime's own (float16 on the file's blocks:
-    the width of bf16 or fp16 too, so `auto`'s plan holds wherever attention lands)."""
-    named = options.tier_attention not in ("auto", "host")
-    if named and options.gpu_budget is not None and runs_on_file_blocks(options, device):
-        return attention_dtype(options.tier_attention, device).itemsize
-    return value_bytes(kv_dtype(options, device))
+    """Bytes per K/V value the KV plan is sized (and the tier charged) by: those of the pool
+    tier layers' K/V are built in where attention can move to a tier
+    (tier_dtypes.tier_kv_dtype: a CUDA tier's float16 even under --kv-type q8_0), else the
+    runtime's own (--kv-type on the file's blocks)."""
+    host = kv_dtype(options, device)
+    if runs_on_file_blocks(options, device):
+        fmt = _attention_format(options, device)
+        if fmt is not None:
+            return value_bytes(tier_kv_dtype(fmt, device, host))
+    return value_bytes(host)
 
 
 def _float_model(loaded: LoadedModel, compute: torch.device, hybrid: HybridModel | None):
@@ -165,7 +171,8 @@ def _split_ffn(loaded: LoadedModel, options: EngineOptions, device: torch.device
             # `ember info --gpu-budget` shows, made by the same call
             how["plan"] = plan_file(loaded.config, loaded.source.weights, budget, n_ctx,
                                     kv_bytes, split, options.gpu, device, how["neuron_order"],
-                                    _activity(profile, predictors) if sparse else None)
+                                    _activity(profile, predictors) if sparse else None,
+                                    kv_layers=kv_plan.layer_bytes())
         elif fmt is not None:  # the plan of FFN rows, attention moving whole or not at all
             if not named:
                 how["host_reads"] = HostReads.of_file(loaded.config, loaded.source.weights,
