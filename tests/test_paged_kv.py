@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model
 from ember.offload.kv.blocks import BlockAllocator, OutOfBlocks
-from ember.offload.kv.paged import DROPPED, HOST, PagedKVCache
+from ember.offload.kv.paged import DROPPED, HOST, HostLayers, PagedKVCache
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -171,10 +171,18 @@ OPS = st.one_of(
 
 @settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(OPS, min_size=1, max_size=14), margin=st.sampled_from([0, 8, 64]))
-def test_random_operation_sequences_match_reference(model, ops, margin):
-    cache = PagedKVCache(model.cfg, device_blocks=6 * 14, host_blocks=6 * 10, block_size=4,
-                         rollback_margin=margin)
+@given(ops=st.lists(OPS, min_size=1, max_size=14), margin=st.sampled_from([0, 8, 64]),
+       split=st.booleans())
+def test_random_operation_sequences_match_reference(model, ops, margin, split):
+    """The same with one pool, or split by layer (layers 1 and 5 in host RAM: a windowed and
+    the global one), whose host layers' pool drops a sequence when full."""
+    if split:
+        cache = PagedKVCache(model.cfg, device_blocks=4 * 14, host_blocks=4 * 10, block_size=4,
+                             rollback_margin=margin,
+                             host_layers=HostLayers((1, 5), 2 * 14, torch.float32))
+    else:
+        cache = PagedKVCache(model.cfg, device_blocks=6 * 14, host_blocks=6 * 10, block_size=4,
+                             rollback_margin=margin)
     tokens = {cache.allocate(): [2]}
     active = next(iter(tokens))
     _append(model, cache.view(active), [2])
@@ -245,3 +253,49 @@ def test_swap_in_never_drops_the_sequence_being_swapped_in(model):
     logits = _append(model, cache.view(a), [3])
     torch.testing.assert_close(logits, _reference_last_logits(model, _ids(12, seed=1) + [3]), **TOL)
     assert cache.seqs[b].tier == DROPPED
+
+
+# -- a pool split by layer: host layers' blocks in their own pool, never swapped ------------
+def _split_cache(model, host_layer_blocks=200):
+    return PagedKVCache(model.cfg, device_blocks=200, host_blocks=200, block_size=4,
+                        host_layers=HostLayers((1, 5), host_layer_blocks, torch.float32))
+
+
+def test_a_split_pool_keeps_each_layer_in_its_pool_through_fork_and_swap(model):
+    cache = _split_cache(model)
+    device, apart = cache.device_pool, cache.host_layer_pool
+    assert [cache.resident[i] is apart for i in range(6)] == [False, True, False, False,
+                                                              False, True]
+    s = cache.allocate()
+    _append(model, cache.view(s), _ids(10))
+    assert device.allocator.n_used == 4 * 3 and apart.allocator.n_used == 2 * 3
+    b = cache.fork(s)  # shares every block in both pools
+    assert device.allocator.n_used == 4 * 3 and apart.allocator.n_used == 2 * 3
+    lb = _append(model, cache.view(b), [9])  # the shared last block: copied in both pools
+    assert apart.allocator.n_used == 2 * 4 and device.allocator.n_used == 4 * 4
+    assert cache.stats.cow_copies == 6
+    torch.testing.assert_close(lb, _reference_last_logits(model, _ids(10) + [9]), **TOL)
+
+    kept = [list(cache.seqs[s].tables[i]) for i in (1, 5)]
+    cache.swap_out(s)  # only the device layers' blocks move; b still holds its own
+    assert cache.seqs[s].tier == HOST
+    assert cache.host_pool.allocator.n_used == 4 * 3
+    assert apart.allocator.n_used == 2 * 4
+    assert [cache.seqs[s].tables[i] for i in (1, 5)] == kept
+    assert cache.stats.bytes_out == 4 * 3 * device.block_bytes
+    cache.swap_in(s)
+    la = _append(model, cache.view(s), [7])
+    torch.testing.assert_close(la, _reference_last_logits(model, _ids(10) + [7]), **TOL)
+    cache.free(b)
+    cache.free(s)
+    assert device.allocator.n_used == apart.allocator.n_used == cache.host_pool.allocator.n_used == 0
+    assert cache.usage()["host_layer_blocks_free"] == 200
+
+
+def test_a_full_host_layer_pool_drops_the_oldest_idle_sequence(model):
+    cache = _split_cache(model, host_layer_blocks=2 * 3 + 2)  # one 12-token sequence
+    a, b = cache.allocate(), cache.allocate()
+    _append(model, cache.view(a), _ids(12, seed=1))
+    logits = _append(model, cache.view(b), _ids(12, seed=2))
+    assert cache.seqs[a].tier == DROPPED and cache.stats.dropped == 1
+    torch.testing.assert_close(logits, _reference_last_logits(model, _ids(12, seed=2)), **TOL)

@@ -22,6 +22,7 @@ from ember.offload.body import file_blocks_model
 from ember.offload.body.file_layers import FileLayers
 from ember.offload.body.protocol import BodyModel
 from ember.offload.body.tier_layers import tier_attention_bytes, tier_head_bytes
+from ember.offload.decode.runner import Session
 from ember.offload.options.sampling import SamplingParams
 from ember.offload.hybrid import decode_costs
 from ember.offload.hybrid.memory_plan import ComponentBytes, workspace_bytes
@@ -139,11 +140,30 @@ def _whole_charges_are_the_tensors(engine: Engine) -> None:
     charges, on = plan.charges(), plan.tier_layers()
     assert charges["attention"] == sum(w.nbytes() for w in hybrid.attention or [])
     assert len(hybrid.attention or []) == len(on)
-    pool = engine.kv.device_pool  # blocks shared by all layers: each holds an equal share
-    n = engine.loaded.config.n_layers
-    assert charges["kv_pool"] == len(on) * ((pool.k.nbytes + pool.v.nbytes) // n)
+    _kv_charge_is_the_pool_built(engine, on)
     assert charges["lm_head"] == (engine.model.head.nbytes if plan.lm_head_on_gpu else 0)
     _hot_rows_are_the_tensors(plan, hybrid, charges)
+
+
+def _kv_charge_is_the_pool_built(engine: Engine, on: list[int]) -> None:
+    """Each tier layer is charged its share of the KV blocks; where tier layers run apart
+    from the host's (the torch path a CUDA tier runs), the device pool is those shares and
+    nothing more, the host layers' blocks sit in their own pool in host RAM."""
+    kv, plan = engine.kv, engine.kv_plan
+    charge = engine.hybrid.plan.charges()["kv_pool"]
+    assert charge == plan.blocks_of(on) * plan.block_bytes
+    runs = engine.model.runs
+    if runs is None or not any(r.attention is not None for r in runs):
+        return  # one pool on the host serves every layer (the C++ pass)
+    assert charge == kv.device_pool.k.nbytes + kv.device_pool.v.nbytes
+    assert plan.block_bytes == kv.device_pool.block_bytes
+    host = [i for i in range(len(runs)) if i not in on]
+    assert sorted(on) == [i for i, r in enumerate(runs) if r.attention is not None]
+    assert (kv.host_layer_pool is None) == (not host)
+    if host:
+        assert kv.host_layer_pool.n_blocks == plan.blocks_of(host)
+        assert kv.host_layer_pool.k.device.type == "cpu"
+    assert all((kv.resident[i] is kv.device_pool) == (i in on) for i in range(len(runs)))
 
 
 def _info_plan(path, budget: int, n_ctx: int, gpu: str | None = None) -> dict:
@@ -431,3 +451,77 @@ def test_cuda_graphs_stay_off_without_cuda(monkeypatch):
     monkeypatch.delenv(cuda_graphs.ENV)
     assert not cuda_graphs.available()
     assert cuda_graphs.graphed(fn, torch.device("cuda")) is fn
+
+
+def _mixed_engine(loaded, monkeypatch, **extra) -> Engine:
+    """The whole-model plan on the torch path a CUDA tier runs, at a budget that leaves some
+    layers' attention on the host (launches and hand-overs free, as above)."""
+    monkeypatch.setattr(decode_costs, "GRAPH_LAUNCH_MS", 0.0)
+    monkeypatch.setattr(decode_costs, "HANDOFF_MS", 0.0)
+    monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    budget = _whole_budgets(loaded, 64)["some"]
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, threads=2,
+                                          gpu_budget=budget, **extra))
+    modes = engine.hybrid.plan.layer_modes
+    assert "cpu" in modes and set(modes) != {"cpu"}
+    return engine
+
+
+def test_a_mixed_plan_keeps_each_layers_kv_where_its_attention_runs(tiny_q4_k_m, monkeypatch):
+    """Tier layers' K/V in a pool of the tier's float16, host layers' in host RAM in
+    --kv-type q8_0 (what the C++ attention reads), each pool holding its layers' share of
+    the plan's blocks; the tier is charged the device pool's bytes, at float16; greedy output
+    is the unsplit q8_0 engine's up to a near-tie."""
+    loaded = load_model(tiny_q4_k_m[2])
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type="q8_0"))
+    want, gaps = greedy_with_gaps(dense, PROMPT, 8)
+    engine = _mixed_engine(loaded, monkeypatch, kv_type="q8_0")
+    try:
+        kv, on = engine.kv, engine.hybrid.plan.tier_layers()
+        _kv_charge_is_the_pool_built(engine, on)
+        assert kv.device_pool.k.dtype == torch.float16 == kv.host_pool.k.dtype
+        assert kv.host_layer_pool.k.dtype == torch.uint8
+        cfg = loaded.config  # float16 K and V, not Q8_0's bytes
+        assert engine.kv_plan.block_bytes == 2 * engine.kv_plan.block_size * cfg.n_kv_heads \
+            * cfg.head_dim * 2
+        got, _ = greedy_with_gaps(engine, PROMPT, 8)
+        assert_agrees_until_near_tie(want, gaps, got)
+        seq = engine.kv.seqs[engine.runner.sessions["near-ties"].seq_id]
+        blocks = -(-(len(PROMPT) + 8) // engine.kv_plan.block_size)
+        host = len(seq.tables) - len(on)
+        assert kv.usage()["device_blocks_used"] == len(on) * blocks
+        assert kv.usage()["host_layer_blocks_used"] == host * blocks
+    finally:
+        engine.close()
+        dense.close()
+
+
+def test_a_mixed_plans_kv_swaps_and_forks_bit_for_bit(tiny_q4_k_m, monkeypatch):
+    """Swapping a sequence out moves its tier layers' blocks to the host pool alone (the host
+    layers' are in host RAM already) and back bit for bit; a fork shares both pools' blocks
+    and decodes on as its parent would."""
+    loaded = load_model(tiny_q4_k_m[2])
+    engine = _mixed_engine(loaded, monkeypatch)
+    try:
+        kv = engine.kv
+        first, _ = greedy_with_gaps(engine, PROMPT, 3, session="a")  # 15 of a 16-token block
+        seq = engine.runner.sessions["a"].seq_id
+        view = kv.view(seq)
+        before = [tuple(t.clone() for t in view.read(layer, 0, view.length))
+                  for layer in range(loaded.config.n_layers)]
+        host_used = kv.host_layer_pool.allocator.n_used
+        kv.swap_out(seq)
+        assert kv.seqs[seq].tier == "host" and kv.host_layer_pool.allocator.n_used == host_used
+        assert kv.stats.bytes_out == kv.host_pool.allocator.n_used * kv.device_pool.block_bytes
+        greedy_with_gaps(engine, list(reversed(PROMPT)), 4, session="b")
+        kv.swap_in(seq)
+        for layer, (k, v) in enumerate(before):
+            got_k, got_v = view.read(layer, 0, view.length)
+            assert torch.equal(got_k, k) and torch.equal(got_v, v)
+        runner = engine.runner
+        runner.sessions["c"] = Session(kv.fork(seq), list(runner.sessions["a"].tokens))
+        parent_next = runner.decode("a", first[-1])
+        assert torch.equal(runner.decode("c", first[-1]), parent_next)
+        assert kv.stats.cow_copies > 0
+    finally:
+        engine.close()

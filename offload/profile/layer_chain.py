@@ -67,9 +67,9 @@ class LayerChain:
         m = self.model
         slots, positions, cos, sin = PassRows(0, T, cache, None, m.rotary, m.windows).host(
             list(range(len(self.steps))))
-        k_pool, v_pool = cache.pools()
+        pools = cache.layer_pools()
         for i in range(first, end):
-            x = self.steps[i].run(x, k_pool, v_pool, slots[i: i + 1], positions,
-                                  cos[i: i + 1], sin[i: i + 1])
+            x = self.steps[i].run(x, *pools[i], slots[i: i + 1], positions, cos[i: i + 1],
+                                  sin[i: i + 1])
         return x
 
