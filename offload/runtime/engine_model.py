@@ -27,6 +27,7 @@ from ..hybrid.placed_model import build_placed_model
 from ..hybrid.tier_dtypes import (TierCaps, TierChoice, attention_format, attention_kv_dtype,
                                   tier_kv_dtype)
 from ..kv.plan import KVPlan
+from ..options.choices import FILE
 from ..options.engine_options import EngineOptions
 from .profile_file import default_profile_path, load_profile
 
@@ -101,11 +102,13 @@ def kv_value_bytes(options: EngineOptions, device: torch.device) -> float:
     (tier_dtypes.tier_kv_dtype: a CUDA tier's float16 even under --kv-type q8_0), else the
     runtime's own (--kv-type on the file's blocks)."""
     host = kv_dtype(options, device)
-    if runs_on_file_blocks(options, device):
-        fmt = _attention_format(options, device)
-        if fmt is not None:
-            return value_bytes(tier_kv_dtype(fmt, device, host))
-    return value_bytes(host)
+    choice = options.tier_attention
+    if options.gpu_budget is None or choice == "host" or not runs_on_file_blocks(options,
+                                                                                   device):
+        return value_bytes(host)
+    # auto: the file's blocks (known without asking the device what it can do)
+    fmt = FILE if choice == "auto" else attention_format(choice, device)
+    return value_bytes(tier_kv_dtype(fmt, device, host))
 
 
 def _float_model(loaded: LoadedModel, compute: torch.device, hybrid: HybridModel | None):
