@@ -299,3 +299,19 @@ def test_a_full_host_layer_pool_drops_the_oldest_idle_sequence(model):
     logits = _append(model, cache.view(b), _ids(12, seed=2))
     assert cache.seqs[a].tier == DROPPED and cache.stats.dropped == 1
     torch.testing.assert_close(logits, _reference_last_logits(model, _ids(12, seed=2)), **TOL)
+
+
+def test_the_plan_shares_its_blocks_out_by_layer(model):
+    """What each layer holds of one sequence (here the whole context: the windows, the
+    rollback margin and a prefill chunk cover it), and a budget's extra blocks shared in
+    proportion, in whole blocks summing to the pool."""
+    from ember.offload.kv.plan import plan_kv, share_blocks
+
+    plan = plan_kv(model.cfg, 200, block_size=4)
+    assert sum(plan.layer_blocks) == plan.device_blocks
+    assert plan.layer_blocks == (50,) * 6
+    assert plan.layer_bytes()[5] == 50 * plan.block_bytes
+    bigger = plan_kv(model.cfg, 200, device_budget=3 * plan.device_blocks * plan.block_bytes + 5,
+                     block_size=4)
+    assert bigger.layer_blocks == tuple(3 * n for n in plan.layer_blocks)
+    assert share_blocks([1, 1, 1], 4) == (2, 1, 1) and share_blocks([3, 1], 4) == (3, 1)

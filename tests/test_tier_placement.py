@@ -238,8 +238,8 @@ def test_the_default_model_under_the_whole_model_plan_decodes_as_unsplit(
 
 def test_the_cuda_path_runs_the_whole_model_plan(tiny_q4_k_m, monkeypatch):
     """The same three budgets with the tier's torch path chosen for the CPU (what a CUDA
-    tier runs): tier layers' attention decoded from the file's blocks there, host layers in
-    C++, one pool serving both (on the CPU)."""
+    tier runs): tier layers' attention decoded from the file's blocks there, their K/V in
+    the tier's pool, host layers in C++ on their own pool in host RAM."""
     loaded = load_model(tiny_q4_k_m[2])
     want, gaps = greedy_with_gaps(Engine(loaded, EngineOptions(device="cpu", n_ctx=64)),
                                   PROMPT, 8)

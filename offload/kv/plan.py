@@ -85,8 +85,7 @@ def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
     if block_size < 1:
         raise ConfigError(f"KV block size must be at least 1, got {block_size}")
     block_bytes = round(2 * block_size * cfg.n_kv_heads * cfg.head_dim * value_bytes)  # K and V
-    needs = _layer_needs(cfg, n_ctx, block_size)
-    need = sum(needs)
+    need = blocks_for_one_sequence(cfg, n_ctx, block_size)
     device = need if device_budget is None else device_budget // block_bytes
     if device < need:
         raise ConfigError(
@@ -94,4 +93,5 @@ def plan_kv(cfg: ModelConfig, n_ctx: int, device_budget: int | None = None,
             f"it needs at least {format_size(need * block_bytes)} ({need} blocks of "
             f"{block_size} tokens); raise --kv-budget or lower --ctx-size")
     host = need if host_budget is None else host_budget // block_bytes
-    return KVPlan(block_size, block_bytes, device, host, need, share_blocks(needs, device))
+    return KVPlan(block_size, block_bytes, device, host, need,
+                  share_blocks(_layer_needs(cfg, n_ctx, block_size), device))
