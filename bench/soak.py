@@ -103,7 +103,8 @@ def _touch_pools(engine: Engine) -> None:
     (untouched host pages cost no RAM), so without this the first swaps into fresh blocks
     show up as growth of up to the pools' size, which is not a leak. Writing zeros into free
     blocks changes nothing the engine reads: only written slots are ever read."""
-    for pool in (engine.kv.device_pool, engine.kv.host_pool):
+    kv = engine.kv
+    for pool in filter(None, (kv.device_pool, kv.host_pool, kv.host_layer_pool)):
         for block, refs in enumerate(pool.allocator.refs):
             if refs == 0:
                 pool.k[block].zero_()
