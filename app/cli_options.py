@@ -16,14 +16,14 @@ from ember.offload.options.sampling import SamplingParams
 SAMPLING = SamplingParams()  # the defaults of the sampling flags
 
 
-def model_options(p: argparse.ArgumentParser) -> None:
+def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="MODEL",
                    help="GGUF file, Hugging Face folder, or a name `ember models` lists (an "
                         "Ollama name:tag, a Hugging Face org/repo, a catalog name such as "
                         "qwen2.5-coder-0.5b-instruct) (default: the embedded Gemma 3 270M)")
 
 
-def split_options(p: argparse.ArgumentParser) -> None:
+def add_split_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-budget", metavar="SIZE",
                    help="GPU-tier memory, e.g. 4GiB or 500MB: attention, KV and the hottest FFN "
                         "neurons go there, cold neurons run on CPU threads (default: no split)")
@@ -42,7 +42,7 @@ def split_options(p: argparse.ArgumentParser) -> None:
                         "format on the tier (on any device, the CPU too)")
 
 
-def gpu_option(p: argparse.ArgumentParser) -> None:
+def add_gpu_option(p: argparse.ArgumentParser) -> None:
     from ember.offload.hybrid.gpu_cards import CARDS  # a plain table: no torch behind it
 
     p.add_argument("--gpu", choices=tuple(CARDS), metavar="NAME",
@@ -51,8 +51,8 @@ def gpu_option(p: argparse.ArgumentParser) -> None:
                         "the table's first card with the budget's memory)")
 
 
-def engine_options(p: argparse.ArgumentParser) -> None:
-    model_options(p)
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
     p.add_argument("--device", default="auto", choices=choices.DEVICE_CHOICES,
                    help="where to run (default: auto = CUDA if present, else CPU)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: torch's choice)")
@@ -68,8 +68,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                    help="KV cache values: f16 (default) or q8_0 (blocks of 32 int8 and a "
                         "scale: 0.53x the memory and bytes read; perplexity cost in "
                         "docs/long-context.md)")
-    split_options(p)
-    gpu_option(p)
+    add_split_options(p)
+    add_gpu_option(p)
     p.add_argument("--profile", default="auto", metavar="PATH",
                    help="profile artifact from `ember profile` (default: auto = the one made for "
                         "this model, if any; 'none' runs without)")
@@ -105,7 +105,7 @@ def _removed_lm_head(value: str) -> str:
     return value
 
 
-def speculation_options(p: argparse.ArgumentParser) -> None:
+def add_speculation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculate", default="off", choices=choices.SPECULATE_CHOICES,
                    help="lossless speculative decoding: the model itself with a small vocabulary "
                         "head (self), n-grams from the context (lookup), --draft-model with "
@@ -119,14 +119,14 @@ def speculation_options(p: argparse.ArgumentParser) -> None:
                         "(default: a chain sized for the drafter; it adapts to acceptance)")
 
 
-def chat_format_option(p: argparse.ArgumentParser) -> None:
+def add_chat_format_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-format", default="auto", choices=CHAT_FORMATS,
                    help="how a conversation is written for the model: auto (the file's chat "
                         "template, else a plain User:/Assistant: transcript that base models "
                         "follow), template, transcript, or a family's instruction format")
 
 
-def sampling_options(p: argparse.ArgumentParser) -> None:
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=choices.DEFAULT_MAX_TOKENS, metavar="N")
     p.add_argument("--temperature", type=float, default=SAMPLING.temperature, metavar="T",
                    help="0 = greedy")
