@@ -491,6 +491,13 @@ def test_a_mixed_plan_keeps_each_layers_kv_where_its_attention_runs(tiny_q4_k_m,
         host = len(seq.tables) - len(on)
         assert kv.usage()["device_blocks_used"] == len(on) * blocks
         assert kv.usage()["host_layer_blocks_used"] == host * blocks
+        # the model's own contiguous cache keeps the same split, and computes the same
+        model = engine.model
+        cache = model.new_cache(32)
+        assert cache.k.dtype == torch.float16 and cache.host_k.dtype == torch.uint8
+        assert cache.k.shape[0] == len(on) and cache.host_k.shape[0] == host
+        contiguous = model.logits(model.hidden(torch.tensor(PROMPT), cache))[-1]
+        torch.testing.assert_close(contiguous, engine.runner.prefill("again", PROMPT))
     finally:
         engine.close()
         dense.close()
