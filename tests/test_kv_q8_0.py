@@ -94,3 +94,18 @@ def test_info_counts_the_q8_0_cache(capsys, tiny_q4_k_m):
                          "--kv-type", kv_type, "--json"]) == 0
         sizes[kv_type] = json.loads(capsys.readouterr().out)["memory"]["kv_cache_bytes"]
     assert sizes["q8_0"] * 64 == sizes["f16"] * 34
+
+
+@needs_native
+def test_the_kv_plan_is_sized_in_the_type_the_tier_pool_is_built_in():
+    """Under a GPU budget, tier layers' K/V are built in the tier's float16 on CUDA (its torch
+    attention reads no Q8_0) and in Q8_0 on a CPU tier (the C++ pass reads one pool for every
+    layer): the plan, and so the tier's charge, takes each at that width. No CUDA is asked."""
+    from ember.offload.runtime.engine_model import kv_value_bytes
+
+    tier = EngineOptions(kv_type="q8_0", gpu_budget=1 << 30)
+    assert kv_value_bytes(tier, torch.device("cuda")) == 2
+    assert kv_value_bytes(tier, torch.device("cpu")) == 34 / 32
+    assert kv_value_bytes(EngineOptions(kv_type="q8_0"), torch.device("cpu")) == 34 / 32
+    host = EngineOptions(kv_type="q8_0", gpu_budget=1 << 30, tier_attention="host")
+    assert kv_value_bytes(host, torch.device("cuda")) == 34 / 32  # attention stays on the host
