@@ -25,7 +25,8 @@ from starlette.routing import Route
 from ember.models.support.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
-from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
+from .errors import ApiError
+from .protocol import GenerationRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
 from .tools import CallStream, call_grammar, parse_tools, split_calls
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
@@ -89,9 +90,10 @@ class Api:
         if req.tools is None or not req.tools.forced:
             return
         if req.sampling.grammar is not None or req.ignore_eos:
+            other = req.constrained_by or "ignore_eos"
             raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
-                                "grammar: it cannot be combined with response_format or "
-                                "ignore_eos", param="tool_choice")
+                                f"grammar: it cannot be combined with {other}",
+                           param="tool_choice")
         tok = self.engine.tokenizer
         req.sampling = replace(req.sampling, grammar=call_grammar(
             req.tools, lambda marker: tok.id_of(marker) is not None))
@@ -105,8 +107,10 @@ class Api:
         try:  # a schema compiles off the event loop (a first one builds the vocabulary's view)
             await run_in_threadpool(self.engine.check_sampling, req.sampling)
         except EmberError as exc:
-            param = "logit_bias" if "logit_bias" in str(exc) else "response_format"
-            raise ApiError(400, str(exc), param=param) from None
+            if "logit_bias" in str(exc):
+                raise ApiError(400, str(exc), param="logit_bias") from None
+            field = req.constrained_by or "tool_choice"
+            raise ApiError(400, f"{field}: {exc}", param=field) from None
         prompt_ids = await run_in_threadpool(self._encode, req)
         room = self.engine.n_ctx - len(prompt_ids)
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()

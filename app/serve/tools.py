@@ -18,7 +18,7 @@ from typing import Callable
 
 from ember.offload.options.sampling import Grammar
 
-from .protocol import ApiError
+from .errors import ApiError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
