@@ -28,7 +28,8 @@ from ember.offload.decode.events import TokenEvent
 from .errors import ApiError
 from .protocol import GenerationRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
-from .tools import CallStream, call_grammar, parse_tools, split_calls
+from .call_stream import CallStream
+from .tools import call_grammar, parse_tools, split_calls
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
@@ -87,16 +88,20 @@ class Api:
                                 "template does not write tools in a call syntax Ember reads "
                                 "(<tool_call>{...}</tool_call>, as Qwen2.5's)",
                            param="tools", code="tools_not_supported")
-        if req.tools is None or not req.tools.forced:
+        if req.tools is None:
+            return
+        tok = self.engine.tokenizer
+        grammar = call_grammar(req.tools, lambda marker: tok.id_of(marker) is not None)
+        if not req.tools.forced:  # calls well-formed once begun, unless the reply has a grammar
+            if req.sampling.grammar is None and not req.ignore_eos:
+                req.sampling = replace(req.sampling, grammar=grammar)
             return
         if req.sampling.grammar is not None or req.ignore_eos:
             other = req.constrained_by or "ignore_eos"
             raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
                                 f"grammar: it cannot be combined with {other}",
                            param="tool_choice")
-        tok = self.engine.tokenizer
-        req.sampling = replace(req.sampling, grammar=call_grammar(
-            req.tools, lambda marker: tok.id_of(marker) is not None))
+        req.sampling = replace(req.sampling, grammar=grammar)
 
     async def completions(self, request: Request):
         return await self._generate(request,
@@ -109,7 +114,7 @@ class Api:
         except EmberError as exc:
             if "logit_bias" in str(exc):
                 raise ApiError(400, str(exc), param="logit_bias") from None
-            field = req.constrained_by or "tool_choice"
+            field = req.constrained_by or "tools"  # else the tools' call grammar
             raise ApiError(400, f"{field}: {exc}", param=field) from None
         prompt_ids = await run_in_threadpool(self._encode, req)
         room = self.engine.n_ctx - len(prompt_ids)
@@ -169,21 +174,23 @@ class Api:
                 if isinstance(item, TokenEvent):
                     if item.logprob is not None:
                         pending.append((item.token_id, item.logprob))
-                    text = item.text if calls is None else calls.push(item.text)
-                    if text:
-                        yield _event(reply.chunk(text, logprobs=self._logprobs(
-                            reply, pending, sent) if pending else None))
-                        pending, sent = [], sent + len(text)
+                    items = ([("content", item.text)] if calls is None
+                             else calls.push(item.text))
+                    for kind, *piece in items:
+                        if kind == "call":
+                            yield _event(reply.call_chunk(*piece))
+                        elif piece[0]:
+                            yield _event(reply.chunk(piece[0], logprobs=self._logprobs(
+                                reply, pending, sent) if pending else None))
+                            pending, sent = [], sent + len(piece[0])
                     continue
                 if isinstance(item, Finished):
                     finish = FINISH_REASONS[item.done.finish_reason]
                     if calls is not None:
-                        content, found = calls.finish()
-                        if content:
-                            yield _event(reply.chunk(content))
-                        for index, call in enumerate(found):
-                            yield _event(reply.call_chunk(index, call))
-                        finish = "tool_calls" if found else finish
+                        for kind, *rest in calls.finish():
+                            yield _event(reply.chunk(rest[0]) if kind == "content"
+                                         else reply.call_chunk(*rest))
+                        finish = "tool_calls" if calls.called else finish
                     yield _event(reply.chunk(finish=finish,
                                              logprobs=self._logprobs(reply, pending, sent)
                                              if pending else None))

@@ -34,6 +34,7 @@ class ToolRequest:
 
     tools: list[dict]
     choice: str
+    parallel: bool = True  # parallel_tool_calls: more than one call per reply
 
     @property
     def forced(self) -> bool:
@@ -56,8 +57,12 @@ def parse_tools(body: dict) -> ToolRequest | None:
     names = [_function_name(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
     if len(set(names)) != len(names):
         raise bad_request("tools name the same function twice", "tools")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    parallel = parallel is not False
     if choice is None or choice in ("auto", "required"):
-        return ToolRequest(tools, choice or "auto")
+        return ToolRequest(tools, choice or "auto", parallel)
     if choice == "none":
         return None
     name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
@@ -65,7 +70,7 @@ def parse_tools(body: dict) -> ToolRequest | None:
         raise bad_request('tool_choice must be "none", "auto", "required" or {"type": '
                           '"function", "function": {"name": NAME}} naming one of the tools',
                           "tool_choice")
-    return ToolRequest(tools, name)
+    return ToolRequest(tools, name, parallel)
 
 
 def bad_request(message: str, param: str) -> ApiError:
@@ -87,21 +92,34 @@ def _function_name(tool, where: str) -> str:
 
 
 def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Grammar:
-    """A Lark grammar admitting one call block to an allowed function, arguments valid under
-    its parameters. `is_token(text)`: the vocabulary has that marker as a token (named as
-    one in the grammar; else spelled)."""
+    """A Lark grammar for the reply. Forced ("required" or a name): one call block to an
+    allowed function. "auto": free text until the model opens a call block, then calls only
+    (with `parallel` off, one), each an allowed function with arguments valid under its
+    parameters; the text ends where a call begins (what `split_calls` reads as content).
+    `is_token(text)`: the vocabulary has that marker as a token (named as one in the
+    grammar, which free text can never contain; else spelled, and the free text ends lazily
+    at its first spelling)."""
     options = []
     for tool in request.tools:
         fn = tool["function"]
-        if request.choice in ("required", fn["name"]):
+        if request.choice in ("auto", "required", fn["name"]):
             options.append({"type": "object", "additionalProperties": False,
                             "required": ["name", "arguments"],
                             "properties": {"name": {"const": fn["name"]},
                                            "arguments": fn.get("parameters") or {"type": "object"}}})
     schema = {"anyOf": options, "x-guidance": _JSON_STYLE}
     open_, close = (m if is_token(m) else json.dumps(m) for m in (OPEN, CLOSE))
-    return Grammar("lark", f'start: {open_} "\\n" call "\\n" {close}\n'
-                           f"call: %json {json.dumps(schema)}\n")
+    rules = [f"call: {open_} body", f'body: "\\n" args "\\n" {close}',
+             f"args: %json {json.dumps(schema)}"]
+    if request.forced:
+        return Grammar("lark", "\n".join(["start: call", *rules]) + "\n")
+    more = ' ("\\n" call)*' if request.parallel else ""
+    if is_token(OPEN):
+        head = [f"start: TEXT | TEXT call{more}"]
+    else:  # the free text and the marker after it as one lexeme, ended at the marker
+        head = [f"start: TEXT | opening body{more}", f"opening[lazy]: TEXT {open_}"]
+    return Grammar("lark", "\n".join(["%llguidance {}", *head, *rules,
+                                      "TEXT: /(.|\\n)*/"]) + "\n")
 
 
 def split_calls(text: str, names: set[str] = frozenset()) -> tuple[str, list[dict]]:
@@ -141,43 +159,3 @@ def _call(block: str) -> dict | None:
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": data["name"], "arguments": json.dumps(arguments,
                                                                          ensure_ascii=False)}}
-
-
-class CallStream:
-    """A streamed reply with tools: text deltas pass as content until a call may begin; from
-    there the rest is held and read as calls when the reply ends. A reply that opens with
-    JSON or a code fence is held whole (it may be a bare call: `split_calls`)."""
-
-    def __init__(self, names: set[str] = frozenset()):
-        self._held, self._names = "", names
-        self._in_call = self._started = False
-
-    def push(self, delta: str) -> str:
-        """The part of `delta` that is content for sure."""
-        self._held += delta
-        if self._in_call:
-            return ""
-        if not self._started:
-            opening = self._held.lstrip()
-            if opening.startswith(("{", "```")):  # perhaps a bare call: told at the end
-                self._in_call = True
-                return ""
-            if not opening or "```".startswith(opening):  # too early to tell
-                return ""
-            self._started = True
-        text = self._held
-        at = text.find(OPEN)
-        if at >= 0:
-            self._in_call, self._held = True, text[at:]
-            return text[:at]
-        keep = next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1)
-                     if OPEN.startswith(text[-n:])), 0)  # perhaps the start of a marker
-        self._held = text[len(text) - keep:]
-        return text[:len(text) - keep]
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """(content still held, the calls)."""
-        content, calls = split_calls(self._held, self._names)
-        if not calls:
-            return self._held, []
-        return content, calls
