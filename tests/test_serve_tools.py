@@ -78,9 +78,9 @@ def client(engine):
     worker.close()
 
 
-def _valid(call: dict, tools=TOOLS) -> None:
+def _valid(call: dict, tools=TOOLS, id_prefix: str = "call_") -> None:
     fn = {t["function"]["name"]: t["function"] for t in tools}[call["function"]["name"]]
-    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["type"] == "function" and call["id"].startswith(id_prefix)
     jsonschema.validate(json.loads(call["function"]["arguments"]), fn["parameters"])
 
 
@@ -115,7 +115,7 @@ def merged_calls(deltas: list[dict]) -> list[dict]:
     for delta in deltas:
         for piece in delta.get("tool_calls", ()):
             if piece["index"] == len(calls):
-                assert piece["id"].startswith("call_") and piece["type"] == "function"
+                assert piece["id"] and piece["type"] == "function"
                 calls.append({"id": piece["id"], "function": dict(piece["function"])})
             else:
                 assert piece["index"] == len(calls) - 1 and set(piece) == {"index", "function"}

@@ -17,7 +17,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from ember.app.serve.server import create_app  # noqa: E402
+from ember.app.serve.server import create_app, token_ref  # noqa: E402
 from ember.app.serve.tools import ToolRequest, call_grammar  # noqa: E402
 from ember.app.serve.worker import EngineWorker  # noqa: E402
 from ember.models.chat_format import ChatMessage  # noqa: E402
@@ -73,7 +73,7 @@ def test_a_call_begun_under_auto_is_valid_and_streams_in_fragments(client, engin
 def _auto(engine, sampling: dict, bias: bool, grammar: bool = True):  # noqa: F811
     tok = engine.tokenizer
     prompt = engine.encode_chat([ChatMessage("user", "weather in Paris?")], tools=TOOLS)
-    lazy = call_grammar(ToolRequest(TOOLS, "auto"), lambda m: tok.id_of(m) is not None)
+    lazy = call_grammar(ToolRequest(TOOLS, "auto"), lambda m: token_ref(tok, m))
     params = SamplingParams(**sampling, grammar=lazy if grammar else None,
                             logit_bias=((tok.id_of("<tool_call>"), 100.0),) if bias else ())
     return engine.generate(prompt, sampling=params, max_tokens=60)

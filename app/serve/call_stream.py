@@ -1,7 +1,8 @@
 """A streamed reply that may call tools, cut into OpenAI's deltas as it is generated.
 
 Text streams as content until a call block opens (`<tool_call>`); a reply that opens with JSON
-or a code fence is held whole (it may be a bare call: `tools.split_calls`). Each call block
+or a code fence is held whole (it may be a bare call: `tools.split_calls`). In Llama 3's and
+Mistral's syntaxes (call_syntax.py) calls are held and arrive whole. Each Hermes call block
 streams as OpenAI streams calls: a first delta with the call's id and function name once the
 model has written the name, then the arguments' JSON text in fragments as it is generated.
 Text after the first call is not content (as in `split_calls`); a block that is not a call is
@@ -12,18 +13,25 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
+from .call_syntax import PYTHON_TAG, TOOL_CALLS, call_id
 from .tools import CLOSE, OPEN, split_calls
 
+# style -> (what a reply held whole opens with, what ends the content in a reply's text)
+_OPENERS = {"hermes": (("{", "```"), (OPEN,)),
+            "llama3": (("{", "```", PYTHON_TAG), ()),
+            "mistral": (("[", "{", "```", TOOL_CALLS), (TOOL_CALLS, '[{"name"'))}
 # A call block's JSON up to its arguments' value: {"name": "NAME", "arguments": (as a
 # grammar makes the model write it; other spellings are read whole at the block's end)
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
 class CallStream:
-    def __init__(self, names: set[str] = frozenset()):
-        self._names = names
+    def __init__(self, names: set[str] = frozenset(), style: str = "hermes"):
+        """`names`: the offered functions; `style`: the template's call syntax (Hermes
+        blocks stream call by call; Llama 3's and Mistral's calls arrive whole at the end)."""
+        self._names, self._style = names, style
+        self._bare, self._markers = _OPENERS[style]
         self._held = ""  # text not handed out yet
         self._mode = "start"  # then "text", "bare" (held to the end) or "calls"
         self._calls = 0  # calls begun
@@ -42,13 +50,13 @@ class CallStream:
             self._call_text += delta
         if self._mode == "start":
             opening = self._held.lstrip()
-            if opening.startswith(("{", "```")):  # perhaps a bare call: told at the end
+            if opening.startswith(self._bare):  # perhaps a bare call: told at the end
                 self._mode = "bare"
-            elif opening and not "```".startswith(opening):
+            elif opening and not any(m.startswith(opening) for m in self._bare):
                 self._mode = "text"
         if self._mode == "text":
             return self._text()
-        if self._mode == "calls":
+        if self._mode == "calls" and self._style == "hermes":
             return self._blocks()
         return []
 
@@ -57,23 +65,28 @@ class CallStream:
         if self._mode in ("start", "text"):
             return [("content", self._held)] if self._held else []
         if self._mode == "bare":
-            content, calls = split_calls(self._held, self._names)
+            content, calls = split_calls(self._held, self._names, self._style)
             if not calls:
                 return [("content", self._held)]
-            return self._whole(calls)
+            return ([("content", content)] if content else []) + self._whole(calls)
+        if self._style != "hermes":  # calls held to the end
+            content, calls = split_calls(self._call_text, self._names, self._style)
+            if calls:
+                return ([("content", content)] if content else []) + self._whole(calls)
         if not self.called:  # no block parsed as a call: it was text
             return [("content", self._call_text)] if self._call_text else []
         return []
 
     def _text(self) -> list[tuple]:
         text = self._held
-        at = text.find(OPEN)
+        at = min((i for i in map(text.find, self._markers) if i >= 0), default=-1)
         if at >= 0:
             self._mode, self._held, self._call_text = "calls", text[at:], text[at:]
             items = [("content", text[:at])] if text[:at] else []
-            return items + self._blocks()
-        keep = next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1)
-                     if OPEN.startswith(text[-n:])), 0)  # perhaps the start of a marker
+            return items + (self._blocks() if self._style == "hermes" else [])
+        longest = max(map(len, self._markers), default=1)
+        keep = next((n for n in range(min(longest - 1, len(text)), 0, -1)
+                     if any(m.startswith(text[-n:]) for m in self._markers)), 0)
         self._held = text[len(text) - keep:]
         return [("content", text[:len(text) - keep])] if len(text) > keep else []
 
@@ -113,7 +126,7 @@ class CallStream:
 
     def _begin(self, name: str) -> tuple:
         self._calls += 1
-        return ("call", self._calls - 1, {"id": f"call_{uuid.uuid4().hex[:24]}",
+        return ("call", self._calls - 1, {"id": call_id(self._style),
                                           "type": "function",
                                           "function": {"name": name, "arguments": ""}})
 

@@ -86,12 +86,14 @@ class Api:
         if (req.tools is not None or history) and self.engine.tool_style is None:
             raise ApiError(400, f"The model {self.model_id!r} has no tool support: its chat "
                                 "template does not write tools in a call syntax Ember reads "
-                                "(<tool_call>{...}</tool_call>, as Qwen2.5's)",
+                                "(Hermes <tool_call> blocks as Qwen2.5's, Llama 3.1's JSON "
+                                "or Mistral's [TOOL_CALLS])",
                            param="tools", code="tools_not_supported")
         if req.tools is None:
             return
         tok = self.engine.tokenizer
-        grammar = call_grammar(req.tools, lambda marker: tok.id_of(marker) is not None)
+        grammar = call_grammar(req.tools, lambda marker: token_ref(tok, marker),
+                               self.engine.tool_style)
         if not req.tools.forced:  # calls well-formed once begun, unless the reply has a grammar
             if req.sampling.grammar is None and not req.ignore_eos:
                 req.sampling = replace(req.sampling, grammar=grammar)
@@ -134,7 +136,8 @@ class Api:
             raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
         reply = Reply(req.kind, self.model_id)
         if req.stream:
-            calls = CallStream(req.tools.names) if req.tools is not None else None
+            calls = (CallStream(req.tools.names, self.engine.tool_style)
+                     if req.tools is not None else None)
             return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage,
                                                calls),
                                      media_type="text/event-stream",
@@ -152,7 +155,8 @@ class Api:
                     logprobs.append((item.token_id, item.logprob))
                 if isinstance(item, Finished):
                     wanted = req.sampling.logprobs is not None
-                    calls = (split_calls(item.done.text, req.tools.names)
+                    calls = (split_calls(item.done.text, req.tools.names,
+                                         self.engine.tool_style)
                              if req.tools is not None else None)
                     return JSONResponse(reply.whole(item, self._logprobs(reply, logprobs)
                                                     if wanted else None, calls))
@@ -320,6 +324,12 @@ async def _watch_disconnect(request: Request, job: Job, inbox: asyncio.Queue) ->
         pass
     job.cancel.set()
     inbox.put_nowait(_GONE)
+
+
+def token_ref(tokenizer, marker: str) -> str | None:
+    """How a grammar names `marker`'s token (llguidance's `<[id]>`); None if it has none."""
+    token = tokenizer.id_of(marker)
+    return None if token is None else f"<[{token}]>"
 
 
 def _event(payload: dict) -> str:

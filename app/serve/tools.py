@@ -1,9 +1,9 @@
 """OpenAI tool calling over a model's own chat template.
 
 The request's `tools` go to the template (which writes them as the model was trained to see
-them); the reply is read back in the template's call syntax. Ember reads the Hermes syntax
-Qwen2.5 uses: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per
-call. `tool_choice` "required" or a named function forces a call: a Lark grammar (llguidance)
+them); the reply is read back in the template's call syntax: here the Hermes syntax
+Qwen2.5 uses, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per
+call; Llama 3's and Mistral's in call_syntax.py. `tool_choice` "required" or a named function forces a call: a Lark grammar (llguidance)
 admits only a call block whose JSON names an allowed function with arguments valid under its
 `parameters` schema.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Callable
 
 from ember.offload.options.sampling import Grammar
 
+from .call_syntax import call_id, read_calls, syntax_grammar
 from .errors import ApiError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -91,14 +91,20 @@ def _function_name(tool, where: str) -> str:
     return fn["name"]
 
 
-def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Grammar:
+def call_grammar(request: ToolRequest, token_ref: Callable[[str], str | None],
+                 style: str = "hermes") -> Grammar:
     """A Lark grammar for the reply. Forced ("required" or a name): one call block to an
     allowed function. "auto": free text until the model opens a call block, then calls only
     (with `parallel` off, one), each an allowed function with arguments valid under its
     parameters; the text ends where a call begins (what `split_calls` reads as content).
-    `is_token(text)`: the vocabulary has that marker as a token (named as one in the
-    grammar, which free text can never contain; else spelled, and the free text ends lazily
-    at its first spelling)."""
+    `token_ref(text)`: how the grammar names that marker's token (`<[id]>`), None when the
+    vocabulary has none (then it is spelled, and the free text ends lazily at its first
+    spelling); free text never contains a token the grammar names."""
+    if style != "hermes":  # Llama 3's or Mistral's syntax
+        functions = [t["function"] for t in request.tools
+                     if request.choice in ("auto", "required", t["function"]["name"])]
+        return Grammar("lark", syntax_grammar(style, functions, request.forced,
+                                              request.parallel, token_ref, _JSON_STYLE))
     options = []
     for tool in request.tools:
         fn = tool["function"]
@@ -108,13 +114,13 @@ def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Gramm
                             "properties": {"name": {"const": fn["name"]},
                                            "arguments": fn.get("parameters") or {"type": "object"}}})
     schema = {"anyOf": options, "x-guidance": _JSON_STYLE}
-    open_, close = (m if is_token(m) else json.dumps(m) for m in (OPEN, CLOSE))
+    open_, close = (token_ref(m) or json.dumps(m) for m in (OPEN, CLOSE))
     rules = [f"call: {open_} body", f'body: "\\n" args "\\n" {close}',
              f"args: %json {json.dumps(schema)}"]
     if request.forced:
         return Grammar("lark", "\n".join(["start: call", *rules]) + "\n")
     more = ' ("\\n" call)*' if request.parallel else ""
-    if is_token(OPEN):
+    if token_ref(OPEN):
         head = [f"start: TEXT | TEXT call{more}"]
     else:  # the free text and the marker after it as one lexeme, ended at the marker
         head = [f"start: TEXT | opening body{more}", f"opening[lazy]: TEXT {open_}"]
@@ -122,13 +128,16 @@ def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Gramm
                                       "TEXT: /(.|\\n)*/"]) + "\n")
 
 
-def split_calls(text: str, names: set[str] = frozenset()) -> tuple[str, list[dict]]:
+def split_calls(text: str, names: set[str] = frozenset(),
+                style: str = "hermes") -> tuple[str, list[dict]]:
     """The reply's text before its first call, and its calls as OpenAI `tool_calls`; a block
     whose JSON is not {"name", "arguments"} is left as text.
 
     Without call blocks, a reply that is nothing but such JSON (bare or in a ```json fence)
     naming one of `names` is a call too: Qwen2.5-Coder writes its calls that way, though its
-    template asks for the tags."""
+    template asks for the tags. Another `style`: call_syntax.read_calls."""
+    if style != "hermes":
+        return read_calls(style, text, names)
     calls, first = [], None
     for m in _BLOCK.finditer(text):
         call = _call(m.group(1))
@@ -156,6 +165,6 @@ def _call(block: str) -> dict | None:
     if not (isinstance(data, dict) and isinstance(data.get("name"), str)):
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call_id("hermes"), "type": "function",
             "function": {"name": data["name"], "arguments": json.dumps(arguments,
                                                                          ensure_ascii=False)}}
