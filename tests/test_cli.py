@@ -222,5 +222,6 @@ def test_bench_context_reports_each_length_and_the_attention_against_its_bounds(
         assert report["ember"][n]["prefill"]["median"] > 0
         attention = report["ember"][n]["decode_attention"]
         assert attention["kv_bytes_per_token"] > 0 and attention["over_bound"] > 0
+        assert attention["ms_per_token"] > 0 and attention["in_cache_ms_per_token"] > 0
     assert report["ember_decode_over_its_own_at_shortest"]["20"] == 1.0
     assert "llama.cpp" not in report
