@@ -17,8 +17,8 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from ember.app.serve.server import create_app, token_ref  # noqa: E402
-from ember.app.serve.tools import ToolRequest, call_grammar  # noqa: E402
+from ember.app.serve.server import create_app  # noqa: E402
+from ember.app.serve.tools import ToolRequest, call_grammar, token_ref  # noqa: E402
 from ember.app.serve.worker import EngineWorker  # noqa: E402
 from ember.models.chat_format import ChatMessage  # noqa: E402
 from ember.models.loader import load_model  # noqa: E402

@@ -13,7 +13,6 @@ import asyncio
 import hmac
 import json
 import logging
-from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -25,11 +24,11 @@ from starlette.routing import Route
 from ember.models.support.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
+from .call_stream import CallStream
 from .errors import ApiError
 from .protocol import GenerationRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
-from .call_stream import CallStream
-from .tools import call_grammar, parse_tools, split_calls
+from .tools import apply_tools, parse_tools, split_calls
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
@@ -69,7 +68,7 @@ class Api:
         body = await _json(request)
         req = parse_chat(body, self.model_id)
         req.tools = parse_tools(body)
-        self._check_tools(req)
+        apply_tools(req, self.engine.tool_style, self.engine.tokenizer, self.model_id)
         return await self._generate(request, req)
 
     async def embeddings(self, request: Request):
@@ -78,32 +77,6 @@ class Api:
                             "computing them would occupy its one engine. Run an embedding "
                             "model elsewhere for /v1/embeddings.", param="model",
                        code="embeddings_not_supported")
-
-    def _check_tools(self, req: GenerationRequest) -> None:
-        """Tools need a template that writes them and a call syntax Ember reads; a forced
-        call becomes the request's grammar."""
-        history = any(m.role == "tool" or m.tool_calls for m in req.messages)
-        if (req.tools is not None or history) and self.engine.tool_style is None:
-            raise ApiError(400, f"The model {self.model_id!r} has no tool support: its chat "
-                                "template does not write tools in a call syntax Ember reads "
-                                "(Hermes <tool_call> blocks as Qwen2.5's, Llama 3.1's JSON "
-                                "or Mistral's [TOOL_CALLS])",
-                           param="tools", code="tools_not_supported")
-        if req.tools is None:
-            return
-        tok = self.engine.tokenizer
-        grammar = call_grammar(req.tools, lambda marker: token_ref(tok, marker),
-                               self.engine.tool_style)
-        if not req.tools.forced:  # calls well-formed once begun, unless the reply has a grammar
-            if req.sampling.grammar is None and not req.ignore_eos:
-                req.sampling = replace(req.sampling, grammar=grammar)
-            return
-        if req.sampling.grammar is not None or req.ignore_eos:
-            other = req.constrained_by or "ignore_eos"
-            raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
-                                f"grammar: it cannot be combined with {other}",
-                           param="tool_choice")
-        req.sampling = replace(req.sampling, grammar=grammar)
 
     async def completions(self, request: Request):
         return await self._generate(request,
@@ -324,12 +297,6 @@ async def _watch_disconnect(request: Request, job: Job, inbox: asyncio.Queue) ->
         pass
     job.cancel.set()
     inbox.put_nowait(_GONE)
-
-
-def token_ref(tokenizer, marker: str) -> str | None:
-    """How a grammar names `marker`'s token (llguidance's `<[id]>`); None if it has none."""
-    token = tokenizer.id_of(marker)
-    return None if token is None else f"<[{token}]>"
 
 
 def _event(payload: dict) -> str:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ember.offload.options.sampling import Grammar
 
 from .call_syntax import call_id, read_calls, syntax_grammar
 from .errors import ApiError
+from .protocol import GenerationRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -71,6 +72,38 @@ def parse_tools(body: dict) -> ToolRequest | None:
                           '"function", "function": {"name": NAME}} naming one of the tools',
                           "tool_choice")
     return ToolRequest(tools, name, parallel)
+
+
+def apply_tools(req: GenerationRequest, style: str | None, tokenizer, model_id: str) -> None:
+    """Check `req`'s tools against the model (`style`: its template's call syntax, None
+    without tool support) and give it the call grammar: forced, or lazy under "auto"
+    unless the request constrains the reply itself."""
+    history = any(m.role == "tool" or m.tool_calls for m in req.messages)
+    if (req.tools is not None or history) and style is None:
+        raise ApiError(400, f"The model {model_id!r} has no tool support: its chat "
+                            "template does not write tools in a call syntax Ember reads "
+                            "(Hermes <tool_call> blocks as Qwen2.5's, Llama 3.1's JSON "
+                            "or Mistral's [TOOL_CALLS])",
+                       param="tools", code="tools_not_supported")
+    if req.tools is None:
+        return
+    grammar = call_grammar(req.tools, lambda marker: token_ref(tokenizer, marker), style)
+    if not req.tools.forced:  # calls well-formed once begun, unless the reply has a grammar
+        if req.sampling.grammar is None and not req.ignore_eos:
+            req.sampling = replace(req.sampling, grammar=grammar)
+        return
+    if req.sampling.grammar is not None or req.ignore_eos:
+        other = req.constrained_by or "ignore_eos"
+        raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
+                            f"grammar: it cannot be combined with {other}",
+                       param="tool_choice")
+    req.sampling = replace(req.sampling, grammar=grammar)
+
+
+def token_ref(tokenizer, marker: str) -> str | None:
+    """How a grammar names `marker`'s token (llguidance's `<[id]>`); None if it has none."""
+    token = tokenizer.id_of(marker)
+    return None if token is None else f"<[{token}]>"
 
 
 def bad_request(message: str, param: str) -> ApiError:
