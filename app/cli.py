@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--grammar", metavar="FILE",
                        help="constrain the reply to this grammar: Lark in llguidance's dialect "
                             "(GBNF when the file ends in .gbnf)")
+    shape.add_argument("--regex", metavar="REGEX",
+                       help="constrain the reply to text this regular expression matches")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.set_defaults(handler="generate")

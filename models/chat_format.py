@@ -20,6 +20,7 @@ where the template trimmed the sentinel's whitespace padding.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -162,10 +163,23 @@ def _strip_bos(text: str, bos_text: str, bos_added: bool) -> str:
     return text
 
 
+# A conversation with one call and its result, rendered to see how the template writes calls
+# (a 9-character id: Mistral's templates refuse others).
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_fn", "description": "d",
+                                                "parameters": {"type": "object"}}}
+_PROBE = [ChatMessage("user", "q"), ChatMessage("assistant", "", tool_calls=(
+    {"id": "a1b2c3d4e", "type": "function",
+     "function": {"name": "probe_fn", "arguments": {"probe_arg": 1}}},)),
+    ChatMessage("tool", "r", tool_call_id="a1b2c3d4e"), ChatMessage("user", "q2")]
+
+
+@functools.lru_cache(maxsize=8)
 def template_tool_style(template: str | None) -> str | None:
-    """The tool-call syntax a chat template writes and Ember reads back: "hermes" (Qwen2.5,
-    Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>) for a template that
-    renders `tools` and that syntax; None otherwise."""
+    """The tool-call syntax a chat template writes, told by how it renders a call, for a
+    template that renders `tools`: "hermes" (Qwen2.5, Hermes: <tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>), "mistral" ([TOOL_CALLS] [{"name": ..., "arguments":
+    {...}}]) or "llama3" (Llama 3.1+: the reply is {"name": ..., "parameters": {...}});
+    None otherwise."""
     if not template:
         return None
     from jinja2 import TemplateSyntaxError, meta
@@ -174,7 +188,20 @@ def template_tool_style(template: str | None) -> str | None:
         names = meta.find_undeclared_variables(_template_env().parse(template))
     except TemplateSyntaxError:
         return None
-    return "hermes" if "tools" in names and "<tool_call>" in template else None
+    if "tools" not in names:
+        return None
+    try:
+        text = _render_template(template, _PROBE, "", "", [_PROBE_TOOL])
+    except ModelFormatError:  # a template that refuses this conversation's shape
+        return None
+    text = text.replace("\ue002", "").replace("\ue003", "")
+    if "<tool_call>" in text:
+        return "hermes"
+    if "[TOOL_CALLS]" in text:
+        return "mistral"
+    if re.search(r'\{"name": "probe_fn", "parameters": \{"probe_arg": 1\}\}', text):
+        return "llama3"
+    return None
 
 
 def _message_dict(m: ChatMessage) -> dict:

@@ -97,7 +97,7 @@ def test_the_reference_matches_float64(kind, softcap):
                                                    (14, 2, 64, None), (3, 1, 48, None)])
 def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_and_path(
         path_and_threads, kind, n_heads, n_kv, hd, window):
-    """Row at position p: decoded alone (one or two threads: the context split across them),
+    """Row at position p: decoded alone (one to three threads: the context split across them),
     as one row of a prompt chunk, and as a tree row reading the same keys from other pool
     rows beside rows whose keys differ; every CPU path gives the same bits too."""
     if kind == "q8_0" and hd % 32:
@@ -111,7 +111,7 @@ def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_
     results = []
     for path in PATHS:
         bm.set_cpu_path(path)
-        for threads in (1, 2):
+        for threads in (1, 2, 3):  # 3: a decoded row's context in uneven parts
             torch.set_num_threads(threads)
             chunk = attention.attend(q, k_pool, v_pool, slots, positions, scale)
             for t in (0, 17, T - 1):

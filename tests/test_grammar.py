@@ -6,6 +6,7 @@ cannot compile is a ConfigError; `ember generate --json-schema / --grammar`."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -115,6 +116,14 @@ def test_generate_json_schema_and_grammar_files(chatml, tmp_path, capsys):
     jsonschema.validate(json.loads(json.loads(capsys.readouterr().out)["text"]), SCHEMA)
     assert main(["generate", "x", "--grammar", str(grammar), *common]) == 0
     assert json.loads(capsys.readouterr().out)["text"] in ("yes!", "no!")
+    gbnf = tmp_path / "answer.gbnf"
+    gbnf.write_text('root ::= ("yes" | "no") "."\n')
+    assert main(["generate", "x", "--grammar", str(gbnf), *common]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] in ("yes.", "no.")
+    assert main(["generate", "x", "--regex", "[0-9]{3}-[0-9]{4}", *common]) == 0
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", json.loads(capsys.readouterr().out)["text"])
+    assert main(["generate", "x", "--regex", "[0-9", *common]) == 2
+    assert "regex cannot be compiled" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text('{"type": 3}')
     assert main(["generate", "x", "--json-schema", str(bad), *common]) == 2

@@ -1,7 +1,8 @@
 """Request fuzzing for `ember serve`'s agent fields: tools, tool_choice, tool messages,
-response_format, logit_bias, logprobs, penalties and n, with JSON of any shape in each, on the
-tiny tool-calling model. Every answer is a 200 or a 4xx in OpenAI's shape, never a 500, and the
-server keeps answering."""
+response_format and the raw constraint fields (grammar, json_schema, guided_*), logit_bias,
+logprobs, penalties and n, with JSON of any shape in each, on the tiny tool-calling model.
+Every answer is a 200 or a 4xx in OpenAI's shape, never a 500, and the server keeps
+answering."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ FIELDS = {
     | st.builds(lambda schema: {"type": "json_schema", "json_schema": {"name": "s",
                                                                         "schema": schema}},
                 ANY) | ANY,
+    # the raw constraint fields of llama.cpp's and vLLM's servers (constraints.py)
+    "grammar": st.sampled_from(['root ::= "a" [0-9]', 'start: "b"', "root ::= (", ""]) | ANY,
+    "json_schema": near({"type": "object"}) | ANY,
+    "guided_json": near('{"type": "string"}') | near({"enum": [1, 2]}) | ANY,
+    "guided_regex": st.sampled_from(["[a-c]+", "(", "\\d{2}", ""]) | st.text(max_size=8) | ANY,
+    "guided_choice": st.lists(st.text(max_size=5), max_size=3) | ANY,
+    "guided_grammar": st.sampled_from(['start: /[xy]+/', "start: (", 'root ::= "z"']) | ANY,
     "logit_bias": st.dictionaries(st.sampled_from(["1", "5", "-1", "x", "99999999"]),
                                   SCALARS, max_size=3) | ANY,
     "logprobs": st.booleans() | st.integers(-2, 30) | ANY,

@@ -16,7 +16,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from starlette.testclient import TestClient  # noqa: E402
 
 from ember.app.serve.server import create_app  # noqa: E402
-from ember.app.serve.tools import CallStream, split_calls  # noqa: E402
+from ember.app.serve.call_stream import CallStream  # noqa: E402
+from ember.app.serve.tools import split_calls  # noqa: E402
 from ember.app.serve.worker import EngineWorker  # noqa: E402
 from ember.models.testing import synthetic  # noqa: E402
 from ember.models.chat_format import ChatMessage  # noqa: E402
@@ -77,9 +78,9 @@ def client(engine):
     worker.close()
 
 
-def _valid(call: dict, tools=TOOLS) -> None:
+def _valid(call: dict, tools=TOOLS, id_prefix: str = "call_") -> None:
     fn = {t["function"]["name"]: t["function"] for t in tools}[call["function"]["name"]]
-    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["type"] == "function" and call["id"].startswith(id_prefix)
     jsonschema.validate(json.loads(call["function"]["arguments"]), fn["parameters"])
 
 
@@ -99,10 +100,27 @@ def test_a_forced_call_is_valid_whole_and_streamed(client, choice, sampling):
     r = client.post("/v1/chat/completions", json={**body, "stream": True})
     events = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")]
     deltas = [c["choices"][0]["delta"] for c in events]
-    streamed = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
-    assert [(c["index"], c["function"]) for c in streamed] == [(0, call["function"])]
+    [streamed] = merged_calls(deltas)
+    assert streamed["function"]["name"] == call["function"]["name"]
+    assert json.loads(streamed["function"]["arguments"]) == json.loads(
+        call["function"]["arguments"])
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert not "".join(d.get("content") or "" for d in deltas).strip()
+
+
+def merged_calls(deltas: list[dict]) -> list[dict]:
+    """Streamed tool-call deltas put together as OpenAI's clients do: the first of an index
+    brings its id, type and name, the rest append to its arguments."""
+    calls: list[dict] = []
+    for delta in deltas:
+        for piece in delta.get("tool_calls", ()):
+            if piece["index"] == len(calls):
+                assert piece["id"] and piece["type"] == "function"
+                calls.append({"id": piece["id"], "function": dict(piece["function"])})
+            else:
+                assert piece["index"] == len(calls) - 1 and set(piece) == {"index", "function"}
+                calls[-1]["function"]["arguments"] += piece["function"]["arguments"]
+    return calls
 
 
 def test_a_follow_up_turn_renders_the_tool_result_as_text(client, engine):
@@ -152,16 +170,35 @@ def test_split_calls_reads_hermes_blocks():
         "no calls <tool_call>not json</tool_call>", [])
 
 
+def _pushed(stream, pieces) -> list[tuple]:
+    return [item for piece in pieces for item in stream.push(piece)]
+
+
+def _content(items) -> str:
+    return "".join(item[1] for item in items if item[0] == "content")
+
+
 def test_call_stream_holds_back_only_what_may_be_a_call():
     stream = CallStream()
-    pieces = ["Hello <", "tool", "x> and <tool_", "call>\n{\"name\": \"f\", ",
-              "\"arguments\": {}}\n</tool_call>"]
-    out = "".join(stream.push(p) for p in pieces)
-    assert out == "Hello <toolx> and "
-    content, calls = stream.finish()
-    assert content == "" and calls[0]["function"]["name"] == "f"
+    items = _pushed(stream, ["Hello <", "tool", "x> and <tool_", "call>\n{\"name\": \"f\", ",
+                             "\"arguments\": {\"a\"", ": [1, \"}\"]}}\n</tool_call>"])
+    assert _content(items) == "Hello <toolx> and "
+    calls = [item for item in items if item[0] == "call"]
+    assert calls[0][1:] == (0, {"id": calls[0][2]["id"], "type": "function",
+                                "function": {"name": "f", "arguments": ""}})
+    # the arguments as they came, up to the end of their object (a "}" in a string is text)
+    assert [c[2] for c in calls[1:]] == [{"function": {"arguments": '{"a"'}},
+                                         {"function": {"arguments": ': [1, "}"]}'}}]
+    assert stream.finish() == [] and stream.called
     plain = CallStream()
-    assert plain.push("a <tool_c") == "a " and plain.finish() == ("<tool_c", [])
+    assert _content(plain.push("a <tool_c")) == "a " and plain.finish() == [("content", "<tool_c")]
+    odd = CallStream()  # a block written another way is read whole when it closes
+    items = _pushed(odd, ["x<tool_call>{\"arguments\": {}, ", "\"name\": \"g\"}</tool_call>"])
+    assert items[0] == ("content", "x") and items[1][2]["function"] == {"name": "g",
+                                                                          "arguments": "{}"}
+    broken = CallStream()
+    assert _pushed(broken, ["<tool_call>not json</tool_call>"]) == []
+    assert broken.finish() == [("content", "<tool_call>not json</tool_call>")]
 
 
 def test_a_bare_json_call_naming_a_tool_is_a_call():
@@ -172,11 +209,10 @@ def test_a_bare_json_call_naming_a_tool_is_a_call():
     assert split_calls(fenced, {"g"}) == (fenced, [])  # not a tool it was given
     assert split_calls('{"name": "f", "arguments": {}} and more', {"f"})[1] == []
     stream = CallStream({"f"})
-    assert "".join(stream.push(p) for p in ["``", "`json\n{", '"name": "f", "arguments": {}}',
-                                            "\n```"]) == ""
-    assert stream.finish()[1][0]["function"]["name"] == "f"
+    assert _pushed(stream, ["``", "`json\n{", '"name": "f", "arguments": {}}', "\n```"]) == []
+    assert stream.finish()[0][2]["function"]["name"] == "f"
     code = CallStream({"f"})
-    assert code.push("```py") == "" and code.push("\nx = 1\n```") == ""
-    assert code.finish() == ("```py\nx = 1\n```", [])
+    assert code.push("```py") == [] and code.push("\nx = 1\n```") == []
+    assert code.finish() == [("content", "```py\nx = 1\n```")]
     prose = CallStream({"f"})
-    assert prose.push("  ") == "" and prose.push("Hi {x}") == "  Hi {x}"
+    assert prose.push("  ") == [] and prose.push("Hi {x}") == [("content", "  Hi {x}")]

@@ -131,11 +131,14 @@ def _print_hybrid(hybrid: dict) -> None:
 
 
 def _grammar(args):
-    """The --json-schema or --grammar file as a Grammar (None without either)."""
+    """The --json-schema or --grammar file, or the --regex, as a Grammar (None without one);
+    llguidance compiles it (a GBNF file, one ending in .gbnf, through its own converter)."""
     from pathlib import Path
 
     from ember.offload.options.sampling import Grammar
 
+    if args.regex is not None:
+        return Grammar("regex", args.regex)
     path = args.json_schema or args.grammar
     if path is None:
         return None
@@ -145,11 +148,4 @@ def _grammar(args):
         raise EmberError(f"cannot read {path}: {exc}") from None
     if args.json_schema:
         return Grammar("json_schema", text)
-    if path.endswith(".gbnf"):
-        from llguidance import gbnf_to_lark
-
-        try:
-            text = gbnf_to_lark(text)
-        except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
-            raise EmberError(f"{path}: not a GBNF grammar llguidance reads ({exc})") from None
-    return Grammar("lark", text)
+    return Grammar("gbnf" if path.endswith(".gbnf") else "lark", text)

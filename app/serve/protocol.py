@@ -3,7 +3,8 @@
 Every field Ember does not implement is answered with a 400 naming it, never ignored: a client
 asking for n=3 or for audio must learn that it will not get them. Fields that only label a
 request (`user`, `metadata`, `store`) are accepted and unused. A few llama.cpp-server fields
-are accepted as extensions (top_k, min_p, repeat_penalty, ignore_eos).
+are accepted as extensions (top_k, min_p, repeat_penalty, ignore_eos), and the constraint
+fields of llama.cpp's and vLLM's servers (constraints.py).
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from ember.models.chat_format import ChatMessage
 from ember.models.support.errors import ConfigError
 from ember.offload.options.sampling import MAX_TOP_LOGPROBS, Grammar, SamplingParams
 
+from .constraints import FIELDS as CONSTRAINT_FIELDS, constraint
+from .errors import ApiError
+
 # Sampling defaults are Ember's own (llama.cpp's): top_k 40 and min_p 0.05 stay on unless
 # the request turns them off, whatever temperature it sets.
 _SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",
              "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "stop", "ignore_eos",
-           "user", "metadata", "store", "response_format", *_SAMPLING}
+           "user", "metadata", "store", "response_format", *CONSTRAINT_FIELDS, *_SAMPLING}
 # tools and tool_choice are read by tools.py
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                          "tool_choice", "parallel_tool_calls"}
@@ -45,22 +49,6 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
           "tool": "tool"}
 
 
-class ApiError(Exception):
-    """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = (
-            status, message, param, code, type)
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
 @dataclass
 class GenerationRequest:
     """One checked request: a conversation (chat) or a prompt (completion) and how to sample."""
@@ -75,6 +63,7 @@ class GenerationRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
     ignore_eos: bool = False
     tools: object = None  # chat: a tools.ToolRequest when the model may call functions
+    constrained_by: str | None = None  # the field whose grammar the reply must match
 
 
 def parse_chat(body, model_id: str) -> GenerationRequest:
@@ -210,11 +199,16 @@ def _common(body: dict, request: GenerationRequest) -> GenerationRequest:
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise _bad("stream_options supports only include_usage", "stream_options")
         request.include_usage = _bool(options, "include_usage", "stream_options.include_usage")
-    request.sampling = _sampling(body, request.kind)
+    request.constrained_by, grammar = constraint(body, _response_format(
+        body.get("response_format")))
+    if grammar is not None and request.ignore_eos:
+        raise _bad(f"{request.constrained_by} ends the reply where its grammar is complete: it "
+                   "cannot be combined with ignore_eos", "ignore_eos")
+    request.sampling = _sampling(body, request.kind, grammar)
     return request
 
 
-def _sampling(body: dict, kind: str) -> SamplingParams:
+def _sampling(body: dict, kind: str, grammar: Grammar | None) -> SamplingParams:
     given = {}
     for name in _RANGES:
         if body.get(name) is not None:
@@ -226,10 +220,7 @@ def _sampling(body: dict, kind: str) -> SamplingParams:
     if body.get("logit_bias") is not None:
         given["logit_bias"] = _logit_bias(body["logit_bias"])
     given["logprobs"] = _logprobs(body, kind)
-    given["grammar"] = _response_format(body.get("response_format"))
-    if given["grammar"] is not None and body.get("ignore_eos"):
-        raise _bad("response_format ends the reply where its JSON is complete: it cannot be "
-                   "combined with ignore_eos", "ignore_eos")
+    given["grammar"] = grammar
     try:
         return SamplingParams(**given)
     except ConfigError as exc:  # the ranges above are SamplingParams' own; kept as a net

@@ -80,7 +80,8 @@ class Reply:
         return body
 
     def call_chunk(self, index: int, call: dict) -> dict:
-        """A streamed tool call: the whole call in one delta (id, name and arguments)."""
+        """A streamed tool call's delta: its first (id, type, function name and arguments
+        so far), or a later one (more of the arguments' text)."""
         body = self._head("chat.completion.chunk")
         body["choices"] = [{"index": 0, "delta": {"tool_calls": [{"index": index, **call}]},
                             "logprobs": None, "finish_reason": None}]

@@ -13,7 +13,6 @@ import asyncio
 import hmac
 import json
 import logging
-from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -25,9 +24,11 @@ from starlette.routing import Route
 from ember.models.support.errors import EmberError, PromptTooLong
 from ember.offload.decode.events import TokenEvent
 
-from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
+from .call_stream import CallStream
+from .errors import ApiError
+from .protocol import GenerationRequest, parse_chat, parse_completion
 from .responses import FINISH_REASONS, Reply, logprobs_json, model_card
-from .tools import CallStream, call_grammar, parse_tools, split_calls
+from .tools import apply_tools, parse_tools, split_calls
 from .worker import EngineWorker, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("ember.serve")
@@ -67,7 +68,7 @@ class Api:
         body = await _json(request)
         req = parse_chat(body, self.model_id)
         req.tools = parse_tools(body)
-        self._check_tools(req)
+        apply_tools(req, self.engine.tool_style, self.engine.tokenizer, self.model_id)
         return await self._generate(request, req)
 
     async def embeddings(self, request: Request):
@@ -76,25 +77,6 @@ class Api:
                             "computing them would occupy its one engine. Run an embedding "
                             "model elsewhere for /v1/embeddings.", param="model",
                        code="embeddings_not_supported")
-
-    def _check_tools(self, req: GenerationRequest) -> None:
-        """Tools need a template that writes them and a call syntax Ember reads; a forced
-        call becomes the request's grammar."""
-        history = any(m.role == "tool" or m.tool_calls for m in req.messages)
-        if (req.tools is not None or history) and self.engine.tool_style is None:
-            raise ApiError(400, f"The model {self.model_id!r} has no tool support: its chat "
-                                "template does not write tools in a call syntax Ember reads "
-                                "(<tool_call>{...}</tool_call>, as Qwen2.5's)",
-                           param="tools", code="tools_not_supported")
-        if req.tools is None or not req.tools.forced:
-            return
-        if req.sampling.grammar is not None or req.ignore_eos:
-            raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
-                                "grammar: it cannot be combined with response_format or "
-                                "ignore_eos", param="tool_choice")
-        tok = self.engine.tokenizer
-        req.sampling = replace(req.sampling, grammar=call_grammar(
-            req.tools, lambda marker: tok.id_of(marker) is not None))
 
     async def completions(self, request: Request):
         return await self._generate(request,
@@ -105,8 +87,10 @@ class Api:
         try:  # a schema compiles off the event loop (a first one builds the vocabulary's view)
             await run_in_threadpool(self.engine.check_sampling, req.sampling)
         except EmberError as exc:
-            param = "logit_bias" if "logit_bias" in str(exc) else "response_format"
-            raise ApiError(400, str(exc), param=param) from None
+            if "logit_bias" in str(exc):
+                raise ApiError(400, str(exc), param="logit_bias") from None
+            field = req.constrained_by or "tools"  # else the tools' call grammar
+            raise ApiError(400, f"{field}: {exc}", param=field) from None
         prompt_ids = await run_in_threadpool(self._encode, req)
         room = self.engine.n_ctx - len(prompt_ids)
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
@@ -125,7 +109,8 @@ class Api:
             raise ApiError(503, str(exc), type="server_error", code="unavailable") from None
         reply = Reply(req.kind, self.model_id)
         if req.stream:
-            calls = CallStream(req.tools.names) if req.tools is not None else None
+            calls = (CallStream(req.tools.names, self.engine.tool_style)
+                     if req.tools is not None else None)
             return StreamingResponse(self._sse(request, job, inbox, reply, req.include_usage,
                                                calls),
                                      media_type="text/event-stream",
@@ -143,7 +128,8 @@ class Api:
                     logprobs.append((item.token_id, item.logprob))
                 if isinstance(item, Finished):
                     wanted = req.sampling.logprobs is not None
-                    calls = (split_calls(item.done.text, req.tools.names)
+                    calls = (split_calls(item.done.text, req.tools.names,
+                                         self.engine.tool_style)
                              if req.tools is not None else None)
                     return JSONResponse(reply.whole(item, self._logprobs(reply, logprobs)
                                                     if wanted else None, calls))
@@ -165,21 +151,23 @@ class Api:
                 if isinstance(item, TokenEvent):
                     if item.logprob is not None:
                         pending.append((item.token_id, item.logprob))
-                    text = item.text if calls is None else calls.push(item.text)
-                    if text:
-                        yield _event(reply.chunk(text, logprobs=self._logprobs(
-                            reply, pending, sent) if pending else None))
-                        pending, sent = [], sent + len(text)
+                    items = ([("content", item.text)] if calls is None
+                             else calls.push(item.text))
+                    for kind, *piece in items:
+                        if kind == "call":
+                            yield _event(reply.call_chunk(*piece))
+                        elif piece[0]:
+                            yield _event(reply.chunk(piece[0], logprobs=self._logprobs(
+                                reply, pending, sent) if pending else None))
+                            pending, sent = [], sent + len(piece[0])
                     continue
                 if isinstance(item, Finished):
                     finish = FINISH_REASONS[item.done.finish_reason]
                     if calls is not None:
-                        content, found = calls.finish()
-                        if content:
-                            yield _event(reply.chunk(content))
-                        for index, call in enumerate(found):
-                            yield _event(reply.call_chunk(index, call))
-                        finish = "tool_calls" if found else finish
+                        for kind, *rest in calls.finish():
+                            yield _event(reply.chunk(rest[0]) if kind == "content"
+                                         else reply.call_chunk(*rest))
+                        finish = "tool_calls" if calls.called else finish
                     yield _event(reply.chunk(finish=finish,
                                              logprobs=self._logprobs(reply, pending, sent)
                                              if pending else None))

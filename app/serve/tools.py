@@ -1,9 +1,9 @@
 """OpenAI tool calling over a model's own chat template.
 
 The request's `tools` go to the template (which writes them as the model was trained to see
-them); the reply is read back in the template's call syntax. Ember reads the Hermes syntax
-Qwen2.5 uses: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per
-call. `tool_choice` "required" or a named function forces a call: a Lark grammar (llguidance)
+them); the reply is read back in the template's call syntax: here the Hermes syntax
+Qwen2.5 uses, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per
+call; Llama 3's and Mistral's in call_syntax.py. `tool_choice` "required" or a named function forces a call: a Lark grammar (llguidance)
 admits only a call block whose JSON names an allowed function with arguments valid under its
 `parameters` schema.
 """
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ember.offload.options.sampling import Grammar
 
-from .protocol import ApiError
+from .call_syntax import call_id, read_calls, syntax_grammar
+from .errors import ApiError
+from .protocol import GenerationRequest
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -34,6 +35,7 @@ class ToolRequest:
 
     tools: list[dict]
     choice: str
+    parallel: bool = True  # parallel_tool_calls: more than one call per reply
 
     @property
     def forced(self) -> bool:
@@ -56,8 +58,12 @@ def parse_tools(body: dict) -> ToolRequest | None:
     names = [_function_name(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
     if len(set(names)) != len(names):
         raise bad_request("tools name the same function twice", "tools")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_request("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    parallel = parallel is not False
     if choice is None or choice in ("auto", "required"):
-        return ToolRequest(tools, choice or "auto")
+        return ToolRequest(tools, choice or "auto", parallel)
     if choice == "none":
         return None
     name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
@@ -65,7 +71,39 @@ def parse_tools(body: dict) -> ToolRequest | None:
         raise bad_request('tool_choice must be "none", "auto", "required" or {"type": '
                           '"function", "function": {"name": NAME}} naming one of the tools',
                           "tool_choice")
-    return ToolRequest(tools, name)
+    return ToolRequest(tools, name, parallel)
+
+
+def apply_tools(req: GenerationRequest, style: str | None, tokenizer, model_id: str) -> None:
+    """Check `req`'s tools against the model (`style`: its template's call syntax, None
+    without tool support) and give it the call grammar: forced, or lazy under "auto"
+    unless the request constrains the reply itself."""
+    history = any(m.role == "tool" or m.tool_calls for m in req.messages)
+    if (req.tools is not None or history) and style is None:
+        raise ApiError(400, f"The model {model_id!r} has no tool support: its chat "
+                            "template does not write tools in a call syntax Ember reads "
+                            "(Hermes <tool_call> blocks as Qwen2.5's, Llama 3.1's JSON "
+                            "or Mistral's [TOOL_CALLS])",
+                       param="tools", code="tools_not_supported")
+    if req.tools is None:
+        return
+    grammar = call_grammar(req.tools, lambda marker: token_ref(tokenizer, marker), style)
+    if not req.tools.forced:  # calls well-formed once begun, unless the reply has a grammar
+        if req.sampling.grammar is None and not req.ignore_eos:
+            req.sampling = replace(req.sampling, grammar=grammar)
+        return
+    if req.sampling.grammar is not None or req.ignore_eos:
+        other = req.constrained_by or "ignore_eos"
+        raise ApiError(400, f"tool_choice {req.tools.choice!r} forces a call through a "
+                            f"grammar: it cannot be combined with {other}",
+                       param="tool_choice")
+    req.sampling = replace(req.sampling, grammar=grammar)
+
+
+def token_ref(tokenizer, marker: str) -> str | None:
+    """How a grammar names `marker`'s token (llguidance's `<[id]>`); None if it has none."""
+    token = tokenizer.id_of(marker)
+    return None if token is None else f"<[{token}]>"
 
 
 def bad_request(message: str, param: str) -> ApiError:
@@ -86,31 +124,53 @@ def _function_name(tool, where: str) -> str:
     return fn["name"]
 
 
-def call_grammar(request: ToolRequest, is_token: Callable[[str], bool]) -> Grammar:
-    """A Lark grammar admitting one call block to an allowed function, arguments valid under
-    its parameters. `is_token(text)`: the vocabulary has that marker as a token (named as
-    one in the grammar; else spelled)."""
+def call_grammar(request: ToolRequest, token_ref: Callable[[str], str | None],
+                 style: str = "hermes") -> Grammar:
+    """A Lark grammar for the reply. Forced ("required" or a name): one call block to an
+    allowed function. "auto": free text until the model opens a call block, then calls only
+    (with `parallel` off, one), each an allowed function with arguments valid under its
+    parameters; the text ends where a call begins (what `split_calls` reads as content).
+    `token_ref(text)`: how the grammar names that marker's token (`<[id]>`), None when the
+    vocabulary has none (then it is spelled, and the free text ends lazily at its first
+    spelling); free text never contains a token the grammar names."""
+    if style != "hermes":  # Llama 3's or Mistral's syntax
+        functions = [t["function"] for t in request.tools
+                     if request.choice in ("auto", "required", t["function"]["name"])]
+        return Grammar("lark", syntax_grammar(style, functions, request.forced,
+                                              request.parallel, token_ref, _JSON_STYLE))
     options = []
     for tool in request.tools:
         fn = tool["function"]
-        if request.choice in ("required", fn["name"]):
+        if request.choice in ("auto", "required", fn["name"]):
             options.append({"type": "object", "additionalProperties": False,
                             "required": ["name", "arguments"],
                             "properties": {"name": {"const": fn["name"]},
                                            "arguments": fn.get("parameters") or {"type": "object"}}})
     schema = {"anyOf": options, "x-guidance": _JSON_STYLE}
-    open_, close = (m if is_token(m) else json.dumps(m) for m in (OPEN, CLOSE))
-    return Grammar("lark", f'start: {open_} "\\n" call "\\n" {close}\n'
-                           f"call: %json {json.dumps(schema)}\n")
+    open_, close = (token_ref(m) or json.dumps(m) for m in (OPEN, CLOSE))
+    rules = [f"call: {open_} body", f'body: "\\n" args "\\n" {close}',
+             f"args: %json {json.dumps(schema)}"]
+    if request.forced:
+        return Grammar("lark", "\n".join(["start: call", *rules]) + "\n")
+    more = ' ("\\n" call)*' if request.parallel else ""
+    if token_ref(OPEN):
+        head = [f"start: TEXT | TEXT call{more}"]
+    else:  # the free text and the marker after it as one lexeme, ended at the marker
+        head = [f"start: TEXT | opening body{more}", f"opening[lazy]: TEXT {open_}"]
+    return Grammar("lark", "\n".join(["%llguidance {}", *head, *rules,
+                                      "TEXT: /(.|\\n)*/"]) + "\n")
 
 
-def split_calls(text: str, names: set[str] = frozenset()) -> tuple[str, list[dict]]:
+def split_calls(text: str, names: set[str] = frozenset(),
+                style: str = "hermes") -> tuple[str, list[dict]]:
     """The reply's text before its first call, and its calls as OpenAI `tool_calls`; a block
     whose JSON is not {"name", "arguments"} is left as text.
 
     Without call blocks, a reply that is nothing but such JSON (bare or in a ```json fence)
     naming one of `names` is a call too: Qwen2.5-Coder writes its calls that way, though its
-    template asks for the tags."""
+    template asks for the tags. Another `style`: call_syntax.read_calls."""
+    if style != "hermes":
+        return read_calls(style, text, names)
     calls, first = [], None
     for m in _BLOCK.finditer(text):
         call = _call(m.group(1))
@@ -138,46 +198,6 @@ def _call(block: str) -> dict | None:
     if not (isinstance(data, dict) and isinstance(data.get("name"), str)):
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call_id("hermes"), "type": "function",
             "function": {"name": data["name"], "arguments": json.dumps(arguments,
                                                                          ensure_ascii=False)}}
-
-
-class CallStream:
-    """A streamed reply with tools: text deltas pass as content until a call may begin; from
-    there the rest is held and read as calls when the reply ends. A reply that opens with
-    JSON or a code fence is held whole (it may be a bare call: `split_calls`)."""
-
-    def __init__(self, names: set[str] = frozenset()):
-        self._held, self._names = "", names
-        self._in_call = self._started = False
-
-    def push(self, delta: str) -> str:
-        """The part of `delta` that is content for sure."""
-        self._held += delta
-        if self._in_call:
-            return ""
-        if not self._started:
-            opening = self._held.lstrip()
-            if opening.startswith(("{", "```")):  # perhaps a bare call: told at the end
-                self._in_call = True
-                return ""
-            if not opening or "```".startswith(opening):  # too early to tell
-                return ""
-            self._started = True
-        text = self._held
-        at = text.find(OPEN)
-        if at >= 0:
-            self._in_call, self._held = True, text[at:]
-            return text[:at]
-        keep = next((n for n in range(min(len(OPEN) - 1, len(text)), 0, -1)
-                     if OPEN.startswith(text[-n:])), 0)  # perhaps the start of a marker
-        self._held = text[len(text) - keep:]
-        return text[:len(text) - keep]
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """(content still held, the calls)."""
-        content, calls = split_calls(self._held, self._names)
-        if not calls:
-            return self._held, []
-        return content, calls

@@ -1,6 +1,6 @@
 """Constrained decoding: a grammar's token mask, computed by llguidance, applied in the sampler.
 
-llguidance compiles a JSON schema, a regex or a Lark grammar against the model's vocabulary
+llguidance compiles a JSON schema, a regex, a Lark or a GBNF grammar against the model's vocabulary
 (`GrammarVocabulary`: Ember's token bytes, control tokens marked special) and, for each
 step, says which tokens keep the text inside the grammar. The sampler lowers every other
 token to -inf before anything draws, so plain decoding and speculative verification (which
@@ -71,6 +71,8 @@ def compile_grammar(grammar: Grammar, ll_tok) -> str:
                 grammar.source, defaults=JSON_STYLE)
         elif grammar.kind == "regex":
             text = llguidance.LLMatcher.grammar_from_regex(grammar.source)
+        elif grammar.kind == "gbnf":  # converted to Lark by llguidance (Lark passes as is)
+            text = llguidance.grammar_from("gbnf", grammar.source)
         else:
             text = llguidance.LLMatcher.grammar_from_lark(grammar.source)
     except (ValueError, json.JSONDecodeError) as exc:

@@ -13,13 +13,14 @@ from ember.models.support.errors import ConfigError
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
-GRAMMAR_KINDS = ("json_schema", "lark", "regex")
+GRAMMAR_KINDS = ("json_schema", "lark", "gbnf", "regex")
 
 
 @dataclass(frozen=True)
 class Grammar:
     """What the reply must match: a JSON schema (as JSON text), a Lark grammar in
-    llguidance's dialect, or a regular expression. Compiled by `decode.grammar`."""
+    llguidance's dialect, a GBNF grammar (llama.cpp's; Lark accepted too), or a regular
+    expression. Compiled by `decode.grammar`."""
 
     kind: str
     source: str

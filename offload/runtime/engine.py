@@ -155,8 +155,8 @@ class Engine:
 
     @property
     def tool_style(self) -> str | None:
-        """The tool-call syntax this engine's chat format writes and reads ("hermes"), or
-        None when it has no tool support."""
+        """The tool-call syntax this engine's chat format writes and reads ("hermes",
+        "llama3" or "mistral": `template_tool_style`), or None when it has no tool support."""
         if self.chat_format.name != "template":
             return None
         return template_tool_style(self.prompts.chat_template)
