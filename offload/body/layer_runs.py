@@ -14,9 +14,9 @@ Every run reads and writes its layers' K/V in the pool the cache gives for them
 (`cache.layer_pools()`, one entry per layer), each row at its own slots: with one pool all
 runs share it; a plan with attention on a device tier for some layers and on the host for
 others gets a cache whose tier layers' blocks are on the device and the host layers' in
-host RAM (offload/kv/paged.py), so each run finds its K/V where its attention runs. `PassRows` works out, once per pass and
-only for the layers that need them, the pool slots each row reads (host runs), the
-`AttendRows` (tier runs) and the rows' rotary tables.
+host RAM (offload/kv/paged.py), so each run finds its K/V where its attention runs.
+`PassRows` works out, once per pass and only for the layers that need them, the pool slots
+each row reads (host runs), the `AttendRows` (tier runs) and the rows' rotary tables.
 """
 
 from __future__ import annotations
