@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .page_advice import HUGEPAGE, madvise
-
-_HUGE = 2 << 20
+from .page_advice import empty_on_huge_pages
 
 
 def _round_up(v: int, m: int) -> int:
@@ -60,15 +58,8 @@ def dequantize_rows_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def empty_bundles(ffn: int, length: int, dtype: torch.dtype) -> torch.Tensor:
-    """Uninitialised (ffn, length) buffer; big ones 2 MiB-aligned and advised for huge pages
-    before their first touch (torch's own allocations are only 64-byte aligned)."""
-    nbytes = ffn * length * torch.empty((), dtype=dtype).element_size()
-    if nbytes < 2 * _HUGE:
-        return torch.empty(ffn, length, dtype=dtype)
-    raw = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
-    off = -raw.data_ptr() % _HUGE
-    madvise(raw.data_ptr() + off, nbytes, HUGEPAGE)  # a no-op where unsupported
-    return raw[off:off + nbytes].view(dtype).view(ffn, length)  # keeps raw's storage alive
+    """Uninitialised (ffn, length) buffer, on huge pages when big (page_advice.py)."""
+    return empty_on_huge_pages((ffn, length), dtype)
 
 
 def pack_rows(rows: list[torch.Tensor], scales: list[torch.Tensor] | None, dtype: str) -> torch.Tensor:

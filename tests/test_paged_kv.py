@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from ember.models.reference_cache import ContiguousKVCache
 from ember.models.loader import load_model
-from ember.offload.kv.blocks import BlockAllocator, OutOfBlocks
+from ember.kernels.page_advice import HUGE_PAGE
+from ember.offload.kv.blocks import BlockAllocator, KVPool, OutOfBlocks
 from ember.offload.kv.paged import DROPPED, HOST, HostLayers, PagedKVCache
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -143,6 +144,16 @@ def test_truncate_keeps_the_slot_tables_of_layers_it_does_not_shorten(model):
     assert not seq.slot_cache
     torch.testing.assert_close(_append(model, view, [7]), _reference_last_logits(model, ids + [7]),
                                **TOL)
+
+
+def test_a_big_host_pool_starts_on_a_huge_page_and_a_small_one_is_plain():
+    big = KVPool(512, 16, 2, 128, dtype=torch.float16)  # K and V 4 MiB each: huge pages
+    for t in (big.k, big.v):
+        assert t.data_ptr() % HUGE_PAGE == 0 and t.is_contiguous()
+        assert t.shape == (512, 16, 2, 128) and t.dtype == torch.float16
+    assert big.rows[0].data_ptr() == big.k.data_ptr() and big.block_bytes == 2 * 16 * 2 * 128 * 2
+    small = KVPool(4, 16, 2, 128)
+    assert small.k.shape == (4, 16, 2, 128) and small.k.dtype == torch.float32
 
 
 def test_allocator_reference_counts():

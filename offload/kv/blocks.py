@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ember.kernels.page_advice import empty_on_huge_pages
 from ember.models.support.errors import EmberError
 
 
@@ -60,9 +61,14 @@ class KVPool:
                  pin: bool = False):
         shape = (n_blocks, block_size, n_kv_heads, row_values)
         # empty, not zeros: only written slots are ever read, and untouched pages of a large
-        # host pool then cost no RAM until a swap uses them.
-        self.k = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
-        self.v = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
+        # host pool then cost no RAM until a swap uses them. A pool attention reads in host
+        # RAM goes on huge pages: a decoded token streams every layer's K/V through it (6k
+        # tokens of a 1.5B: 176 MB), and on 4 KiB pages its attention took ~10% longer.
+        if torch.device(device).type == "cpu" and not pin:
+            self.k, self.v = (empty_on_huge_pages(shape, dtype) for _ in "kv")
+        else:
+            self.k = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
+            self.v = torch.empty(shape, device=device, dtype=dtype, pin_memory=pin)
         # The same storage as (slots, n_kv_heads, head_dim), slot = block * block_size +
         # offset: what attention reads in place. Made once (a view per layer per token adds up).
         self.rows = (self.k.view(-1, n_kv_heads, row_values), self.v.view(-1, n_kv_heads, row_values))
