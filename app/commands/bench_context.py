@@ -23,6 +23,7 @@ from .common import load_engine, model_path, print_json
 # Large, stable standard-library modules: real code, the same text on every machine.
 SOURCE_MODULES = ("inspect", "typing", "argparse", "subprocess", "pathlib", "tarfile")
 LLAMA_CPP = {"llama.cpp": False, "llama.cpp_flash": True}  # name -> flash_attn
+STEP_POOL_BYTES = 512 << 20  # K/V the decode-step timing cycles through (far past any L3)
 
 
 def source_text(min_chars: int) -> str:
@@ -109,17 +110,23 @@ def attention_report(engine, n: int, copy_bps: float) -> dict:
     cfg = engine.loaded.config
     hd, n_kv, n_heads = cfg.head_dim, cfg.n_kv_heads, cfg.n_heads
     keys = _attention_layers(cfg, n)
-    pools = [tuple(_pool(torch.randn(k, n_kv, hd), engine.kv_dtype) for _ in "kv") for k in keys]
+    longest = max(keys)
+    # Enough distinct K/V to outgrow any cache (every layer's, up to STEP_POOL_BYTES), taken
+    # in turn: a 7B at 12k would otherwise hold a second 6 GB of K/V for this report.
+    layer_bytes = 2 * _pool(torch.zeros(1, n_kv, hd), engine.kv_dtype).nbytes * longest
+    distinct = max(1, min(len(keys), -(-STEP_POOL_BYTES // layer_bytes)))
+    made = [tuple(_pool(torch.randn(longest, n_kv, hd), engine.kv_dtype) for _ in "kv")
+            for _ in range(distinct)]
+    pools = [made[i % distinct] for i in range(len(keys))]
     q = torch.randn(1, n_heads, hd)
     seconds = _time_step(q, pools, keys)
-    longest = max(range(len(keys)), key=keys.__getitem__)
-    per_keys = {k: _time_attend(q, *pools[longest], k) for k in set(keys)}
+    per_keys = {k: _time_attend(q, *made[0], k) for k in set(keys)}
     in_cache = sum(per_keys[k] for k in keys)
     keys_total = sum(keys)
-    kv_bytes = keys_total * 2 * pools[0][0][0].nbytes
+    kv_bytes = keys_total * 2 * made[0][0][0].nbytes
     macs = keys_total * 2 * n_heads * hd  # q.k and p.v
-    small = min(1024, keys[longest])
-    peak = small * 2 * n_heads * hd / _time_attend(q, *pools[longest], small, repeats=31)
+    small = min(1024, longest)
+    peak = small * 2 * n_heads * hd / _time_attend(q, *made[0], small, repeats=31)
     bound = max(kv_bytes / copy_bps, macs / peak)
     return {"ms_per_token": seconds * 1e3, "in_cache_ms_per_token": in_cache * 1e3,
             "kv_bytes_per_token": kv_bytes, "kv_gb_per_s": kv_bytes / seconds / 1e9,
