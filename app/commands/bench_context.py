@@ -87,15 +87,18 @@ def _time_step(q, pools, keys: list[int], repeats: int = 5) -> float:
 
 
 def _pool(values, dtype):
-    """Random K or V values (S, n_kv, hd) as a pool of the engine's type (uint8: Q8_0)."""
+    """Random K or V values (S, n_kv, hd) as a pool of the engine's type (uint8: Q8_0), on
+    huge pages where big, as the engine's pool is (offload/kv/blocks.py)."""
     import torch
 
+    from ember.kernels.page_advice import empty_on_huge_pages
     from ember.kernels.q8_matmul import q8_0_quantize
 
-    if dtype != torch.uint8:
-        return values.to(dtype)
     s, n_kv, hd = values.shape
-    return q8_0_quantize(values.reshape(-1, hd)).reshape(s, n_kv, -1)
+    if dtype == torch.uint8:
+        values = q8_0_quantize(values.reshape(-1, hd)).reshape(s, n_kv, -1)
+    pool = empty_on_huge_pages(tuple(values.shape), dtype)
+    return pool.copy_(values)
 
 
 def attention_report(engine, n: int, copy_bps: float) -> dict:
