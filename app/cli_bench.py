@@ -7,6 +7,13 @@ from ember.offload.options import choices
 from .cli_options import add_engine_options, add_gpu_option, add_model_options
 
 
+def _prints_json(b, handler: str) -> None:
+    """Every benchmark prints one JSON object (with --json, nothing else) and runs `handler`
+    (a module of app/commands)."""
+    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
+    b.set_defaults(handler=handler)
+
+
 def add_bench_parsers(sub) -> None:
     """`bench` and its benchmarks under the top-level subparsers `sub`."""
     p = sub.add_parser("bench", help="benchmarks that print JSON")
@@ -21,8 +28,7 @@ def add_bench_parsers(sub) -> None:
                    metavar="DRAFTER", help="also measure Ember with these drafters (self, lookup)")
     b.add_argument("--text", default="repeated", choices=("repeated", "prose"),
                    help="prompt: a sentence repeated (default) or a paragraph of prose")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_decode")
+    _prints_json(b, "bench_decode")
     b = bench.add_parser("context", help="prefill and decode after long prompts of source code "
                                          "(optionally vs llama.cpp, flash attention off and on)")
     add_engine_options(b)
@@ -32,8 +38,7 @@ def add_bench_parsers(sub) -> None:
     b.add_argument("--runs", type=int, default=1, metavar="N")
     b.add_argument("--against", choices=("llama.cpp",),
                    help="also measure llama.cpp with flash attention off and on, interleaved")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_context")
+    _prints_json(b, "bench_context")
     b = bench.add_parser("sparsity", help="decode tokens/s dense vs input-thresholded (GLU "
                                           "sparsity), interleaved, with the ideal from bytes")
     add_model_options(b)
@@ -45,8 +50,7 @@ def add_bench_parsers(sub) -> None:
     b.add_argument("--prompt-tokens", type=int, default=64, metavar="N")
     b.add_argument("--gen-tokens", type=int, default=32, metavar="N")
     b.add_argument("--runs", type=int, default=3, metavar="N")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_sparsity")
+    _prints_json(b, "bench_sparsity")
     b = bench.add_parser("speculate", help="plain decode vs each drafter on prose, code and "
                                            "repeat prompts: tokens/s, accepted length")
     add_engine_options(b)
@@ -64,23 +68,20 @@ def add_bench_parsers(sub) -> None:
                         "(e.g. bench/data/humaneval10_chat.jsonl)")
     b.add_argument("--runs", type=int, default=1, metavar="N",
                    help="runs of each prompt, engines interleaved (figures: medians)")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_speculate")
+    _prints_json(b, "bench_speculate")
     b = bench.add_parser("kv", help="paged KV cache: swap-in vs re-prefill, paged vs contiguous decode")
     add_engine_options(b)
     b.add_argument("--resume-tokens", type=int, default=2000, metavar="N")
     b.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 2048], metavar="N")
     b.add_argument("--steps", type=int, default=32, metavar="N", help="decode steps per run")
     b.add_argument("--runs", type=int, default=3, metavar="N")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_kv")
+    _prints_json(b, "bench_kv")
     b = bench.add_parser("kernels", help="sparse vs dense FFN kernel timings (7B and default shapes)")
     b.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: 2)")
     b.add_argument("--reps", type=int, default=7, metavar="N", help="repetitions (median)")
     b.add_argument("--shape", choices=("llama-7b", "gemma3-270m"), help="only this shape")
     b.add_argument("--dtype", choices=("fp32", "int8"), help="only this weight type")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_kernels")
+    _prints_json(b, "bench_kernels")
     b = bench.add_parser("placement", help="hot/cold placement: ILP vs greedy on a 70B-shaped "
                          "problem, or with --shape Ember's split vs whole-layer offload")
     b.add_argument("--shape", choices=("llama2-7b", "llama2-13b", "llama2-70b"),
@@ -100,8 +101,7 @@ def add_bench_parsers(sub) -> None:
     b.add_argument("--time-limit", type=float, default=8.0, metavar="S", help="ILP time limit")
     b.add_argument("--threads", type=int, metavar="N", help="CBC threads (default: CBC's choice)")
     b.add_argument("--seed", type=int, default=0, metavar="N")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_placement")
+    _prints_json(b, "bench_placement")
     b = bench.add_parser("startup", help="process start to first token and peak RSS of "
                                          "`ember generate`, beside `import torch` (and llama.cpp)")
     b.add_argument("model", nargs="?", metavar="MODEL",
@@ -113,5 +113,4 @@ def add_bench_parsers(sub) -> None:
                         "capped at the model's)")
     b.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate")
     b.add_argument("--runs", type=int, default=3, metavar="N", help="timed runs of each command")
-    b.add_argument("--json", action="store_true", help="JSON only (the default prints JSON too)")
-    b.set_defaults(handler="bench_startup")
+    _prints_json(b, "bench_startup")
