@@ -17,7 +17,7 @@ from typing import Callable
 
 from ember.offload.options.sampling import Grammar
 
-from .call_syntax import call_id, read_calls, syntax_grammar
+from .call_syntax import call_id, call_schema, read_calls, syntax_grammar
 from .errors import ApiError
 from .protocol import GenerationRequest
 
@@ -133,23 +133,14 @@ def call_grammar(request: ToolRequest, token_ref: Callable[[str], str | None],
     `token_ref(text)`: how the grammar names that marker's token (`<[id]>`), None when the
     vocabulary has none (then it is spelled, and the free text ends lazily at its first
     spelling); free text never contains a token the grammar names."""
+    functions = [t["function"] for t in request.tools
+                 if request.choice in ("auto", "required", t["function"]["name"])]
     if style != "hermes":  # Llama 3's or Mistral's syntax
-        functions = [t["function"] for t in request.tools
-                     if request.choice in ("auto", "required", t["function"]["name"])]
         return Grammar("lark", syntax_grammar(style, functions, request.forced,
                                               request.parallel, token_ref, _JSON_STYLE))
-    options = []
-    for tool in request.tools:
-        fn = tool["function"]
-        if request.choice in ("auto", "required", fn["name"]):
-            options.append({"type": "object", "additionalProperties": False,
-                            "required": ["name", "arguments"],
-                            "properties": {"name": {"const": fn["name"]},
-                                           "arguments": fn.get("parameters") or {"type": "object"}}})
-    schema = {"anyOf": options, "x-guidance": _JSON_STYLE}
     open_, close = (token_ref(m) or json.dumps(m) for m in (OPEN, CLOSE))
     rules = [f"call: {open_} body", f'body: "\\n" args "\\n" {close}',
-             f"args: %json {json.dumps(schema)}"]
+             f"args: %json {call_schema(functions, 'arguments', _JSON_STYLE)}"]
     if request.forced:
         return Grammar("lark", "\n".join(["start: call", *rules]) + "\n")
     more = ' ("\\n" call)*' if request.parallel else ""
