@@ -75,6 +75,13 @@ def test_settings_screen_with_an_error(snap_compare, tmp_path):
             if str(screen.query_one("#error").render()):
                 break
             await pilot.pause(0.01)
+        # The clicked button is drawn pressed for 0.2 s: a loaded machine reached the
+        # snapshot after that, an idle one before. Snapshot it released.
+        save = screen.query_one("#save")
+        for _ in range(500):
+            if not save.has_class("-active"):
+                break
+            await pilot.pause(0.01)
         await pilot.pause()
 
     assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=bad_value)
