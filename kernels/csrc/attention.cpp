@@ -36,6 +36,7 @@
 
 #include "attention_simd.h"
 #include "ops.h"
+#include "prefetch.h"
 
 namespace ember_attention {
 namespace {
@@ -77,16 +78,6 @@ struct Portable {
         for (int i = 0; i < Q8_VALUES; ++i) out[i] = static_cast<float>(q[i]) * d;
     }
 };
-
-// One cache line on its way into L2. GCC (12) deletes a loop of __builtin_prefetch and nothing
-// else as a loop without effects, so on x86 the instruction is written out.
-inline void prefetch_l2(const void* p) {
-#if defined(__x86_64__)
-    asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-    __builtin_prefetch(p, 0, 2);
-#endif
-}
 
 // Per-thread buffers, grown as needed.
 struct Scratch {
@@ -255,8 +246,7 @@ class Attention {
         if (x < lo(t) || x > r_.pos[t] || x >= it.c1 * CHUNK) return;
         const int64_t slot = r_.slots[t][x - lo(t)];
         if (slot < 0 || slot >= kv_.n_slots) return;  // reported when read
-        const char* p = reinterpret_cast<const char*>(pool_head(pool, slot, it.kvh));
-        for (int64_t i = 0; i < kv_.head_bytes * it.nkv; i += 64) prefetch_l2(p + i);
+        ember_prefetch::lines_l2(pool_head(pool, slot, it.kvh), kv_.head_bytes * it.nkv);
     }
 
     // Chunk c for the rows `spans` (their keys at x are pool rows map[x]), for each of the

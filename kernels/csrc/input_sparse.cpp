@@ -25,6 +25,7 @@
 #include "input_major.h"
 #include "input_major_vectors.h"
 #include "ops.h"
+#include "prefetch.h"
 
 namespace {
 
@@ -54,9 +55,7 @@ struct Listed {
     const XInt* x256;
 };
 
-inline void prefetch_l2(const uint8_t* p, int64_t n) {
-    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 2);
-}
+using ember_prefetch::lines_l2;
 
 // The kept runs (and header rows) of super-block kb over groups [ga, gb), into L2.
 template <int TYPE>
@@ -66,13 +65,13 @@ void prefetch_super(const Weight& w, int64_t kb, int64_t ga, int64_t gb, const L
     const int64_t Np = t.padded(), rows = (gb - ga) * GROUP;
     const uint8_t* sb = w.p + kb * t.super_bytes();
     const int halves_n = float_type(TYPE) ? 0 : has_min(TYPE) ? 2 : 1;  // d, dmin/m: fp16
-    for (int f = 0; f < halves_n; ++f) prefetch_l2(sb + 2 * f * Np + ga * GROUP * 2, rows * 2);
+    for (int f = 0; f < halves_n; ++f) lines_l2(sb + 2 * f * Np + ga * GROUP * 2, rows * 2);
     for (int f = 0; f < header_bytes(TYPE) - 2 * halves_n; ++f)  // scale bytes: 1 per row
-        prefetch_l2(sb + (2 * halves_n + f) * Np + ga * GROUP, rows);
+        lines_l2(sb + (2 * halves_n + f) * Np + ga * GROUP, rows);
     for (int64_t j = li.start16[kb * QK / 16]; j < li.start16[(kb + 1) * QK / 16]; ++j) {
         const uint8_t* in = w.p + t.input_at(kb, li.cols[j] - kb * QK);
-        prefetch_l2(in + ga * LB, (gb - ga) * LB);
-        if constexpr (HB > 0) prefetch_l2(in + t.high_at() + ga * HB, (gb - ga) * HB);
+        lines_l2(in + ga * LB, (gb - ga) * LB);
+        if constexpr (HB > 0) lines_l2(in + t.high_at() + ga * HB, (gb - ga) * HB);
     }
 }
 
