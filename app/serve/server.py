@@ -87,7 +87,7 @@ class Api:
         try:  # a schema compiles off the event loop (a first one builds the vocabulary's view)
             await run_in_threadpool(self.engine.check_sampling, req.sampling)
         except EmberError as exc:
-            if "logit_bias" in str(exc):
+            if getattr(exc, "setting", None) == "logit_bias":
                 raise ApiError(400, str(exc), param="logit_bias") from None
             field = req.constrained_by or "tools"  # else the tools' call grammar
             raise ApiError(400, f"{field}: {exc}", param=field) from None

@@ -24,7 +24,12 @@ class UnsupportedModelError(ModelFormatError):
 
 
 class ConfigError(EmberError, ValueError):
-    """A setting is out of range (sampling parameters, budgets, sizes); the message says how to fix it."""
+    """A setting is out of range (sampling parameters, budgets, sizes); the message says how to
+    fix it. `setting`, where one named setting is to blame, names it (the server's `param`)."""
+
+    def __init__(self, message: str = "", setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
 
 
 class PromptTooLong(ConfigError):

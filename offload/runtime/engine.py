@@ -251,7 +251,7 @@ class Engine:
         bad = [t for t, _ in sampling.logit_bias if t >= self.tokenizer.vocab_size]
         if bad:
             raise ConfigError(f"logit_bias names token {bad[0]}, past this model's vocabulary "
-                              f"of {self.tokenizer.vocab_size}")
+                              f"of {self.tokenizer.vocab_size}", setting="logit_bias")
         if sampling.grammar is not None:
             self.grammars.compile(sampling.grammar)
 
