@@ -10,7 +10,9 @@ namespace ember_prefetch {
 inline void line_l2(const void* p) {
 #if defined(__x86_64__)
     asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
-#else
+#elif defined(__aarch64__)
+    asm volatile("prfm pldl2keep, [%0]" : : "r"(p));
+#else  // elsewhere a loop of these may compile to nothing
     __builtin_prefetch(p, 0, 2);
 #endif
 }
