@@ -94,7 +94,8 @@ def test_the_reference_matches_float64(kind, softcap):
 @needs_kernels
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("n_heads,n_kv,hd,window", [(12, 2, 128, None), (4, 1, 256, 64),
-                                                   (14, 2, 64, None), (3, 1, 48, None)])
+                                                   (14, 2, 64, None), (3, 1, 48, None),
+                                                   (16, 8, 64, None)])  # 8 KV heads: 4 per item
 def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_and_path(
         path_and_threads, kind, n_heads, n_kv, hd, window):
     """Row at position p: decoded alone (one to three threads: the context split across them),

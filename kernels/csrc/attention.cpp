@@ -12,17 +12,18 @@
 //   same token in a prompt chunk, or in a speculative tree. Rows whose keys at a chunk's
 //   positions differ from the tile's (tree rows past their common context) take that chunk
 //   alone, with the same arithmetic.
-// - Work items are (KV head, tile) for a prompt's tiles, and (every KV head, the one tile) for
-//   a decoded token or a speculative tree's rows; when there are fewer items than threads,
+// - Work items are (KV head, tile) for a prompt's tiles, and (KV heads, the one tile) for a
+//   decoded token or a speculative tree's rows: every KV head, or as many side by side as keep
+//   a chunk's float values within ITEM_VALUES_BYTES; when there are fewer items than threads,
 //   each item's chunks are split between threads (flash-decoding): the first part folds as it
 //   goes, the others keep each chunk's partial, folded afterwards in position order. The thread
 //   count changes who computes a partial, never the partial or the fold.
 // - A pool row holds all KV heads side by side, so an item of every head reads its chunk's
 //   rows whole, one after the other: one sequential stream the hardware prefetchers follow at
-//   full speed. One thread per head read every other 256-512 byte piece of the same rows and
-//   got a third of the bandwidth (176 MB of a 6k context on the Zen 4 here: ~15 ms against
-//   ~5 ms on two threads). A prompt tile computes far longer per byte read and keeps one head
-//   per item, for the parallelism.
+//   full speed. One thread per head read every other 256-byte piece of the same rows at a
+//   third to a half of that bandwidth (176 MB of a 6k context on the Zen 4 here: 11-19 ms
+//   against 5.5-6 ms on two threads, bench/kv_read_patterns.cpp). A prompt tile computes far
+//   longer per byte read and keeps one head per item, for the parallelism.
 #include "attention.h"
 
 #include <ATen/Parallel.h>
@@ -46,6 +47,10 @@ constexpr int TILE_ROWS = 16;   // query rows sharing one read of a chunk
 constexpr int SLACK = 16;       // room after a score row for the padded last key tile
 constexpr int SUB = 16;         // keys converted and scored at a time
 constexpr int PREFETCH_AHEAD = 32;  // positions between a row read and the row prefetched
+// A decoded token's item holds at most this many bytes of a chunk's V as floats (all heads of
+// the 1.5B's rows: 2 x 128 values x 64 positions); a model with many KV heads (Llama 2 7B's
+// 32) takes them a few at a time rather than a megabyte of scratch per thread.
+constexpr int64_t ITEM_VALUES_BYTES = 64 << 10;
 
 // attention_math.h as written, for any head dim.
 struct Portable {
@@ -140,7 +145,7 @@ class Attention {
 
     std::vector<Item> plan() {
         const int64_t tiles = (r_.T + TILE_ROWS - 1) / TILE_ROWS;
-        const int64_t heads_per_item = tiles == 1 ? kv_.n_kv : 1;
+        const int64_t heads_per_item = tiles == 1 ? heads_per_row_item() : 1;
         std::vector<Item> base;
         for (int64_t tile = tiles - 1; tile >= 0; --tile)  // the longest (last) rows first
             for (int64_t h = 0; h < kv_.n_kv; h += heads_per_item) {
@@ -174,6 +179,14 @@ class Attention {
         partial_o_.resize(partial_present_.size() * hd_);
         partial_ml_.resize(partial_present_.size() * 2);
         return items;
+    }
+
+    // The KV heads of a decoded token's (or tree's) item: the most that divide the KV heads and
+    // keep a chunk's values within ITEM_VALUES_BYTES.
+    int64_t heads_per_row_item() const {
+        for (int64_t d = kv_.n_kv; d > 1; --d)
+            if (kv_.n_kv % d == 0 && d * hd_ * CHUNK * int64_t(sizeof(float)) <= ITEM_VALUES_BYTES) return d;
+        return 1;
     }
 
     const uint8_t* pool_head(const uint8_t* pool, int64_t slot, int64_t kvh) const {
