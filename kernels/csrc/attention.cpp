@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention_simd.h"
@@ -54,6 +55,7 @@ constexpr int64_t ITEM_VALUES_BYTES = 64 << 10;
 
 // attention_math.h as written, for any head dim.
 struct Portable {
+    static constexpr int HALF_IN_PLACE_HEADS = 0;  // float16 rows always converted first
     static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
                        int64_t hd, float scale, float* s, int lds) {
         for (int i = 0; i < nq; ++i)
@@ -88,6 +90,7 @@ struct Portable {
 struct Scratch {
     std::vector<float> k, v, s, p;
     std::vector<const float*> kp, vp, qp, pp;
+    std::vector<const uint16_t*> kh, vh;  // float16 rows read in place
     std::vector<float*> op;
     std::vector<Fold> folds;
     std::vector<int64_t> map;
@@ -217,7 +220,7 @@ class Attention {
         const int64_t rows = it.t1 - it.t0, heads = rows * G_ * it.nkv;
         sc.k.resize(SUB * hd_ * it.nkv), sc.v.resize(CHUNK * hd_ * it.nkv);
         sc.s.resize(heads * lds_), sc.p.resize(heads * lds_);
-        sc.kp.resize(CHUNK * it.nkv), sc.vp.resize(CHUNK * it.nkv), sc.map.resize(CHUNK);
+        sc.map.resize(CHUNK);
         sc.qp.resize(heads), sc.pp.resize(heads), sc.op.resize(heads), sc.folds.resize(heads);
         std::vector<Span> shared, solo;
         for (int64_t c = it.c0; c < it.c1; ++c) {
@@ -262,21 +265,46 @@ class Attention {
         ember_prefetch::lines_l2(pool_head(pool, slot, it.kvh), kv_.head_bytes * it.nkv);
     }
 
-    // Chunk c for the rows `spans` (their keys at x are pool rows map[x]), for each of the
-    // item's KV heads: the chunk's K rows (then V rows) are converted whole, in position order,
-    // and each head computes from its part of them.
+    // A float16 pool is read in place by one row whose heads fit the kernels' score tile
+    // (a decoded token): each value converts once as it loads. Rows sharing a chunk (a prompt
+    // tile, a tree) take converted copies, which every row's heads then reuse.
     void group(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc) {
+        if (kv_.type == KvType::F16 && n == 1 && G_ <= K::HALF_IN_PLACE_HEADS) {
+            if constexpr (K::HALF_IN_PLACE_HEADS > 0) {
+                sc.kh.resize(CHUNK * it.nkv), sc.vh.resize(CHUNK * it.nkv);
+                return group_of(it, c, spans, n, map, sc, sc.kh.data(), sc.vh.data());
+            }
+        }
+        sc.kp.resize(CHUNK * it.nkv), sc.vp.resize(CHUNK * it.nkv);
+        group_of(it, c, spans, n, map, sc, sc.kp.data(), sc.vp.data());
+    }
+
+    // Pool row slot's `heads` KV heads from kvh as E values: float16 in place, or floats (in
+    // place for a float32 pool, else converted into buf).
+    template <class E>
+    const E* row_as(const uint8_t* pool, int64_t slot, int64_t kvh, int64_t heads, float* buf) const {
+        const uint8_t* head = pool_head(pool, slot, kvh);
+        if constexpr (std::is_same_v<E, uint16_t>) return reinterpret_cast<const uint16_t*>(head);
+        else return as_float(head, heads, buf);
+    }
+
+    // Chunk c for the rows `spans` (their keys at x are pool rows map[x]), for each of the
+    // item's KV heads: the chunk's K rows (then V rows) are read whole, in position order, and
+    // each head computes from its part of them; kp and vp (CHUNK per head) point at them.
+    template <class E>
+    void group_of(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc,
+                  const E** kp, const E** vp) {
         int ua = CHUNK, ub = 0;
         for (size_t i = 0; i < n; ++i) ua = std::min(ua, spans[i].a), ub = std::max(ub, spans[i].b);
         int64_t any = -1;  // positions no row of the group reads (a hole) repeat a read one
         for (int x = ua; x < ub && any < 0; ++x) any = map[x];
         const int64_t nkv = it.nkv, per_head = static_cast<int64_t>(n) * G_;
-        // rows x0..x1 into buf (row x at buf + (x - x0) * nkv * hd), head j's at at[j * CHUNK + x]
-        auto convert = [&](const uint8_t* pool, int x0, int x1, float* buf, const float** at) {
+        // rows x0..x1 (converted: row x at buf + (x - x0) * nkv * hd), head j's at at[j * CHUNK + x]
+        auto convert = [&](const uint8_t* pool, int x0, int x1, float* buf, const E** at) {
             for (int x = x0; x < x1; ++x) {
                 prefetch_row(pool, it, c * CHUNK + x + PREFETCH_AHEAD);
                 const int64_t slot = map[x] >= 0 ? map[x] : any;
-                const float* row = as_float(pool_head(pool, slot, it.kvh), nkv, buf + (x - x0) * nkv * hd_);
+                const E* row = row_as<E>(pool, slot, it.kvh, nkv, buf + (x - x0) * nkv * hd_);
                 for (int64_t j = 0; j < nkv; ++j) at[j * CHUNK + x] = row + j * hd_;
             }
         };
@@ -287,9 +315,9 @@ class Attention {
         // keys SUB at a time, so their float copies stay in L1 while every head scores them
         for (int u = ua; u < ub; u += SUB) {
             const int w = std::min(ub, u + SUB);
-            convert(kv_.k, u, w, sc.k.data(), sc.kp.data());
+            convert(kv_.k, u, w, sc.k.data(), kp);
             for (int64_t j = 0; j < nkv; ++j)
-                K::scores(sc.qp.data() + j * per_head, static_cast<int>(per_head), sc.kp.data() + j * CHUNK, u, w,
+                K::scores(sc.qp.data() + j * per_head, static_cast<int>(per_head), kp + j * CHUNK, u, w,
                           hd_, r_.scale, sc.s.data() + j * per_head * lds_, lds_);
         }
         for (int64_t j = 0; j < nkv; ++j) {
@@ -321,11 +349,11 @@ class Attention {
                 }
             }
         }
-        convert(kv_.v, ua, ub, sc.v.data(), sc.vp.data());
+        convert(kv_.v, ua, ub, sc.v.data(), vp);
         for (int64_t j = 0; j < nkv; ++j)
             for (size_t i = 0; i < n; ++i) {
                 const int64_t at = j * per_head + i * G_;
-                K::values(sc.pp.data() + at, G_, sc.vp.data() + j * CHUNK, spans[i].a, spans[i].b, hd_,
+                K::values(sc.pp.data() + at, G_, vp + j * CHUNK, spans[i].a, spans[i].b, hd_,
                           sc.op.data() + at, sc.folds.data() + at);
             }
     }

@@ -53,6 +53,10 @@ struct Avx2 {
     static constexpr int MAX_W = 2;                     // value columns per head: 2 x 16
     static T zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
     static T load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+    static T load(const uint16_t* h) {  // 16 float16 values, converted as they load
+        return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))),
+                _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8)))};
+    }
     static void store(float* p, T v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
     static T bcast(float x) { const __m256 b = _mm256_set1_ps(x); return {b, b}; }
     static T fma(T a, T b, T c) {
@@ -137,6 +141,9 @@ struct Avx512 {
     static constexpr int MAX_W = 8;                           // value columns per head: 8 x 16
     static T zero() { return _mm512_setzero_ps(); }
     static T load(const float* p) { return _mm512_loadu_ps(p); }
+    static T load(const uint16_t* h) {  // 16 float16 values, converted as they load
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+    }
     static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
     static T bcast(float x) { return _mm512_set1_ps(x); }
     static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
@@ -208,13 +215,19 @@ struct Avx512 {
 template <class V>
 struct SimdKernels {
     using T = typename V::T;
+    // A row's scores and values read float16 rows in place (converting as they load) when its
+    // query heads per KV head fit one score tile: each key then converts once, as in a pass.
+    static constexpr int HALF_IN_PLACE_HEADS = V::QN_MAX;
 
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
     static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
 
-    // Scores of QN query vectors against KN keys, times scale: out[i * KN + j].
-    template <int QN, int KN>
-    static EMBER_INLINE void tile(const float* const* q, const float* const* k, int64_t hd, float scale, float* out) {
+    // Scores of QN query vectors against KN keys, times scale: out[i * KN + j]. Keys and values
+    // (E) are float, or float16 converted in registers as they load: a separate conversion
+    // pass into scratch cost a quarter of the kernel's time (Zen 4 converts one 16-value
+    // register per two cycles; the pass added a store and a reload of each).
+    template <int QN, int KN, class E>
+    static EMBER_INLINE void tile(const float* const* q, const E* const* k, int64_t hd, float scale, float* out) {
         T acc[QN * KN];
         for (int i = 0; i < QN * KN; ++i) acc[i] = V::zero();
         for (int64_t d = 0; d < hd; d += LANES) {
@@ -232,34 +245,35 @@ struct SimdKernels {
 
     // QN query vectors against keys x0..x1-1: s[i * lds + x]. Keys past x1 in the last tile
     // repeat key x1 - 1 (their scores land in s's slack, never read).
-    template <int QN>
-    static void score_rows(const float* const* q, const float* const* k, int x0, int x1, int64_t hd,
+    template <int QN, class E>
+    static void score_rows(const float* const* q, const E* const* k, int x0, int x1, int64_t hd,
                            float scale, float* s, int lds) {
         constexpr int KN = V::KN_OF[QN];
         float out[QN * KN];
         for (int x = x0; x < x1; x += KN) {
-            const float* kx[KN];
+            const E* kx[KN];
             for (int j = 0; j < KN; ++j) kx[j] = k[x + j < x1 ? x + j : x1 - 1];
-            tile<QN, KN>(q, kx, hd, scale, out);
+            tile<QN, KN, E>(q, kx, hd, scale, out);
             for (int i = 0; i < QN; ++i)
                 for (int j = 0; j < KN; ++j) s[i * lds + x + j] = out[i * KN + j];
         }
     }
 
-    static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
+    template <class E>
+    static void scores(const float* const* q, int nq, const E* const* k, int x0, int x1,
                        int64_t hd, float scale, float* s, int lds) {
         if constexpr (V::QN_MAX >= 6) {
-            if (nq == 5) return score_rows<5>(q, k, x0, x1, hd, scale, s, lds);
-            if (nq == 6) return score_rows<6>(q, k, x0, x1, hd, scale, s, lds);
+            if (nq == 5) return score_rows<5, E>(q, k, x0, x1, hd, scale, s, lds);
+            if (nq == 6) return score_rows<6, E>(q, k, x0, x1, hd, scale, s, lds);
         }
         for (int i = 0; i < nq;) {
             const int n = nq - i < V::QN ? nq - i : V::QN;
             float* si = s + static_cast<int64_t>(i) * lds;
             switch (n) {
-                case 1: score_rows<1>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                case 2: score_rows<2>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                case 3: if constexpr (V::QN >= 3) score_rows<3>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                default: if constexpr (V::QN >= 4) score_rows<4>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                case 1: score_rows<1, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                case 2: score_rows<2, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                case 3: if constexpr (V::QN >= 3) score_rows<3, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                default: if constexpr (V::QN >= 4) score_rows<4, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
             }
             i += n;
         }
@@ -286,14 +300,14 @@ struct SimdKernels {
 
     // NH heads of one row, columns col..col + 16 W: o = sum over a <= x < b of p[h][x] v[x],
     // joined into O[h] as f[h] says.
-    template <int W, int NH>
-    static EMBER_INLINE void value_block(const float* const* p, const float* const* v, int a, int b, int64_t col,
+    template <int W, int NH, class E>
+    static EMBER_INLINE void value_block(const float* const* p, const E* const* v, int a, int b, int64_t col,
                             float* const* O, const Fold* f) {
         T acc[NH][W];
         for (int h = 0; h < NH; ++h)
             for (int w = 0; w < W; ++w) acc[h][w] = V::zero();
         for (int x = a; x < b; ++x) {
-            const float* vx = v[x] + col;
+            const E* vx = v[x] + col;
             T pb[NH];
             for (int h = 0; h < NH; ++h) pb[h] = V::bcast(p[h][x]);
             for (int w = 0; w < W; ++w) {
@@ -315,33 +329,34 @@ struct SimdKernels {
 
     // Heads in blocks of up to NH_MAX: each value vector loaded once per block (a load per
     // NH_MAX fmas, not per head: 8 x 16 columns and 3 heads took ~27 loads per 24 fmas).
-    template <int W, int NH_MAX>
-    static void value_heads(const float* const* p, int nh, const float* const* v, int a, int b,
+    template <int W, int NH_MAX, class E>
+    static void value_heads(const float* const* p, int nh, const E* const* v, int a, int b,
                             int64_t hd, float* const* O, const Fold* f) {
         for (int64_t col = 0; col < hd; col += LANES * W)
             for (int h = 0; h < nh; h += NH_MAX) {
                 const int n = nh - h < NH_MAX ? nh - h : NH_MAX;
                 switch (n) {
-                    case 1: value_block<W, 1>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 2: value_block<W, 2>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 3: value_block<W, 3>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 4: if constexpr (NH_MAX >= 4) value_block<W, 4>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 5: if constexpr (NH_MAX >= 5) value_block<W, 5>(p + h, v, a, b, col, O + h, f + h); break;
-                    default: if constexpr (NH_MAX >= 6) value_block<W, 6>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 1: value_block<W, 1, E>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 2: value_block<W, 2, E>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 3: value_block<W, 3, E>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 4: if constexpr (NH_MAX >= 4) value_block<W, 4, E>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 5: if constexpr (NH_MAX >= 5) value_block<W, 5, E>(p + h, v, a, b, col, O + h, f + h); break;
+                    default: if constexpr (NH_MAX >= 6) value_block<W, 6, E>(p + h, v, a, b, col, O + h, f + h); break;
                 }
             }
     }
 
-    static void values(const float* const* p, int nh, const float* const* v, int a, int b,
+    template <class E>
+    static void values(const float* const* p, int nh, const E* const* v, int a, int b,
                        int64_t hd, float* const* O, const Fold* f) {
         // 24 accumulator registers on AVX-512: 6 heads x 4 vectors, or 3 x 8 for 3 heads or
         // fewer; AVX2's 16 registers hold 3 heads x 2 (two registers each)
         const int64_t n16 = hd / LANES;
-        if (V::MAX_W >= 4 && n16 % 4 == 0 && nh > 3) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6>(p, nh, v, a, b, hd, O, f);
-        if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1, 3>(p, nh, v, a, b, hd, O, f);
-        if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1, 3>(p, nh, v, a, b, hd, O, f);
-        if (n16 % 2 == 0) return value_heads<2, 3>(p, nh, v, a, b, hd, O, f);
-        value_heads<1, 3>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 4 && n16 % 4 == 0 && nh > 3) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6, E>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1, 3, E>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1, 3, E>(p, nh, v, a, b, hd, O, f);
+        if (n16 % 2 == 0) return value_heads<2, 3, E>(p, nh, v, a, b, hd, O, f);
+        value_heads<1, 3, E>(p, nh, v, a, b, hd, O, f);
     }
 };
 
