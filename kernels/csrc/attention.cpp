@@ -2,9 +2,9 @@
 //
 // - Keys go in chunks of CHUNK positions aligned to multiples of CHUNK (4 paged blocks). For
 //   one KV head, a tile of up to TILE_ROWS rows and one chunk, the chunk's keys and values are
-//   read from the pool once (converted to float once when the pool is float16 or Q8_0) and
-//   used for every query head of every row in the tile (GQA: all the heads sharing the KV
-//   head). Each (row, head) turns the chunk into a partial (max, sum, weighted values) and
+//   read from the pool once (converted to float once when the pool is float16 or Q8_0; a
+//   decoded token's float16 in registers as it loads, see group) and used for every query
+//   head of every row in the tile (GQA: all the heads sharing the KV head). Each (row, head) turns the chunk into a partial (max, sum, weighted values) and
 //   folds it into its running one in position order (attention_math.h). Chunks past a row's
 //   position are skipped (causal), as are chunks before its window.
 // - A row's partials depend only on its own query and keys, and are folded in one order, so
