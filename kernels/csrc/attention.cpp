@@ -4,9 +4,10 @@
 //   one KV head, a tile of up to TILE_ROWS rows and one chunk, the chunk's keys and values are
 //   read from the pool once (converted to float once when the pool is float16 or Q8_0; a
 //   decoded token's float16 in registers as it loads, see group) and used for every query
-//   head of every row in the tile (GQA: all the heads sharing the KV head). Each (row, head) turns the chunk into a partial (max, sum, weighted values) and
-//   folds it into its running one in position order (attention_math.h). Chunks past a row's
-//   position are skipped (causal), as are chunks before its window.
+//   head of every row in the tile (GQA: all the heads sharing the KV head). Each (row, head)
+//   turns the chunk into a partial (max, sum, weighted values) and folds it into its running
+//   one in position order (attention_math.h). Chunks past a row's position are skipped
+//   (causal), as are chunks before its window.
 // - A row's partials depend only on its own query and keys, and are folded in one order, so
 //   the result is the same bits whichever rows share its tile or call: a decoded token, the
 //   same token in a prompt chunk, or in a speculative tree. Rows whose keys at a chunk's
@@ -55,7 +56,6 @@ constexpr int64_t ITEM_VALUES_BYTES = 64 << 10;
 
 // attention_math.h as written, for any head dim.
 struct Portable {
-    static constexpr int HALF_IN_PLACE_HEADS = 0;  // float16 rows always converted first
     static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
                        int64_t hd, float scale, float* s, int lds) {
         for (int i = 0; i < nq; ++i)
@@ -265,12 +265,12 @@ class Attention {
         ember_prefetch::lines_l2(pool_head(pool, slot, it.kvh), kv_.head_bytes * it.nkv);
     }
 
-    // A float16 pool is read in place by one row whose heads fit the kernels' score tile
-    // (a decoded token): each value converts once as it loads. Rows sharing a chunk (a prompt
+    // A float16 pool is read in place by one row whose heads fit the kernels' score tile and
+    // value block (a decoded token): each value converts once as it loads. Rows sharing a chunk (a prompt
     // tile, a tree) take converted copies, which every row's heads then reuse.
     void group(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc) {
-        if (kv_.type == KvType::F16 && n == 1 && G_ <= K::HALF_IN_PLACE_HEADS) {
-            if constexpr (K::HALF_IN_PLACE_HEADS > 0) {
+        if constexpr (!std::is_same_v<K, Portable>) {
+            if (kv_.type == KvType::F16 && n == 1 && K::half_in_place(G_, hd_)) {
                 sc.kh.resize(CHUNK * it.nkv), sc.vh.resize(CHUNK * it.nkv);
                 return group_of(it, c, spans, n, map, sc, sc.kh.data(), sc.vh.data());
             }

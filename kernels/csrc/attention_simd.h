@@ -215,9 +215,12 @@ struct Avx512 {
 template <class V>
 struct SimdKernels {
     using T = typename V::T;
-    // A row's scores and values read float16 rows in place (converting as they load) when its
-    // query heads per KV head fit one score tile: each key then converts once, as in a pass.
-    static constexpr int HALF_IN_PLACE_HEADS = V::QN_MAX;
+    // Whether a row's scores and values read float16 rows in place (converting as they load):
+    // when its query heads per KV head fit one score tile and one block of values (see
+    // values), so each key and value still converts once, as in a pass.
+    static constexpr bool half_in_place(int64_t heads, int64_t hd) {
+        return heads <= V::QN_MAX && (heads <= 3 || (V::MAX_W >= 4 && hd / LANES % 4 == 0));
+    }
 
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
     static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
