@@ -266,8 +266,8 @@ class Attention {
     }
 
     // A float16 pool is read in place by one row whose heads fit the kernels' score tile and
-    // value block (a decoded token): each value converts once as it loads. Rows sharing a chunk (a prompt
-    // tile, a tree) take converted copies, which every row's heads then reuse.
+    // value block (a decoded token): each value converts once as it loads. Rows sharing a
+    // chunk (a prompt tile, a tree) take converted copies, which every row's heads reuse.
     void group(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc) {
         if constexpr (!std::is_same_v<K, Portable>) {
             if (kv_.type == KvType::F16 && n == 1 && K::half_in_place(G_, hd_)) {

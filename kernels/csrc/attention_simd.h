@@ -225,10 +225,10 @@ struct SimdKernels {
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
     static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
 
-    // Scores of QN query vectors against KN keys, times scale: out[i * KN + j]. Keys and values
-    // (E) are float, or float16 converted in registers as they load: a separate conversion
-    // pass into scratch cost a quarter of the kernel's time (Zen 4 converts one 16-value
-    // register per two cycles; the pass added a store and a reload of each).
+    // Scores of QN query vectors against KN keys, times scale: out[i * KN + j]. Keys here (and
+    // values below) are float (E), or float16 converted in registers as they load: a separate
+    // conversion pass into scratch cost a quarter of the kernel's time (Zen 4 converts one
+    // 16-value register per two cycles; the pass added a store and a reload of each).
     template <int QN, int KN, class E>
     static EMBER_INLINE void tile(const float* const* q, const E* const* k, int64_t hd, float scale, float* out) {
         T acc[QN * KN];
@@ -256,7 +256,7 @@ struct SimdKernels {
         for (int x = x0; x < x1; x += KN) {
             const E* kx[KN];
             for (int j = 0; j < KN; ++j) kx[j] = k[x + j < x1 ? x + j : x1 - 1];
-            tile<QN, KN, E>(q, kx, hd, scale, out);
+            tile<QN, KN>(q, kx, hd, scale, out);
             for (int i = 0; i < QN; ++i)
                 for (int j = 0; j < KN; ++j) s[i * lds + x + j] = out[i * KN + j];
         }
@@ -266,17 +266,17 @@ struct SimdKernels {
     static void scores(const float* const* q, int nq, const E* const* k, int x0, int x1,
                        int64_t hd, float scale, float* s, int lds) {
         if constexpr (V::QN_MAX >= 6) {
-            if (nq == 5) return score_rows<5, E>(q, k, x0, x1, hd, scale, s, lds);
-            if (nq == 6) return score_rows<6, E>(q, k, x0, x1, hd, scale, s, lds);
+            if (nq == 5) return score_rows<5>(q, k, x0, x1, hd, scale, s, lds);
+            if (nq == 6) return score_rows<6>(q, k, x0, x1, hd, scale, s, lds);
         }
         for (int i = 0; i < nq;) {
             const int n = nq - i < V::QN ? nq - i : V::QN;
             float* si = s + static_cast<int64_t>(i) * lds;
             switch (n) {
-                case 1: score_rows<1, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                case 2: score_rows<2, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                case 3: if constexpr (V::QN >= 3) score_rows<3, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                default: if constexpr (V::QN >= 4) score_rows<4, E>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                case 1: score_rows<1>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                case 2: score_rows<2>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                case 3: if constexpr (V::QN >= 3) score_rows<3>(q + i, k, x0, x1, hd, scale, si, lds); break;
+                default: if constexpr (V::QN >= 4) score_rows<4>(q + i, k, x0, x1, hd, scale, si, lds); break;
             }
             i += n;
         }
@@ -339,12 +339,12 @@ struct SimdKernels {
             for (int h = 0; h < nh; h += NH_MAX) {
                 const int n = nh - h < NH_MAX ? nh - h : NH_MAX;
                 switch (n) {
-                    case 1: value_block<W, 1, E>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 2: value_block<W, 2, E>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 3: value_block<W, 3, E>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 4: if constexpr (NH_MAX >= 4) value_block<W, 4, E>(p + h, v, a, b, col, O + h, f + h); break;
-                    case 5: if constexpr (NH_MAX >= 5) value_block<W, 5, E>(p + h, v, a, b, col, O + h, f + h); break;
-                    default: if constexpr (NH_MAX >= 6) value_block<W, 6, E>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 1: value_block<W, 1>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 2: value_block<W, 2>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 3: value_block<W, 3>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 4: if constexpr (NH_MAX >= 4) value_block<W, 4>(p + h, v, a, b, col, O + h, f + h); break;
+                    case 5: if constexpr (NH_MAX >= 5) value_block<W, 5>(p + h, v, a, b, col, O + h, f + h); break;
+                    default: if constexpr (NH_MAX >= 6) value_block<W, 6>(p + h, v, a, b, col, O + h, f + h); break;
                 }
             }
     }
@@ -355,11 +355,11 @@ struct SimdKernels {
         // 24 accumulator registers on AVX-512: 6 heads x 4 vectors, or 3 x 8 for 3 heads or
         // fewer; AVX2's 16 registers hold 3 heads x 2 (two registers each)
         const int64_t n16 = hd / LANES;
-        if (V::MAX_W >= 4 && n16 % 4 == 0 && nh > 3) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6, E>(p, nh, v, a, b, hd, O, f);
-        if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1, 3, E>(p, nh, v, a, b, hd, O, f);
-        if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1, 3, E>(p, nh, v, a, b, hd, O, f);
-        if (n16 % 2 == 0) return value_heads<2, 3, E>(p, nh, v, a, b, hd, O, f);
-        value_heads<1, 3, E>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 4 && n16 % 4 == 0 && nh > 3) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1, 3>(p, nh, v, a, b, hd, O, f);
+        if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1, 3>(p, nh, v, a, b, hd, O, f);
+        if (n16 % 2 == 0) return value_heads<2, 3>(p, nh, v, a, b, hd, O, f);
+        value_heads<1, 3>(p, nh, v, a, b, hd, O, f);
     }
 };
 
