@@ -84,6 +84,9 @@ struct XQuant {
 };
 
 constexpr int GEMM_TOKENS = 16;
+// Weight rows per group of the prefill kernels that hold weight rows in lanes
+// (block_gemm_lanes_avx512.h): the driver hands them rows in whole groups where it can.
+constexpr int LANE_ROWS = 16;
 // Token of each int32 lane of the prefill kernels' two accumulators (vpunpck order).
 constexpr int GEMM_ORDER[GEMM_TOKENS] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 

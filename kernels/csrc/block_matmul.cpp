@@ -61,6 +61,7 @@
     defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include "block_dots_avx512.h"
 #include "block_gemm_avx512.h"
+#include "block_gemm_lanes_avx512.h"
 #define EMBER_BLOCK_AVX512 1
 #endif
 
@@ -117,6 +118,9 @@ struct CpuPath {
     void (*quantize)(const float* x, int64_t n, int block, int8_t* q, float* d, int16_t* sum8);
     RowsFn rows[N_TYPES];  // in the order of TYPES
     GemmFn gemm[N_TYPES];  // prefill kernels for tiles of 16 rows of x (null: rows only)
+    // From this many rows of x on, the K-quant prefill kernels hold LANE_ROWS weight rows in
+    // lanes and read x's rows as they are (XLayouts::k_rows_from); 0: never.
+    int64_t lane_tokens = 0;
 };
 
 bool always() { return true; }
@@ -166,7 +170,8 @@ const CpuPath PATHS[] = {
       token_tile<V::KQuant<Q5_K>>, token_tile<V::KQuant<Q6_K>>},
      {nullptr, nullptr, nullptr, V::gemm_rows<V::SGemm<Q4_0>>, V::gemm_rows<V::SGemm<Q4_1>>, V::gemm_rows<V::SGemm<Q5_0>>,
       V::gemm_rows<V::SGemm<Q5_1>>, V::gemm_rows<V::SGemm<Q8_0>>,
-      V::gemm_rows<V::KGemm<Q4_K>>, V::gemm_rows<V::KGemm<Q5_K>>, V::gemm_rows<V::KGemm<Q6_K>>}},
+      V::LaneGemm<Q4_K>::gemm, V::LaneGemm<Q5_K>::gemm, V::LaneGemm<Q6_K>::gemm},
+     V::LaneGemm<Q4_K>::MIN_TOKENS},
 #endif
 };
 constexpr int N_PATHS = sizeof(PATHS) / sizeof(PATHS[0]);
@@ -221,8 +226,9 @@ const CpuPath& current_path() {
 // counter lets one thread take the rest when the other is preempted. Ranges shrink as the call
 // goes (each 1/(2 * threads) of the bytes left, 64 KiB..4 MiB), so that the threads finish
 // close together: at one token a call is a few hundred microseconds, and one thread waiting
-// out the other's last long range cost ~3% of decode (measured on the 1.1B model). Within a range, rows go in tiles of ~16 KiB that stay in L1/L2
-// while every tile of tokens passes over them.
+// out the other's last long range cost ~3% of decode (measured on the 1.1B model). Within a
+// range, rows go in tiles of ~16 KiB that stay in L1/L2 while every tile of tokens passes over
+// them; ranges and tiles hold whole groups of LANE_ROWS where the prefill kernel wants them.
 constexpr int64_t RANGE_MIN_BYTES = 64 << 10, RANGE_MAX_BYTES = 4 << 20, TILE_BYTES = 16 << 10;
 constexpr int64_t TILE_MIN_ROWS = 4;
 
@@ -297,16 +303,20 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
     }
     at::Tensor storage;
     const XLayouts layouts{path.quantize, path.pairs, path.gemm[type_index(Q4_K)] != nullptr,
-                           path.gemm_layout == GemmLayout::Quads, path.gemm[type_index(Q4_0)] != nullptr};
+                           path.gemm_layout == GemmLayout::Quads, path.gemm[type_index(Q4_0)] != nullptr,
+                           path.lane_tokens};
     const XQuant a = quantize_x(x.data_ptr<float>(), T, K, q32, qk, layouts, storage);
 
     const int threads = std::max(1, at::get_num_threads());
+    // rows in whole groups for kernels that hold LANE_ROWS weight rows in lanes
+    const int64_t group = path.lane_tokens && T >= path.lane_tokens ? LANE_ROWS : 1;
+    auto grouped = [group](int64_t rows) { return (rows + group - 1) / group * group; };
     std::vector<Range> ranges;
     int64_t left = total_bytes;
     for (size_t i = 0; i < ws.size(); ++i) {
         for (int64_t r = 0; r < ws[i].n;) {
             const int64_t bytes = std::clamp<int64_t>(left / (2 * threads), RANGE_MIN_BYTES, RANGE_MAX_BYTES);
-            const int64_t r1 = std::min(ws[i].n, r + std::max<int64_t>(1, bytes / ws[i].row_bytes));
+            const int64_t r1 = std::min(ws[i].n, r + grouped(std::max<int64_t>(1, bytes / ws[i].row_bytes)));
             ranges.push_back({int(i), r, r1});
             left -= (r1 - r) * ws[i].row_bytes;
             r = r1;
@@ -320,7 +330,7 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
         for (int64_t c; (c = next.fetch_add(1)) < n_ranges;) {
             const Range& rg = ranges[c];
             const Weight& w = ws[rg.weight];
-            const int64_t tile = std::max<int64_t>(TILE_MIN_ROWS, TILE_BYTES / w.row_bytes);
+            const int64_t tile = grouped(std::max<int64_t>(TILE_MIN_ROWS, TILE_BYTES / w.row_bytes));
             for (int64_t r0 = rg.r0; r0 < rg.r1; r0 += tile) {
                 const int64_t r1 = std::min(rg.r1, r0 + tile);
                 int64_t t0 = 0;  // whole tiles of 16 rows of x through the prefill kernel

@@ -24,6 +24,9 @@ struct XLayouts {
     bool k_gemm;      // the path has prefill kernels for the K-quants ...
     bool quads;       // ... reading runs of 4 values per token (AVX-512), else pairs (AVX2)
     bool small_gemm;  // the path has prefill kernels for the 32-value types (runs of 4)
+    // From this many rows of x on, the path's K-quant prefill kernels read x's rows (qk) as
+    // they are, with no tiles laid out (block_gemm_lanes_avx512.h); 0: never.
+    int64_t k_rows_from;
 };
 
 // x (T, K) quantized for the styles the call needs (q32: Q8_0-style, qk: Q8_K-style) into one
@@ -40,14 +43,16 @@ inline XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk
     int64_t tiles = qk && path.k_gemm ? T / GEMM_TOKENS : 0;
     const int64_t ng = tiles * GEMM_TOKENS;  // rows of x in tiles
     const bool quads = path.quads;
+    const bool k_rows = tiles && path.k_rows_from > 0 && T >= path.k_rows_from;
+    const int64_t ngk = k_rows ? 0 : ng;  // rows of x laid out in the K-quants' tiles
     // and the 32-value types' prefill layout, where the path has their kernels
     const int64_t tiles32 = q32 && path.small_gemm ? T / GEMM_TOKENS : 0;
     const int64_t ng32 = tiles32 * GEMM_TOKENS;
     const int64_t sizes[] = {q32 ? T * K : 0, n32 * 4, n32 * 4, n32 * 4, n32 * 4,
                              qk ? T * K : 0,  nk * 4,  nk * 16 * 2, nk * 8 * 2,
                              tiles && !quads ? T * K / 8 * 2 : 0,  // all rows' per-8 sums, to lay out
-                             ng * K, ng * K / 256 * 4, ng * K / 32 * 2,
-                             quads ? ng * K / 16 * 4 : ng * K / 8 * 2,
+                             ngk * K, ngk * K / 256 * 4, ngk * K / 32 * 2,
+                             quads ? ngk * K / 16 * 4 : ngk * K / 8 * 2,
                              ng32 * K, ng32 * K / 32 * 4, ng32 * K / 32 * 4, ng32 * K / 32 * 4};
     constexpr int N_PARTS = sizeof(sizes) / sizeof(sizes[0]);
     int64_t total = 0;
@@ -121,6 +126,10 @@ inline XQuant quantize_x(const float* x, int64_t T, int64_t K, bool q32, bool qk
             }
         }
     });
+    if (k_rows) {  // the kernels read qk below
+        a.tiles = tiles;
+        tiles = 0;
+    }
     if (quads && tiles) {  // Prefill tiles, token i in lane i (block_gemm_avx512.h)
         int32_t* s16q = reinterpret_cast<int32_t*>(s8g);
         at::parallel_for(0, tiles, 1, [&](int64_t g0, int64_t g1) {
