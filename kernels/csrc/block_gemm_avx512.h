@@ -1,5 +1,7 @@
 // Prefill on AVX-512 VNNI: 16 rows of x at a time, token i in int32 lane i. KGemm for
-// Q4_K/Q5_K/Q6_K, SGemm (at the end) for the 32-value types Q4_0/Q4_1/Q5_0/Q5_1/Q8_0.
+// Q4_K/Q5_K/Q6_K below 48 tokens (from there weight rows in lanes pay: LaneGemm,
+// block_gemm_lanes_avx512.h), SGemm (at the end) for the 32-value types Q4_0/Q4_1/Q5_0/Q5_1/
+// Q8_0.
 //
 // As block_gemm_avx2.h, x is laid out token by token (XQuant::qq: for each run of 4 values, the
 // 16 tokens' 4 bytes side by side, one 64-byte vector), and each run of 4 weight values is

@@ -18,8 +18,9 @@
 // VNNI CPUs), one picked at first use from the CPU or EMBER_CPU_PATH, switchable for tests.
 // Whole tiles of 16 rows of x go through a prefill kernel for the K-quants (block_gemm_avx2.h,
 // block_gemm_avx512.h; on AVX-512 from 48 rows, block_gemm_lanes_avx512.h) and, on AVX-512,
-// for the 32-value types too; the rest through the row kernels (block_dots_*.h). All paths give the same bits for the K-quants, AVX2 and AVX-512 the
-// same for every type; each is batch-invariant.
+// for the 32-value types too; the rest through the row kernels (block_dots_*.h). All paths
+// give the same bits for the K-quants, AVX2 and AVX-512 the same for every type; each is
+// batch-invariant.
 //
 // Measured (python -m bench.block_matmul_speed; AMD EPYC (Zen, AVX2, no AVX-512), 2 threads,
 // ranges over 3 runs on the shared machine):
