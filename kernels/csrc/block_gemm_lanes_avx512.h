@@ -39,12 +39,12 @@ struct LaneGemm {
     // Tokens per pass: TG sums, block sums and accumulators in registers (4, 5, 6 and 8 ran
     // alike, 12 spilled).
     static constexpr int TG = 6;
-    // Below this many tokens the unpacking is not paid back: KGemm takes the call (the 1.5B's
-    // gate projection, 2 threads: KGemm ahead at 16 and 32 tokens, this kernel from 48). A
-    // multiple of the tile, so that quantize_x (XLayouts::k_rows_from is this) and gemm agree,
-    // from T / 16 whole tiles, on which layout of x the call reads.
+    // Below this many tokens the unpacking is not paid back and KGemm takes the call (the
+    // 1.5B's gate projection, 2 threads: KGemm ahead at 16 and 32 tokens, this kernel from
+    // 48). quantize_x decides it (XLayouts::k_rows_from is this): it lays out KGemm's tiles
+    // of x, or not, and gemm reads whichever it made.
     static constexpr int64_t MIN_TOKENS = 48;
-    static_assert(MIN_TOKENS % GEMM_TOKENS == 0 && LANE_ROWS == 16);
+    static_assert(LANE_ROWS == 16);
 
     // One block of 16 rows, unpacked (5.6-6.1 KiB).
     struct Block {
@@ -73,12 +73,13 @@ struct LaneGemm {
     // of 4 values gathered straight from the 16 rows' blocks (a gather per 4 or 8 bytes of
     // quants), scales and mins decoded 16 rows at a time as k_scales does for one.
     static void unpack(const uint8_t* w, int64_t row_bytes, int64_t r, int n, int64_t nb, Block* blocks) {
-        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                  _mm512_set1_epi32(int32_t(row_bytes)));
+        const __mmask16 live = static_cast<__mmask16>((1u << n) - 1u);
         const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
         for (int64_t b = 0; b < nb; ++b) {
             Block& B = blocks[b];
-            const Rows R{w + r * row_bytes + b * BYTES, _mm512_mullo_epi32(lane, _mm512_set1_epi32(int32_t(row_bytes))),
-                         static_cast<__mmask16>((1u << n) - 1u)};
+            const Rows R{w + r * row_bytes + b * BYTES, index, live};
             if constexpr (TYPE == Q6_K) {
                 // value 128h + 32k + l: low 4 bits from ql[64h + 32(k%2) + l] (nibble k/2),
                 // high 2 from qh[32h + l] (bits 2k); sub-block j = (128h + 32k + l) / 16
@@ -213,8 +214,8 @@ struct LaneGemm {
     // The GemmFn: rows [r0, r1) against tokens 16 g0 .. 16 g1 - 1.
     static void gemm(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t g0, int64_t g1, float* y, int64_t ldy) {
+        if (a.qq) return gemm_rows<KGemm<TYPE>>(a, w, row_bytes, r0, r1, g0, g1, y, ldy);  // a short call
         const int64_t t0 = g0 * GEMM_TOKENS, t1 = g1 * GEMM_TOKENS;
-        if (t1 - t0 < MIN_TOKENS) return gemm_rows<KGemm<TYPE>>(a, w, row_bytes, r0, r1, g0, g1, y, ldy);
         const int64_t nb = a.K / 256;
         // per thread, kept: about 6 KiB per 256 columns (200 KiB at the 1.5B's K of 8960)
         thread_local std::vector<Block> blocks;
