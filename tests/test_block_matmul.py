@@ -140,7 +140,8 @@ def test_each_row_of_x_is_independent_of_the_batch_and_threads(k, restore_path):
     thread count (speculative verification relies on it). 53 rows: three tiles of 16 for the
     K-quants' prefill kernel (on AVX-512 the one with weight rows in lanes, 48 tokens) and 5
     for the row kernel; the first 5 alone take the row kernel, the other 48 the prefill one
-    again; alone, every row takes the row kernel.
+    again; alone, every row takes the row kernel (on AVX-512 the K-quants' one-token kernel,
+    16 weight rows at a time, and the row kernel for the 12 rows left).
     Weights big enough to be split into several thread ranges and row tiles."""
     types = [t for t in TYPES if t not in K_TYPES or k % 256 == 0]
     ws = [weight(t, 300, k, seed=1) for t in types]
@@ -166,11 +167,12 @@ def test_each_row_of_x_is_independent_of_the_batch_and_threads(k, restore_path):
 def test_k_quants_give_the_same_bits_on_every_path(qtype, restore_path):
     """The K-quants' arithmetic is one fixed sequence per output (the block's int32 sums, then
     acc += isum * (d * d_x), acc -= msum * (dmin * d_x)) in the portable path, the AVX2 row
-    kernel and prefill kernel, and the AVX-512 ones, alike. 40 rows of x: two tiles of 16 in
-    the prefill kernel with tokens in lanes; 80: five, in the one with weight rows in lanes
-    (37 weight rows: two groups of 16 and a part)."""
+    kernel and prefill kernel, and the AVX-512 ones, alike. One row of x: on AVX-512 the decode
+    kernel with 16 weight rows at a time and the row kernel for the rest (37 weight rows: two
+    groups of 16 and a part); 40 rows of x: two tiles of 16 in the prefill kernel with tokens
+    in lanes; 80: five, in the one with weight rows in lanes."""
     w = weight(qtype, 37, 512)
-    for t in (40, 80):
+    for t in (1, 40, 80):
         x = inputs(t, 512)
         outs = []
         for path in PATHS:
@@ -186,16 +188,56 @@ def test_avx512_gives_the_avx2_paths_bits(qtype, restore_path):
     """Every block's integer sum is exact on both, and the float steps after it are the same:
     rows of x in prefill tiles and not (40 = 2 tiles of 16 + 8; 56 = 3 + 8, where the K-quants
     hold weight rows in lanes), and a K of 8 whole groups of 8 32-value blocks plus 3 trailing
-    ones (2144 = 8 * 256 + 96; the K-quants take 2048)."""
+    ones (2144 = 8 * 256 + 96; the K-quants take 2048); one row of x, where the K-quants take
+    16 weight rows at a time."""
     k = 2048 if qtype in K_TYPES else 2144
     w = weight(qtype, 29, k)
-    for t in (40, 56):
+    for t in (1, 40, 56):
         x = inputs(t, k)
         outs = []
         for path in ("avx2", "avx512"):
             bm.set_cpu_path(path)
             outs.append(bm.block_matmul(x, [w]))
         assert torch.equal(outs[0], outs[1])
+
+
+def extreme_k_quant(qtype: int, n: int, k: int) -> QTensor:
+    """K-quant rows at the edges of the integer sums: every quant and scale at its largest (and
+    Q6_K's scales at -128 and 127) on even rows, random bytes on odd ones; fp16 d and dmin
+    finite."""
+    nbytes = {int(Q.Q4_K): 144, int(Q.Q5_K): 176, int(Q.Q6_K): 210}[qtype]
+    g = torch.Generator().manual_seed(qtype)
+    blocks = torch.randint(0, 256, (n, k // 256, nbytes), dtype=torch.uint8, generator=g)
+    blocks[0::2] = 255
+    one, half = torch.tensor([0x00, 0x3C], dtype=torch.uint8), torch.tensor([0x00, 0x38], dtype=torch.uint8)
+    if qtype == int(Q.Q6_K):
+        blocks[0::2, :, 192:208:2] = 0x80
+        blocks[0::2, :, 193:208:2] = 0x7F
+        blocks[..., 208:210] = one
+    else:
+        blocks[..., 0:2], blocks[..., 2:4] = one, half
+    return QTensor(blocks.reshape(-1).contiguous(), qtype, (n, k))
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", sorted(K_TYPES), ids=name)
+def test_k_quants_at_the_edges_of_their_integer_sums(qtype, restore_path):
+    """Largest quants and scales against x at +-127 everywhere (every run of 4 products at its
+    int16 bound in the kernels that narrow them), and against ordinary x: the same bits on every
+    path, for one row of x and for prefill tiles, and within rounding of the reference."""
+    w = extreme_k_quant(qtype, 37, 512)
+    for t in (1, 3, 80):
+        x = inputs(t, 512)
+        x[0] = 1.0
+        if t > 1:
+            x[1] = -1.0
+        ref = bm.block_matmul_reference(x, [w])
+        outs = []
+        for path in PATHS:
+            bm.set_cpu_path(path)
+            outs.append(bm.block_matmul(x, [w]))
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        close_to(outs[0], ref, x, [w])
 
 
 @needs_kernel
