@@ -140,8 +140,7 @@ def test_each_row_of_x_is_independent_of_the_batch_and_threads(k, restore_path):
     thread count (speculative verification relies on it). 53 rows: three tiles of 16 for the
     K-quants' prefill kernel (on AVX-512 the one with weight rows in lanes, 48 tokens) and 5
     for the row kernel; the first 5 alone take the row kernel, the other 48 the prefill one
-    again; alone, every row takes the row kernel (on AVX-512 the K-quants' one-token kernel,
-    16 weight rows at a time, and the row kernel for the 12 rows left).
+    again; alone, every row takes the row kernel.
     Weights big enough to be split into several thread ranges and row tiles."""
     types = [t for t in TYPES if t not in K_TYPES or k % 256 == 0]
     ws = [weight(t, 300, k, seed=1) for t in types]
@@ -167,10 +166,9 @@ def test_each_row_of_x_is_independent_of_the_batch_and_threads(k, restore_path):
 def test_k_quants_give_the_same_bits_on_every_path(qtype, restore_path):
     """The K-quants' arithmetic is one fixed sequence per output (the block's int32 sums, then
     acc += isum * (d * d_x), acc -= msum * (dmin * d_x)) in the portable path, the AVX2 row
-    kernel and prefill kernel, and the AVX-512 ones, alike. One row of x: on AVX-512 the decode
-    kernel with 16 weight rows at a time and the row kernel for the rest (37 weight rows: two
-    groups of 16 and a part); 40 rows of x: two tiles of 16 in the prefill kernel with tokens
-    in lanes; 80: five, in the one with weight rows in lanes."""
+    kernel and prefill kernel, and the AVX-512 ones, alike. One row of x: the row kernels; 40
+    rows of x: two tiles of 16 in the prefill kernel with tokens in lanes; 80: five, in the one
+    with weight rows in lanes (37 weight rows: two groups of 16 and a part)."""
     w = weight(qtype, 37, 512)
     for t in (1, 40, 80):
         x = inputs(t, 512)
@@ -188,8 +186,7 @@ def test_avx512_gives_the_avx2_paths_bits(qtype, restore_path):
     """Every block's integer sum is exact on both, and the float steps after it are the same:
     rows of x in prefill tiles and not (40 = 2 tiles of 16 + 8; 56 = 3 + 8, where the K-quants
     hold weight rows in lanes), and a K of 8 whole groups of 8 32-value blocks plus 3 trailing
-    ones (2144 = 8 * 256 + 96; the K-quants take 2048); one row of x, where the K-quants take
-    16 weight rows at a time."""
+    ones (2144 = 8 * 256 + 96; the K-quants take 2048); and one row of x (the row kernels)."""
     k = 2048 if qtype in K_TYPES else 2144
     w = weight(qtype, 29, k)
     for t in (1, 40, 56):

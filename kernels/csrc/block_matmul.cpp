@@ -18,9 +18,7 @@
 // VNNI CPUs), one picked at first use from the CPU or EMBER_CPU_PATH, switchable for tests.
 // Whole tiles of 16 rows of x go through a prefill kernel for the K-quants (block_gemm_avx2.h,
 // block_gemm_avx512.h; on AVX-512 from 48 rows, block_gemm_lanes_avx512.h) and, on AVX-512,
-// for the 32-value types too; the rest through the row kernels (block_dots_*.h), but for one
-// row of x (decode) on AVX-512, where the K-quants go 16 weight rows at a time
-// (block_gemv_lanes_avx512.h). All paths
+// for the 32-value types too; the rest through the row kernels (block_dots_*.h). All paths
 // give the same bits for the K-quants, AVX2 and AVX-512 the same for every type; each is
 // batch-invariant.
 //
@@ -41,10 +39,13 @@
 //   GOPS for the whole model, and decodes at ~16 tok/s (~10 GB/s of weights).
 //   AMD EPYC with AVX-512 VNNI (Zen 4 class), 2 threads: T=1 0.95-0.98 of a plain read of the
 //   same bytes (32-35 GB/s) for Q4_K, Q6_K, Q8_0 and Q5_0 on either path: decode is bandwidth-
-//   bound there with two threads, but not with one: with the weights in cache one core took
-//   ~25 cycles a Q4_K block in the row kernel (~21 GB/s), Q5_K ~31, Q6_K ~24; the one-token
-//   kernel with 16 weight rows at a time ~17, ~22 and ~20 (Q4_K ~31 GB/s). On the 1.5B's small
-//   q/k/v and o projections (1.3-1.8 MB a layer), from memory: 24-25 GB/s against 16-18.
+//   bound there. Tried and not kept (2026-12-03): a one-token AVX-512 kernel for the K-quants
+//   taking 16 weight rows at a time (their block sums added up by one transpose-and-add tree,
+//   the scales decoded in a vector register, the float step in lanes; same bits). With the
+//   weights in cache one core went from ~25 to ~17 cycles a Q4_K block, but decode streams from
+//   memory, and reading 16 rows side by side (software prefetch of the next 16, in place of
+//   one sequential stream the hardware prefetchers follow) lost more than it saved: same-
+//   process paired decode 0.93x on the 7B, 0.98x on the default model, 0.99x on the 1.5B.
 //   Prefill, 1 thread, 256 rows x 2048 held in cache, ns per 256 values and token
 //   (x's quantization included): Q4_K 3.8 (avx2) / 2.9 (avx512), Q6_K 5.0 / 4.0, Q8_0 5.3 /
 //   3.4, Q5_0 4.0 / 3.8.
@@ -69,7 +70,6 @@
 #include "block_dots_avx512.h"
 #include "block_gemm_avx512.h"
 #include "block_gemm_lanes_avx512.h"
-#include "block_gemv_lanes_avx512.h"
 #define EMBER_BLOCK_AVX512 1
 #endif
 
@@ -129,11 +129,6 @@ struct CpuPath {
     // From this many rows of x on, the K-quant prefill kernels hold LANE_ROWS weight rows in
     // lanes and read x's rows as they are (XLayouts::k_rows_from); 0: never.
     int64_t lane_tokens = 0;
-    // The K-quant row kernels take one row of x LANE_ROWS weight rows at a time.
-    bool lane_decode = false;
-
-    // Weight rows in whole groups of LANE_ROWS (ranges and tiles) for a call with T rows of x?
-    bool lane_groups(int64_t T) const { return (lane_tokens && T >= lane_tokens) || (lane_decode && T == 1); }
 };
 
 bool always() { return true; }
@@ -151,20 +146,6 @@ namespace A = ember_blocks::avx2;
 #endif
 #ifdef EMBER_BLOCK_AVX512
 namespace V = ember_blocks::avx512;
-
-// One row of x through LaneGemv, LANE_ROWS weight rows at a time, the rows left over and
-// more rows of x through the row kernel (each weight block unpacked once per tile of tokens).
-template <int TYPE>
-void k_rows_avx512(const XQuant& a, const uint8_t* w, int64_t rb, int64_t r0, int64_t r1, int64_t t0,
-                   int64_t tt, float* y, int64_t ldy) {
-    if (tt == 1) {
-        const int64_t whole = r0 + (r1 - r0) / LANE_ROWS * LANE_ROWS;
-        V::LaneGemv<TYPE>::rows(a, w, rb, r0, whole, t0, y, ldy);
-        r0 = whole;
-    }
-    if (r0 < r1) token_tile<V::KQuant<TYPE>>(a, w, rb, r0, r1, t0, tt, y, ldy);
-}
-
 bool cpu_has_avx512() {
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -193,12 +174,12 @@ const CpuPath PATHS[] = {
     {"avx512", cpu_has_avx512, true, GemmLayout::Quads, A::quantize_row,
      {token_tile<A::Float<F32>>, token_tile<A::Float<F16>>, token_tile<A::Float<BF16>>,
       token_tile<V::Small<Q4_0>>, token_tile<V::Small<Q4_1>>, token_tile<V::Small<Q5_0>>,
-      token_tile<V::Small<Q5_1>>, token_tile<V::Small<Q8_0>>, k_rows_avx512<Q4_K>,
-      k_rows_avx512<Q5_K>, k_rows_avx512<Q6_K>},
+      token_tile<V::Small<Q5_1>>, token_tile<V::Small<Q8_0>>, token_tile<V::KQuant<Q4_K>>,
+      token_tile<V::KQuant<Q5_K>>, token_tile<V::KQuant<Q6_K>>},
      {nullptr, nullptr, nullptr, V::gemm_rows<V::SGemm<Q4_0>>, V::gemm_rows<V::SGemm<Q4_1>>, V::gemm_rows<V::SGemm<Q5_0>>,
       V::gemm_rows<V::SGemm<Q5_1>>, V::gemm_rows<V::SGemm<Q8_0>>,
       V::LaneGemm<Q4_K>::gemm, V::LaneGemm<Q5_K>::gemm, V::LaneGemm<Q6_K>::gemm},
-     V::LaneGemm<Q4_K>::MIN_TOKENS, true},
+     V::LaneGemm<Q4_K>::MIN_TOKENS},
 #endif
 };
 constexpr int N_PATHS = sizeof(PATHS) / sizeof(PATHS[0]);
@@ -336,7 +317,7 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
 
     const int threads = std::max(1, at::get_num_threads());
     // rows in whole groups for kernels that hold LANE_ROWS weight rows in lanes
-    const int64_t group = path.lane_groups(T) ? LANE_ROWS : 1;
+    const int64_t group = path.lane_tokens && T >= path.lane_tokens ? LANE_ROWS : 1;
     auto grouped = [group](int64_t rows) { return (rows + group - 1) / group * group; };
     std::vector<Range> ranges;
     int64_t left = total_bytes;
@@ -357,9 +338,7 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
         for (int64_t c; (c = next.fetch_add(1)) < n_ranges;) {
             const Range& rg = ranges[c];
             const Weight& w = ws[rg.weight];
-            // one row of x passes once: the whole range is one tile
-            const int64_t tile = T == 1 ? rg.r1 - rg.r0
-                                        : grouped(std::max<int64_t>(TILE_MIN_ROWS, TILE_BYTES / w.row_bytes));
+            const int64_t tile = grouped(std::max<int64_t>(TILE_MIN_ROWS, TILE_BYTES / w.row_bytes));
             for (int64_t r0 = rg.r0; r0 < rg.r1; r0 += tile) {
                 const int64_t r1 = std::min(rg.r1, r0 + tile);
                 int64_t t0 = 0;  // whole tiles of 16 rows of x through the prefill kernel
