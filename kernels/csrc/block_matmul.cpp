@@ -39,13 +39,14 @@
 //   GOPS for the whole model, and decodes at ~16 tok/s (~10 GB/s of weights).
 //   AMD EPYC with AVX-512 VNNI (Zen 4 class), 2 threads: T=1 0.95-0.98 of a plain read of the
 //   same bytes (32-35 GB/s) for Q4_K, Q6_K, Q8_0 and Q5_0 on either path: decode is bandwidth-
-//   bound there. Tried and not kept (2026-12-03): a one-token AVX-512 kernel for the K-quants
-//   taking 16 weight rows at a time (their block sums added up by one transpose-and-add tree,
-//   the scales decoded in a vector register, the float step in lanes; same bits). With the
-//   weights in cache one core went from ~25 to ~17 cycles a Q4_K block, but decode streams from
-//   memory, and reading 16 rows side by side (software prefetch of the next 16, in place of
-//   one sequential stream the hardware prefetchers follow) lost more than it saved: same-
-//   process paired decode 0.93x on the 7B, 0.98x on the default model, 0.99x on the 1.5B.
+//   bound there. Tried and not kept (2026-12-03, commit 1c67b8e): a one-token AVX-512 kernel
+//   for the K-quants taking 16 weight rows at a time (their block sums added up by one
+//   transpose-and-add tree, the scales decoded in a vector register, the float step in lanes;
+//   same bits). With the weights in cache one core went from ~25 to ~17 cycles a Q4_K block,
+//   but decode streams from memory, and reading 16 rows side by side (software prefetch of
+//   the next 16, in place of one sequential stream the hardware prefetchers follow) lost more
+//   than it saved: same-process paired decode 0.93x on the 7B, 0.98x on the default model,
+//   0.99x on the 1.5B.
 //   Prefill, 1 thread, 256 rows x 2048 held in cache, ns per 256 values and token
 //   (x's quantization included): Q4_K 3.8 (avx2) / 2.9 (avx512), Q6_K 5.0 / 4.0, Q8_0 5.3 /
 //   3.4, Q5_0 4.0 / 3.8.
