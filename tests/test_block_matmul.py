@@ -219,8 +219,9 @@ def extreme_k_quant(qtype: int, n: int, k: int) -> QTensor:
 @needs_kernel
 @pytest.mark.parametrize("qtype", sorted(K_TYPES), ids=name)
 def test_k_quants_at_the_edges_of_their_integer_sums(qtype, restore_path):
-    """Largest quants and scales against x at +-127 everywhere (every run of 4 products at its
-    int16 bound in the kernels that narrow them), and against ordinary x: the same bits on every
+    """Largest quants and scales against x at +-127 everywhere, so that the int16 stages the
+    kernels rely on (AVX2's vpmaddubsw pairs and their vphaddw folds, AVX-512's vpdpbusd runs
+    of 4 packed to int16) reach their bounds, and against ordinary x: the same bits on every
     path, for one row of x and for prefill tiles, and within rounding of the reference."""
     w = extreme_k_quant(qtype, 37, 512)
     for t in (1, 3, 80):
