@@ -202,9 +202,9 @@ def extreme_k_quant(qtype: int, n: int, k: int) -> QTensor:
     """K-quant rows at the edges of the integer sums: every quant and scale at its largest (and
     Q6_K's scales at -128 and 127) on even rows, random bytes on odd ones; fp16 d and dmin
     finite."""
-    nbytes = {int(Q.Q4_K): 144, int(Q.Q5_K): 176, int(Q.Q6_K): 210}[qtype]
+    values, nbytes = quants.block_info(qtype)
     g = torch.Generator().manual_seed(qtype)
-    blocks = torch.randint(0, 256, (n, k // 256, nbytes), dtype=torch.uint8, generator=g)
+    blocks = torch.randint(0, 256, (n, k // values, nbytes), dtype=torch.uint8, generator=g)
     blocks[0::2] = 255
     one, half = torch.tensor([0x00, 0x3C], dtype=torch.uint8), torch.tensor([0x00, 0x38], dtype=torch.uint8)
     if qtype == int(Q.Q6_K):
