@@ -18,10 +18,15 @@ come side by side. The instruction-set path ("avx512", "avx2" or "portable") is 
 first use from the CPU, or by EMBER_CPU_PATH; `set_cpu_path` switches it (tests run every
 path). On AVX2 and AVX-512, tiles of 16 rows of x (prefill) take a separate kernel for the
 K-quants, with the very same arithmetic per output. Speeds: csrc/block_matmul.cpp (top), `python -m bench.block_matmul_speed`.
+
+A K-quant weight in row groups (`QTensor.in_row_groups`; an engine puts a RAM copy's matrices
+in them where the path reads them in place, `reads_row_groups`) gives the same bits: one token
+reads the groups in place on AVX-512, everything else takes each tile back to rows first.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -35,7 +40,8 @@ if TYPE_CHECKING:
     from ember.models.weights import QTensor
 
 __all__ = ["NATIVE_TYPES", "available", "block_matmul", "block_matmul_reference", "cpu_path",
-           "cpu_paths", "dequantize_row", "dequantize_row_reference", "set_cpu_path", "supports"]
+           "cpu_paths", "dequantize_row", "dequantize_row_reference", "reads_row_groups",
+           "set_cpu_path", "supports"]
 
 _FLOAT_TYPES = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))
 _SMALL_TYPES = frozenset(int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0))
@@ -140,9 +146,18 @@ def block_matmul(x: torch.Tensor, weights: Sequence[QTensor]) -> torch.Tensor:
     module = _module()
     if module is None:
         return block_matmul_reference(x, weights)
-    # The raw bytes go as they are (1-D): the kernel takes N from them, no view per call.
-    return module.block_matmul(x.contiguous(), [w.raw.contiguous() for w in weights],
+    # The raw bytes go as they are (1-D): the kernel takes N from them, no view per call; row
+    # groups as (N / 16, 16, row bytes), which says what they are.
+    return module.block_matmul(x.contiguous(),
+                               [w.rows() if w.grouped else w.raw.contiguous() for w in weights],
                                [q for q, _, _ in meta])
+
+
+def reads_row_groups() -> bool:
+    """Whether the current path reads K-quant row groups in place for one token (AVX-512):
+    where it does not, row groups would only cost a reordering per tile. EMBER_ROW_GROUPS=0
+    says no whatever the path (to measure the file's layout against them)."""
+    return os.environ.get("EMBER_ROW_GROUPS", "1") != "0" and cpu_path() == "avx512"
 
 
 def quantize_activations_reference(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +195,7 @@ def block_matmul_reference(x: torch.Tensor, weights: Sequence[QTensor]) -> torch
                 x_hat[block] = (q.double() * d.double()).reshape(t, k)
         n = w.shape[0]
         rb = quants.row_nbytes(qtype, k)
-        raw = w.raw.reshape(-1)
+        raw = w.file_layout().raw.reshape(-1)
         step = max(1, _REF_CHUNK // max(1, k))
         parts = []
         for r0 in range(0, n, step):
@@ -206,9 +221,8 @@ def _check_row(t: QTensor, index: int) -> tuple[int, int, int]:
 
 def dequantize_row_reference(t: QTensor, index: int) -> torch.Tensor:
     """Row `index` by `quants.dequantize` of that row's bytes: (1, K) float32."""
-    qtype, _, k = _check_row(t, index)
-    rb = quants.row_nbytes(qtype, k)
-    return quants.dequantize(t.raw.reshape(-1)[index * rb:(index + 1) * rb], qtype, (1, k))
+    _check_row(t, index)
+    return t.select_rows(torch.tensor([index])).dequantize()
 
 
 def dequantize_row(t: QTensor, index: int) -> torch.Tensor:
@@ -218,5 +232,5 @@ def dequantize_row(t: QTensor, index: int) -> torch.Tensor:
     module = _module()
     if module is None:
         return dequantize_row_reference(t, index)
-    return module.dequantize_row(t.raw.contiguous().view(n, quants.row_nbytes(qtype, k)), qtype,
-                                 int(index))
+    rows = t.rows() if t.grouped else t.raw.contiguous().view(n, quants.row_nbytes(qtype, k))
+    return module.dequantize_row(rows, qtype, int(index))

@@ -81,6 +81,7 @@ def _check_weight(w: QTensor) -> tuple[int, int]:
 def relayout(w: QTensor) -> InputMajor:
     """W (n, k) in its file blocks -> its tiles (C++; the reference without the extension)."""
     n, k = _check_weight(w)
+    w = w.file_layout()  # the tiles are built from rows as the file has them
     module = _module()
     if module is None:
         return relayout_reference(w)
@@ -91,6 +92,7 @@ def relayout(w: QTensor) -> InputMajor:
 def relayout_reference(w: QTensor) -> InputMajor:
     """The same tiles, built in PyTorch (kernels/tile_layout.py)."""
     n, k = _check_weight(w)
+    w = w.file_layout()
     packed = tl.to_tiles(w.raw.reshape(-1), int(w.qtype), n, k)
     return InputMajor(packed, int(w.qtype), (n, k))
 

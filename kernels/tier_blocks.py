@@ -70,7 +70,8 @@ class TierBlocks:
         k = {t.shape[1] for t in tensors}
         if len(k) != 1:
             raise ValueError(f"weights multiplied together share K, got {sorted(k)}")
-        parts = tuple(QTensor(t.raw.reshape(-1).to(device), t.qtype, tuple(t.shape))
+        # rows as the file has them (row groups are the host's one-token layout)
+        parts = tuple(QTensor(t.file_layout().raw.reshape(-1).to(device), t.qtype, tuple(t.shape))
                       for t in tensors)
         return cls(parts, block_kernels_on(device), half)
 
@@ -139,6 +140,7 @@ def down_columns(down: QTensor, groups: torch.Tensor) -> QTensor:
     (g,) block indices along a row -> (hidden, g * block values), verbatim bytes. A neuron's
     down weights are a column spread over every row's blocks, so a hot set taken from the
     file's blocks is a union of these block-aligned groups (kernels/hot_ffn.py:granule)."""
+    down = down.file_layout()
     hidden, ffn = down.shape
     values, nbytes = quants.block_info(int(down.qtype))
     per_row = ffn // values

@@ -126,7 +126,8 @@ OPEN_SHARE = 0.35
 
 def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = None,
                progress: Callable[[float, str], None] | None = None,
-               in_ram: Callable[[ModelSource], bool] | None = None) -> LoadedModel:
+               in_ram: Callable[[ModelSource], bool] | None = None,
+               row_groups: bool = False) -> LoadedModel:
     """open_model, then `check(source)`: the last moment to refuse (e.g. not enough memory)
     before anything large is built. The float32 reference is built later, if asked for.
 
@@ -134,6 +135,8 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
     stage a short phrase such as "layer 3 of 18" (the layers, when the float model is built).
     `in_ram(source)` True reads a GGUF file's bytes into RAM on huge pages instead of using
     the memory map (see ram_copy.py); asked after `check`, so a refusal copies nothing.
+    `row_groups` puts that copy's K-quant matrices in row groups (`WeightStore.in_row_groups`:
+    the one-token AVX-512 kernel's layout; the caller knows whether its path reads them).
     """
     report = progress or (lambda fraction, stage: None)
     report(0.0, "reading the model file")
@@ -142,6 +145,8 @@ def load_model(path: str | Path, check: Callable[[ModelSource], None] | None = N
         check(source)
     if in_ram is not None and gguf is not None and in_ram(source):
         source = _with_weights_in_ram(source, gguf, report)
+        if row_groups:
+            source = replace(source, weights=source.weights.in_row_groups())
     del gguf  # its metadata (the vocabulary) is no longer needed
     n = source.config.n_layers
     report(OPEN_SHARE, "model file opened")

@@ -2,8 +2,10 @@
 
 A `QTensor` is the raw bytes of one tensor plus its GGML type and shape. It stays a view of the
 memory-mapped file until someone asks for floats, so later kernels can read the quantized blocks
-directly. `WeightStore` maps Ember's canonical tensor names (GGUF naming: `blk.3.ffn_up.weight`)
-to QTensors, whatever the file format.
+directly. A K-quant matrix in RAM may hold its rows in groups (`in_row_groups`): the same
+blocks, reordered for the one-token AVX-512 kernel; every method here reads either layout.
+`WeightStore` maps Ember's canonical tensor names (GGUF naming: `blk.3.ffn_up.weight`) to
+QTensors, whatever the file format.
 """
 
 from __future__ import annotations
@@ -26,13 +28,24 @@ _TORCH_TO_GGML = {
 }
 
 
+# Rows a row group interleaves: block b of its 16 rows side by side, then block b + 1 (the
+# one-token AVX-512 kernel holds 16 rows in lanes and reads the group as one stream,
+# kernels/csrc/block_gemv_groups_avx512.h).
+ROW_GROUP = 16
+_GROUPED_TYPES = frozenset(int(t) for t in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+                                            GGMLQuantizationType.Q6_K))
+_GROUPING_CHUNK = 64 << 20  # bytes reordered at a time in place (the temporary copy's size)
+
+
 @dataclass(frozen=True)
 class QTensor:
-    """One stored tensor: `raw` uint8 bytes (a view, not a copy), GGML `qtype`, torch `shape`."""
+    """One stored tensor: `raw` uint8 bytes (a view, not a copy), GGML `qtype`, torch `shape`;
+    `grouped`: a matrix's rows in row groups (see `in_row_groups`), else as the file has them."""
 
     raw: torch.Tensor
     qtype: int
     shape: tuple[int, ...]
+    grouped: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -44,31 +57,91 @@ class QTensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 tensor of `shape`."""
-        return quants.dequantize(self.raw, self.qtype, self.shape)
+        return quants.dequantize(self.file_layout().raw, self.qtype, self.shape)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 [len(rows), cols] for selected rows of a 2-D tensor, reading only those rows."""
         return self.select_rows(rows).dequantize()
 
     def rows(self) -> torch.Tensor:
-        """The bytes of a 2-D tensor as (n_rows, row_bytes) uint8: a view, no copy."""
+        """The bytes of a 2-D tensor as (n_rows, row_bytes) uint8, or in row groups as
+        (n_rows / 16, 16, row_bytes), the form the block kernels take: a view, no copy."""
         n_rows, n_cols = self.shape
-        return self.raw.view(n_rows, quants.row_nbytes(self.qtype, n_cols))
+        row = quants.row_nbytes(self.qtype, n_cols)
+        if self.grouped:
+            return self.raw.view(n_rows // ROW_GROUP, ROW_GROUP, row)
+        return self.raw.view(n_rows, row)
 
     def row_slice(self, start: int, stop: int) -> "QTensor":
         """Rows start..stop-1 of a 2-D tensor as a QTensor: a view of the same bytes (a fused
-        projection's parts, e.g. Phi-3's q, k and v rows of `attn_qkv`)."""
+        projection's parts, e.g. Phi-3's q, k and v rows of `attn_qkv`); of row groups, a view
+        where start and stop fall between groups, else a copy of those rows in file layout."""
         n_rows, n_cols = self.shape
         if not 0 <= start < stop <= n_rows:
             raise ValueError(f"rows {start}..{stop} outside a tensor of {n_rows} rows")
+        if self.grouped and (start % ROW_GROUP or stop % ROW_GROUP):
+            return self.select_rows(torch.arange(start, stop))
         row = quants.row_nbytes(self.qtype, n_cols)
-        return QTensor(self.raw[start * row:stop * row], self.qtype, (stop - start, n_cols))
+        return QTensor(self.raw[start * row:stop * row], self.qtype, (stop - start, n_cols),
+                       self.grouped)
 
     def select_rows(self, rows: torch.Tensor) -> "QTensor":
-        """A new QTensor holding only `rows` of a 2-D tensor, still in the file's blocks (a
-        copy of those rows' bytes)."""
-        picked = self.rows().index_select(0, rows.to(torch.long))
+        """A new QTensor holding only `rows` of a 2-D tensor, still in the file's blocks and
+        in the file's row layout (a copy of those rows' bytes)."""
+        rows = rows.to(torch.long)
+        if self.grouped:  # row r's blocks: group r // 16, every block, lane r % 16
+            nbytes = quants.block_info(self.qtype)[1]
+            groups = self.raw.view(-1, self._blocks_per_row(), ROW_GROUP, nbytes)
+            picked = groups[rows // ROW_GROUP, :, rows % ROW_GROUP, :]
+        else:
+            picked = self.rows().index_select(0, rows)
         return QTensor(picked.reshape(-1), self.qtype, (len(rows), self.shape[1]))
+
+    # -- row groups ------------------------------------------------------------------------
+    def can_group(self) -> bool:
+        """Whether this matrix can take row groups: a K-quant (the kernel that reads them)
+        with whole groups of rows, not grouped already."""
+        return (not self.grouped and int(self.qtype) in _GROUPED_TYPES and len(self.shape) == 2
+                and self.shape[0] % ROW_GROUP == 0 and self.shape[0] > 0)
+
+    def in_row_groups(self) -> "QTensor":
+        """The same matrix with its rows in groups of 16, interleaved block by block: group
+        g holds block 0 of rows 16g..16g+15, then block 1 of each, and so on. Reordered in
+        place (its bytes must be writable and this matrix's alone: a RAM copy), so it costs
+        no memory beyond a chunk's temporary; the returned QTensor is the one to use, this one
+        no longer reads right. ValueError where `can_group` says no."""
+        if not self.can_group():
+            raise ValueError(f"a {self.qtype_name} tensor of shape {self.shape} cannot take "
+                             f"row groups (K-quant matrices with rows in whole 16s only)")
+        _, nbytes = quants.block_info(self.qtype)
+        blocks, per_group = self.raw.view(-1, nbytes), ROW_GROUP * self._blocks_per_row()
+        step = max(1, _GROUPING_CHUNK // (per_group * nbytes)) * per_group  # blocks at a time
+        order = self._block_order(step, to_groups=True)
+        for b0 in range(0, blocks.shape[0], step):
+            part = blocks[b0:b0 + step]
+            part.copy_(part.index_select(0, order[:part.shape[0]]))
+        return QTensor(self.raw, self.qtype, self.shape, grouped=True)
+
+    def file_layout(self) -> "QTensor":
+        """This matrix with its rows as the file stores them: itself, or a copy of row groups
+        taken back to rows (for readers that walk rows: dequantizing, GPU copies, tiles)."""
+        if not self.grouped:
+            return self
+        _, nbytes = quants.block_info(self.qtype)
+        blocks = self.raw.view(-1, nbytes)
+        rows = blocks.index_select(0, self._block_order(blocks.shape[0], to_groups=False))
+        return QTensor(rows.reshape(-1), self.qtype, self.shape)
+
+    def _blocks_per_row(self) -> int:
+        return self.shape[1] // quants.block_info(self.qtype)[0]
+
+    def _block_order(self, n_blocks: int, to_groups: bool) -> torch.Tensor:
+        """For n_blocks (whole groups) of this matrix, where each block of the other layout
+        comes from: row groups are (group, block, row) order, the file (group, row, block).
+        index_select copies whole blocks (a byte-wise transpose ran at a tenth the speed)."""
+        nb = self._blocks_per_row()
+        order = (-1, ROW_GROUP, nb) if to_groups else (-1, nb, ROW_GROUP)
+        return torch.arange(n_blocks).view(order).transpose(1, 2).reshape(-1)
 
     @staticmethod
     def from_torch(t: torch.Tensor) -> "QTensor":
@@ -129,6 +202,16 @@ class WeightStore:
             else:
                 tensors[name] = tensor
         return WeightStore(self.path, tensors, in_ram=self.in_ram, mapped=self.mapped)
+
+    def in_row_groups(self) -> "WeightStore":
+        """This store with every matrix that can take row groups (`QTensor.can_group`) in
+        them, reordered in place: only for a RAM copy (`in_ram`), whose bytes are this store's
+        own and writable; the old store's views of those matrices no longer read right."""
+        if not self.in_ram:
+            raise ValueError(f"{self.path}: row groups reorder a RAM copy in place; this store "
+                             "reads the file's memory map")
+        return self.replaced({name: t.in_row_groups() for name, t in self._tensors.items()
+                              if t.can_group()})
 
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors.values())

@@ -102,7 +102,7 @@ struct Small {
 // vpackssdw of vectors i, i+1: [i 0-3, i+1 0-3 | i 4-7, i+1 4-7]; for Q4_K/Q5_K each vector is
 // one 32-value sub-block, for Q6_K two 16-value ones (lanes 0-3 and 4-7), which gives
 // avx2::KQuant's own Q6_K scale layout. Then the AVX2 path's own float step (avx2::KQuant::step).
-template <int TYPE>
+template <int TYPE, bool GROUPED = false>  // GROUPED: the weight in row groups (block_at)
 struct KQuant {
     using Base = avx2::KQuant<TYPE>;
     static constexpr int BYTES = Base::BYTES, TILE = Base::TILE;
@@ -110,43 +110,60 @@ struct KQuant {
     template <int TT>
     static void rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t t0, float* y, int64_t ldy) {
-        const int64_t K = a.K, nb = K / 256;
-        const __m256i zero = _mm256_setzero_si256();
-        for (int64_t r = r0; r < r1; ++r) {
-            const uint8_t* row = w + r * row_bytes;
-            float acc[TT] = {};
-            for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t* blk = row + b * BYTES;
-                prefetch(blk, BYTES);
-                __m256i q[8], sc[4], sc16;
-                __m128i mn;
-                float d, dmin;
-                Base::unpack(blk, q, sc, sc16, mn, d, dmin);
-                __m256i pair_sc[4];  // int16 scales of the packed lanes of vectors 2c, 2c+1
-                if constexpr (TYPE == Q6_K) {
-                    for (int c = 0; c < 4; ++c) pair_sc[c] = sc[c];
-                } else {  // [sc_2c x4, sc_2c+1 x4 | the same]
-                    const __m256i s = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16));
-                    for (int c = 0; c < 4; ++c) {
-                        const char lo = char(4 * c), hi = char(4 * c + 2);
-                        pair_sc[c] = _mm256_shuffle_epi8(s, _mm256_setr_epi8(
-                            lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
-                            lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1));
-                    }
-                }
-                for (int t = 0; t < TT; ++t) {
-                    const int64_t tok = t0 + t;
-                    const int8_t* xq = a.qk + tok * K + b * 256;
-                    __m256i isum = zero;
-                    for (int c = 0; c < 4; ++c) {
-                        const __m256i p0 = dot4(zero, q[2 * c], load(xq + 64 * c));
-                        const __m256i p1 = dot4(zero, q[2 * c + 1], load(xq + 64 * c + 32));
-                        isum = _mm256_dpwssd_epi32(isum, _mm256_packs_epi32(p0, p1), pair_sc[c]);
-                    }
-                    acc[t] = Base::step(a, isum, sc16, mn, d, dmin, tok, b, acc[t]);
-                }
+        const int64_t nb = a.K / 256;
+        if constexpr (GROUPED) {
+            // a group's blocks in the order they lie (block b of its 16 rows, then b + 1): one
+            // stream, each row's sums apart and in the same order as below
+            for (int64_t g = r0; g < r1; g += LANE_ROWS) {
+                float acc[LANE_ROWS][TT] = {};
+                for (int64_t b = 0; b < nb; ++b)
+                    for (int i = 0; i < LANE_ROWS; ++i)
+                        block<TT>(a, block_at<true, BYTES>(w, row_bytes, g + i, b), t0, b, acc[i]);
+                for (int i = 0; i < LANE_ROWS; ++i)
+                    for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + g + i] = acc[i][t];
             }
-            for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r] = acc[t];
+        } else {
+            for (int64_t r = r0; r < r1; ++r) {
+                float acc[TT] = {};
+                for (int64_t b = 0; b < nb; ++b) block<TT>(a, block_at<false, BYTES>(w, row_bytes, r, b), t0, b, acc);
+                for (int t = 0; t < TT; ++t) y[(t0 + t) * ldy + r] = acc[t];
+            }
+        }
+    }
+
+    // Block b of one row (at blk) against tokens t0..t0+TT-1, into their accumulators.
+    template <int TT>
+    static inline __attribute__((always_inline)) void block(const XQuant& a, const uint8_t* blk, int64_t t0,
+                                                            int64_t b, float* acc) {
+        const int64_t K = a.K;
+        const __m256i zero = _mm256_setzero_si256();
+        prefetch(blk, BYTES);
+        __m256i q[8], sc[4], sc16;
+        __m128i mn;
+        float d, dmin;
+        Base::unpack(blk, q, sc, sc16, mn, d, dmin);
+        __m256i pair_sc[4];  // int16 scales of the packed lanes of vectors 2c, 2c+1
+        if constexpr (TYPE == Q6_K) {
+            for (int c = 0; c < 4; ++c) pair_sc[c] = sc[c];
+        } else {  // [sc_2c x4, sc_2c+1 x4 | the same]
+            const __m256i s = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16));
+            for (int c = 0; c < 4; ++c) {
+                const char lo = char(4 * c), hi = char(4 * c + 2);
+                pair_sc[c] = _mm256_shuffle_epi8(s, _mm256_setr_epi8(
+                    lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                    lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1));
+            }
+        }
+        for (int t = 0; t < TT; ++t) {
+            const int64_t tok = t0 + t;
+            const int8_t* xq = a.qk + tok * K + b * 256;
+            __m256i isum = zero;
+            for (int c = 0; c < 4; ++c) {
+                const __m256i p0 = dot4(zero, q[2 * c], load(xq + 64 * c));
+                const __m256i p1 = dot4(zero, q[2 * c + 1], load(xq + 64 * c + 32));
+                isum = _mm256_dpwssd_epi32(isum, _mm256_packs_epi32(p0, p1), pair_sc[c]);
+            }
+            acc[t] = Base::step(a, isum, sc16, mn, d, dmin, tok, b, acc[t]);
         }
     }
 };

@@ -87,6 +87,17 @@ constexpr int GEMM_TOKENS = 16;
 // Weight rows per group of the prefill kernels that hold weight rows in lanes
 // (block_gemm_lanes_avx512.h): the driver hands them rows in whole groups where it can.
 constexpr int LANE_ROWS = 16;
+
+// Block b of weight row r (rows row_bytes long, blocks BYTES): where the file has it, or in row
+// groups, LANE_ROWS rows interleaved block by block (block b of rows 16g..16g+15 side by side,
+// then block b + 1; kernels/block_matmul.py says who makes them).
+template <bool GROUPED, int BYTES>
+inline const uint8_t* block_at(const uint8_t* w, int64_t row_bytes, int64_t r, int64_t b) {
+    if constexpr (GROUPED)
+        return w + (r / LANE_ROWS) * LANE_ROWS * row_bytes + (b * LANE_ROWS + r % LANE_ROWS) * BYTES;
+    else
+        return w + r * row_bytes + b * BYTES;
+}
 // Token of each int32 lane of the prefill kernels' two accumulators (vpunpck order).
 constexpr int GEMM_ORDER[GEMM_TOKENS] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 

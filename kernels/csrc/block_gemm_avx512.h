@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include "block_dots_avx512.h"
+#include "prefetch.h"
 
 namespace ember_blocks::avx512 {
 
@@ -72,7 +73,13 @@ void gemm_tiles(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0
                 int64_t g, float* y, int64_t ldy) {
     constexpr int R = Kernel::R;
     int64_t r = r0;
-    for (; r + R <= r1; r += R) Kernel::template some<R, NG>(a, w, row_bytes, r, g, y, ldy);
+    for (; r + R <= r1; r += R) {
+        // row groups: R rows at a time read a group R blocks in 16, so the whole group is
+        // asked for at once (into L2) rather than met as 16 / R strided passes
+        if constexpr (Kernel::IN_GROUPS)
+            if (r % LANE_ROWS == 0) ember_prefetch::lines_l2(w + r * row_bytes, LANE_ROWS * row_bytes);
+        Kernel::template some<R, NG>(a, w, row_bytes, r, g, y, ldy);
+    }
     for (; r < r1; ++r) Kernel::template some<1, NG>(a, w, row_bytes, r, g, y, ldy);
 }
 
@@ -85,9 +92,10 @@ void gemm_rows(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0,
     for (; g < g1; ++g) gemm_tiles<Kernel, 1>(a, w, row_bytes, r0, r1, g, y, ldy);
 }
 
-template <int TYPE>
+template <int TYPE, bool GROUPED = false>  // GROUPED: the weight in row groups (block_at)
 struct KGemm {
     static constexpr int BYTES = TYPE == Q4_K ? 144 : TYPE == Q5_K ? 176 : 210;
+    static constexpr bool IN_GROUPS = GROUPED;
     // Weight rows per pass, and tiles of 16 tokens per pass: each 64-byte vector of x is
     // loaded once for R rows, and each row's unpacked values (and their vpshufd runs) serve
     // G tiles. One tile per pass spent about as many shuffle and unpack ops as vpdpbusds;
@@ -119,8 +127,13 @@ struct KGemm {
             alignas(16) uint8_t sm[N][16];
             __m512i isum[N][NG];
             for (int n = 0; n < N; ++n) {
-                blk[n] = w + (r + n) * row_bytes + b * BYTES;
-                prefetch(blk[n], BYTES);
+                blk[n] = block_at<GROUPED, BYTES>(w, row_bytes, r + n, b);
+                if constexpr (GROUPED) {  // this row's next block, 16 blocks on (the group is in L2)
+                    for (int o = 0; o < BYTES; o += 64)
+                        _mm_prefetch(reinterpret_cast<const char*>(blk[n] + LANE_ROWS * BYTES + o), _MM_HINT_T0);
+                } else {
+                    prefetch(blk[n], BYTES);
+                }
                 for (int t = 0; t < NG; ++t) isum[n][t] = _mm512_setzero_si512();
                 if constexpr (TYPE == Q6_K) {
                     d[n] = half(blk[n] + 208);
@@ -203,6 +216,7 @@ struct KGemm {
 // kernel ran it (batch invariance).
 template <int TYPE>
 struct SGemm {
+    static constexpr bool IN_GROUPS = false;
     using Base = avx2::Small<TYPE>;
     static constexpr int BYTES = Base::BYTES, QS = Base::QS;
     static constexpr int OFFSET_SHIFT = TYPE == Q8_0 ? 7 : Base::OFFSET_SHIFT;

@@ -30,7 +30,7 @@
 
 namespace ember_blocks::avx512 {
 
-template <int TYPE>
+template <int TYPE, bool GROUPED = false>  // GROUPED: the weight in row groups (block_at)
 struct LaneGemm {
     static constexpr int BYTES = KGemm<TYPE>::BYTES;
     static constexpr int SUBS = TYPE == Q6_K ? 16 : 8;  // sub-blocks per block
@@ -54,7 +54,7 @@ struct LaneGemm {
         __m512 d, dmin;
     };
 
-    // Byte `at` of row lane (int32 at a time) for 16 rows row_bytes apart; lanes past n zero.
+    // Byte `at` of row lane (int32 at a time) for 16 rows `index` apart; lanes past n zero.
     struct Rows {
         const uint8_t* base;
         __m512i index;
@@ -73,13 +73,14 @@ struct LaneGemm {
     // of 4 values gathered straight from the 16 rows' blocks (a gather per 4 or 8 bytes of
     // quants), scales and mins decoded 16 rows at a time as k_scales does for one.
     static void unpack(const uint8_t* w, int64_t row_bytes, int64_t r, int n, int64_t nb, Block* blocks) {
+        // a group's rows: row_bytes apart, or (row groups, r a multiple of 16) BYTES apart
         const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                  _mm512_set1_epi32(int32_t(row_bytes)));
+                                                  _mm512_set1_epi32(int32_t(GROUPED ? BYTES : row_bytes)));
         const __mmask16 live = static_cast<__mmask16>((1u << n) - 1u);
         const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
         for (int64_t b = 0; b < nb; ++b) {
             Block& B = blocks[b];
-            const Rows R{w + r * row_bytes + b * BYTES, index, live};
+            const Rows R{block_at<GROUPED, BYTES>(w, row_bytes, r, b), index, live};
             if constexpr (TYPE == Q6_K) {
                 // value 128h + 32k + l: low 4 bits from ql[64h + 32(k%2) + l] (nibble k/2),
                 // high 2 from qh[32h + l] (bits 2k); sub-block j = (128h + 32k + l) / 16
@@ -214,7 +215,7 @@ struct LaneGemm {
     // The GemmFn: rows [r0, r1) against tokens 16 g0 .. 16 g1 - 1.
     static void gemm(const XQuant& a, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t r1,
                      int64_t g0, int64_t g1, float* y, int64_t ldy) {
-        if (a.qq) return gemm_rows<KGemm<TYPE>>(a, w, row_bytes, r0, r1, g0, g1, y, ldy);  // a short call
+        if (a.qq) return gemm_rows<KGemm<TYPE, GROUPED>>(a, w, row_bytes, r0, r1, g0, g1, y, ldy);  // a short call
         const int64_t t0 = g0 * GEMM_TOKENS, t1 = g1 * GEMM_TOKENS;
         const int64_t nb = a.K / 256;
         // per thread, kept: about 6 KiB per 256 columns (200 KiB at the 1.5B's K of 8960)

@@ -22,6 +22,13 @@
 // give the same bits for the K-quants, AVX2 and AVX-512 the same for every type; each is
 // batch-invariant.
 //
+// Row groups: a K-quant weight may also come as (N / 16, 16, row_bytes), its rows interleaved
+// block by block in groups of 16 (block_formats.h:block_at; models/weights.py makes them),
+// which one token reads on AVX-512 through block_gemv_groups_avx512.h (one sequential stream,
+// 16 rows in lanes) and more tokens through the AVX-512 kernels above, told so by a template
+// switch. The other paths take each tile of such a weight back to the file's row layout in a
+// thread's scratch first (tests, a path forced by EMBER_CPU_PATH): the same bits either way.
+//
 // Measured (python -m bench.block_matmul_speed; AMD EPYC (Zen, AVX2, no AVX-512), 2 threads,
 // ranges over 3 runs on the shared machine):
 //   T=1, GB/s of weight bytes, and against a plain read of the same bytes (int64 sum,
@@ -46,7 +53,8 @@
 //   but decode streams from memory, and reading 16 rows side by side (software prefetch of
 //   the next 16, in place of one sequential stream the hardware prefetchers follow) lost more
 //   than it saved: same-process paired decode 0.93x on the 7B, 0.98x on the default model,
-//   0.99x on the 1.5B.
+//   0.99x on the 1.5B. The same kernel on row groups (the layout above) reads one stream:
+//   see block_gemv_groups_avx512.h.
 //   Prefill, 1 thread, 256 rows x 2048 held in cache, ns per 256 values and token
 //   (x's quantization included): Q4_K 3.8 (avx2) / 2.9 (avx512), Q6_K 5.0 / 4.0, Q8_0 5.3 /
 //   3.4, Q5_0 4.0 / 3.8.
@@ -71,12 +79,14 @@
 #include "block_dots_avx512.h"
 #include "block_gemm_avx512.h"
 #include "block_gemm_lanes_avx512.h"
+#include "block_gemv_groups_avx512.h"
 #define EMBER_BLOCK_AVX512 1
 #endif
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -130,6 +140,11 @@ struct CpuPath {
     // From this many rows of x on, the K-quant prefill kernels hold LANE_ROWS weight rows in
     // lanes and read x's rows as they are (XLayouts::k_rows_from); 0: never.
     int64_t lane_tokens = 0;
+    // A weight in row groups, read in place (null: each tile is taken back to rows first):
+    // one row of x, more rows, tiles of 16 rows.
+    RowsFn group_gemv[N_TYPES] = {};
+    RowsFn group_rows[N_TYPES] = {};
+    GemmFn group_gemm[N_TYPES] = {};
 };
 
 bool always() { return true; }
@@ -147,6 +162,11 @@ namespace A = ember_blocks::avx2;
 #endif
 #ifdef EMBER_BLOCK_AVX512
 namespace V = ember_blocks::avx512;
+template <int TYPE>
+void group_gemv(const XQuant& a, const uint8_t* w, int64_t rb, int64_t r0, int64_t r1, int64_t t0,
+                int64_t, float* y, int64_t ldy) {
+    V::GroupGemv<TYPE>::rows(a, w, rb, r0, r1, t0, y, ldy);
+}
 bool cpu_has_avx512() {
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -180,7 +200,13 @@ const CpuPath PATHS[] = {
      {nullptr, nullptr, nullptr, V::gemm_rows<V::SGemm<Q4_0>>, V::gemm_rows<V::SGemm<Q4_1>>, V::gemm_rows<V::SGemm<Q5_0>>,
       V::gemm_rows<V::SGemm<Q5_1>>, V::gemm_rows<V::SGemm<Q8_0>>,
       V::LaneGemm<Q4_K>::gemm, V::LaneGemm<Q5_K>::gemm, V::LaneGemm<Q6_K>::gemm},
-     V::LaneGemm<Q4_K>::MIN_TOKENS},
+     V::LaneGemm<Q4_K>::MIN_TOKENS,
+     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+      group_gemv<Q4_K>, group_gemv<Q5_K>, group_gemv<Q6_K>},
+     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+      token_tile<V::KQuant<Q4_K, true>>, token_tile<V::KQuant<Q5_K, true>>, token_tile<V::KQuant<Q6_K, true>>},
+     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+      V::LaneGemm<Q4_K, true>::gemm, V::LaneGemm<Q5_K, true>::gemm, V::LaneGemm<Q6_K, true>::gemm}},
 #endif
 };
 constexpr int N_PATHS = sizeof(PATHS) / sizeof(PATHS[0]);
@@ -246,20 +272,50 @@ struct Weight {
     int64_t n, row_bytes, col0;
     RowsFn fn;
     GemmFn gemm;
+    bool grouped;    // rows in groups of LANE_ROWS, interleaved block by block
+    int block_bytes;
+    RowsFn gemv;     // one row of x, where it differs from fn (row groups on AVX-512)
+    bool ungroup;    // the kernels read rows: each tile of the groups is taken back first
 };
+
+// Rows r0..r1 (whole groups) of a grouped weight back in the file's layout, into out: the
+// groups are read in order, each block copied with its size known (inlined vector moves).
+template <int BYTES>
+void ungroup_blocks(const uint8_t* p, int64_t rb, int64_t r0, int64_t r1, uint8_t* out) {
+    const int64_t nb = rb / BYTES;
+    for (int64_t g = r0; g < r1; g += LANE_ROWS) {
+        const uint8_t* src = p + g * rb;
+        uint8_t* dst = out + (g - r0) * rb;
+        for (int64_t b = 0; b < nb; ++b, src += LANE_ROWS * BYTES)
+            for (int i = 0; i < LANE_ROWS; ++i) std::memcpy(dst + i * rb + b * BYTES, src + i * BYTES, BYTES);
+    }
+}
+
+void ungroup(const Weight& w, int64_t r0, int64_t r1, uint8_t* out) {
+    switch (w.block_bytes) {
+        case 144: return ungroup_blocks<144>(w.p, w.row_bytes, r0, r1, out);  // Q4_K
+        case 176: return ungroup_blocks<176>(w.p, w.row_bytes, r0, r1, out);  // Q5_K
+        default: return ungroup_blocks<210>(w.p, w.row_bytes, r0, r1, out);   // Q6_K
+    }
+}
 
 struct Range {
     int weight;
     int64_t r0, r1;
 };
 
-// Weight rows: contiguous uint8 (N, row_bytes), or the same bytes flat (N * row_bytes,).
-void check_rows(const at::Tensor& t, const char* what) {
+// Weight rows: contiguous uint8 (N, row_bytes), the same bytes flat (N * row_bytes,), or row
+// groups (N / 16, 16, row_bytes) where `groups` allows them.
+void check_rows(const at::Tensor& t, const char* what, bool groups = false) {
+    const bool grouped = groups && t.dim() == 3 && t.size(1) == LANE_ROWS;
     TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kByte &&
-                          (t.dim() == 2 || t.dim() == 1) && t.is_contiguous(),
-                      what, " must be a contiguous uint8 CPU tensor (N, row_bytes), got ",
+                          (t.dim() == 2 || t.dim() == 1 || grouped) && t.is_contiguous(),
+                      what, " must be a contiguous uint8 CPU tensor (N, row_bytes)",
+                      groups ? " or row groups (N / 16, 16, row_bytes)" : "", ", got ",
                       t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
 }
+
+bool is_k_quant(int id) { return id == Q4_K || id == Q5_K || id == Q6_K; }
 
 const TypeInfo& checked_type(int64_t qtype) {
     const int i = type_index(qtype);
@@ -289,17 +345,23 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
     bool q32 = false, qk = false;
     for (size_t i = 0; i < weights.size(); ++i) {
         const at::Tensor& w = weights[i];
-        check_rows(w, "each weight");
+        check_rows(w, "each weight", true);
         const TypeInfo& ti = checked_type(qtypes[i]);
         TORCH_CHECK_VALUE(K % ti.values == 0, "x has ", K, " columns, not a whole number of ",
                           ti.name, " blocks (", ti.values, " values each) for weight ", i);
+        const bool grouped = w.dim() == 3;
+        TORCH_CHECK_VALUE(!grouped || is_k_quant(ti.id), "row groups hold K-quants only, not ",
+                          ti.name, " (weight ", i, ")");
         const int64_t rb = K / ti.values * ti.bytes;
-        const int64_t n = w.dim() == 2 ? w.size(0) : (rb > 0 ? w.numel() / rb : 0);
-        TORCH_CHECK_VALUE(w.dim() == 2 ? w.size(1) == rb : n * rb == w.numel(), "weight ", i, " (",
+        const int64_t n = w.dim() == 1 ? (rb > 0 ? w.numel() / rb : 0) : w.numel() / w.size(-1);
+        TORCH_CHECK_VALUE(w.dim() == 1 ? n * rb == w.numel() : w.size(-1) == rb, "weight ", i, " (",
                           ti.name, ", shape ", w.sizes(), ") is not whole rows of x's ", K,
                           " columns (", rb, " bytes each)");
-        ws.push_back({w.data_ptr<uint8_t>(), n, rb, n_total, path.rows[&ti - TYPES],
-                      path.gemm[&ti - TYPES]});
+        const int t = &ti - TYPES;
+        const bool in_place = grouped && path.group_rows[t];
+        ws.push_back({w.data_ptr<uint8_t>(), n, rb, n_total, in_place ? path.group_rows[t] : path.rows[t],
+                      in_place ? path.group_gemm[t] : path.gemm[t], grouped, ti.bytes,
+                      in_place ? path.group_gemv[t] : nullptr, grouped && !in_place});
         n_total += n;
         total_bytes += n * rb;
         q32 |= ti.x == XStyle::Q32;
@@ -317,8 +379,11 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
     const XQuant a = quantize_x(x.data_ptr<float>(), T, K, q32, qk, layouts, storage);
 
     const int threads = std::max(1, at::get_num_threads());
-    // rows in whole groups for kernels that hold LANE_ROWS weight rows in lanes
-    const int64_t group = path.lane_tokens && T >= path.lane_tokens ? LANE_ROWS : 1;
+    // rows in whole groups for kernels that hold LANE_ROWS weight rows in lanes, and for
+    // weights in row groups
+    bool any_grouped = false;
+    for (const Weight& w : ws) any_grouped |= w.grouped;
+    const int64_t group = (path.lane_tokens && T >= path.lane_tokens) || any_grouped ? LANE_ROWS : 1;
     auto grouped = [group](int64_t rows) { return (rows + group - 1) / group * group; };
     std::vector<Range> ranges;
     int64_t left = total_bytes;
@@ -339,17 +404,30 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
         for (int64_t c; (c = next.fetch_add(1)) < n_ranges;) {
             const Range& rg = ranges[c];
             const Weight& w = ws[rg.weight];
+            if (w.gemv && T == 1) {  // one stream through the groups
+                w.gemv(a, w.p, w.row_bytes, rg.r0, rg.r1, 0, 1, yp + w.col0, n_total);
+                continue;
+            }
             const int64_t tile = grouped(std::max<int64_t>(TILE_MIN_ROWS, TILE_BYTES / w.row_bytes));
+            thread_local std::vector<uint8_t> rows_back;  // a grouped tile in the file's layout
             for (int64_t r0 = rg.r0; r0 < rg.r1; r0 += tile) {
                 const int64_t r1 = std::min(rg.r1, r0 + tile);
+                // the kernels read rows r0..r1 at p + r * row_bytes and write y's columns r
+                const uint8_t* p = w.p;
+                int64_t k0 = r0, k1 = r1;
+                float* yw = yp + w.col0;
+                if (w.ungroup) {
+                    rows_back.resize((r1 - r0) * w.row_bytes);
+                    ungroup(w, r0, r1, rows_back.data());
+                    p = rows_back.data(), k0 = 0, k1 = r1 - r0, yw += r0;
+                }
                 int64_t t0 = 0;  // whole tiles of 16 rows of x through the prefill kernel
                 if (w.gemm && a.tiles) {
-                    w.gemm(a, w.p, w.row_bytes, r0, r1, 0, a.tiles, yp + w.col0, n_total);
+                    w.gemm(a, p, w.row_bytes, k0, k1, 0, a.tiles, yw, n_total);
                     t0 = a.tiles * GEMM_TOKENS;
                 }
                 for (; t0 < T; t0 += TOKEN_TILE)
-                    w.fn(a, w.p, w.row_bytes, r0, r1, t0, std::min<int64_t>(TOKEN_TILE, T - t0),
-                         yp + w.col0, n_total);
+                    w.fn(a, p, w.row_bytes, k0, k1, t0, std::min<int64_t>(TOKEN_TILE, T - t0), yw, n_total);
             }
         }
     };
@@ -359,17 +437,26 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
 }
 
 at::Tensor dequantize_row(at::Tensor rows, int64_t qtype, int64_t index) {
-    check_rows(rows, "rows");
-    TORCH_CHECK_VALUE(rows.dim() == 2, "rows must be (N, row_bytes), got shape ", rows.sizes());
+    check_rows(rows, "rows", true);
+    TORCH_CHECK_VALUE(rows.dim() >= 2, "rows must be (N, row_bytes) or row groups, got shape ",
+                      rows.sizes());
     const TypeInfo& ti = checked_type(qtype);
-    TORCH_CHECK_VALUE(rows.size(1) % ti.bytes == 0, ti.name, " rows must be whole ", ti.bytes,
-                      "-byte blocks, got ", rows.size(1), " bytes per row");
-    TORCH_CHECK_INDEX(index >= 0 && index < rows.size(0), "row ", index, " outside ",
-                      rows.size(0), " rows");
-    const int64_t K = rows.size(1) / ti.bytes * ti.values;
+    const int64_t rb = rows.size(-1), n = rows.numel() / std::max<int64_t>(rb, 1);
+    TORCH_CHECK_VALUE(rb % ti.bytes == 0, ti.name, " rows must be whole ", ti.bytes,
+                      "-byte blocks, got ", rb, " bytes per row");
+    TORCH_CHECK_INDEX(index >= 0 && index < n, "row ", index, " outside ", n, " rows");
+    const int64_t K = rb / ti.bytes * ti.values;
     auto out = at::empty({1, K}, rows.options().dtype(at::kFloat));
-    dequantize_one(ti.id, rows.data_ptr<uint8_t>() + index * rows.size(1), K,
-                   out.data_ptr<float>());
+    const uint8_t* row = rows.data_ptr<uint8_t>() + index * rb;
+    std::vector<uint8_t> back;
+    if (rows.dim() == 3) {  // the row's blocks, LANE_ROWS blocks apart in its group
+        const Weight w{rows.data_ptr<uint8_t>(), n, rb, 0, nullptr, nullptr, true, ti.bytes, nullptr, true};
+        back.resize(LANE_ROWS * rb);
+        const int64_t g = index / LANE_ROWS * LANE_ROWS;
+        ungroup(w, g, g + LANE_ROWS, back.data());
+        row = back.data() + (index - g) * rb;
+    }
+    dequantize_one(ti.id, row, K, out.data_ptr<float>());
     return out;
 }
 

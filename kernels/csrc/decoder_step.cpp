@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor> DecoderStep::attention(
 at::Tensor DecoderStep::ffn(const Layer& l, const at::Tensor& x, const at::Tensor& h) const {
     auto gu = l.sparse[2].on() ? l.sparse[2](h) : block_matmul(h, l.gate_up, l.gate_up_types);
     const bool gated = is_gated(l.activation);  // add_layer checked gate_up holds 2 then
-    const int64_t n = l.gate_up.back().size(0);
+    const int64_t n = gated ? gu.size(1) / 2 : gu.size(1);  // gate and up side by side
     auto gate = gated ? gu.narrow(1, 0, n) : at::Tensor();
     auto up = gated ? gu.narrow(1, n, n) : gu;
     auto act = ffn_activation(l.activation, gate, up).contiguous();

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ember.kernels.block_matmul import reads_row_groups
 from ember.models.chat_format import (NON_TEXT_TOKENS, ChatFormat, ChatMessage,
                                       template_tool_style)
 from ember.models.support.errors import ConfigError, PromptTooLong
@@ -124,7 +125,8 @@ class Engine:
         loaded = load_model(model_path, check=memory_check(options),
                             progress=lambda fraction, stage: report(
                                 min(0.95, scale * fraction), stage),
-                            in_ram=weights_in_ram(options))
+                            in_ram=weights_in_ram(options),
+                            row_groups=not float_model and reads_row_groups())
         if float_model:
             loaded.model  # built now, inside the progress it reports layer by layer
         report(0.95, "placing the model")
