@@ -26,7 +26,7 @@ from ember.offload.runtime.engine import Engine, EngineOptions
 from .near_ties import assert_agrees_until_near_tie, greedy_with_gaps
 
 PROMPT = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]
-SEVEN_B = Path("/work/models/llama2-7b-q4_k_m.gguf")
+SEVEN_B = Path("/work/models-cache/llama2-7b-q4_k_m.gguf")
 GREEDY = SamplingParams(temperature=0.0)
 needs_kernels = pytest.mark.skipif(not file_blocks_model.applies(),
                                    reason="C++ kernels not built on this machine")
