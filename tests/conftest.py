@@ -86,6 +86,17 @@ def tiny_q4_k_m(tmp_path_factory):
     return cfg, weights, path
 
 
+@pytest.fixture
+def restore_path():
+    """The block kernels' CPU path as it was before the test (tests switch paths)."""
+    from ember.kernels import block_matmul as bm
+
+    before = bm.cpu_path() if bm.available() else None
+    yield
+    if before is not None:
+        bm.set_cpu_path(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_gemma_gguf(tiny_models):
     return tiny_models["gemma3"][2]

@@ -52,16 +52,6 @@ def inputs(t: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(t, k, generator=g) * 2 + 0.3
 
 
-@pytest.fixture
-def restore_path():
-    if not bm.available():
-        yield
-        return
-    before = bm.cpu_path()
-    yield
-    bm.set_cpu_path(before)
-
-
 def close_to(got: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, ws, rel: float = 1e-5) -> None:
     """Within float32 rounding: `rel` of the output's scale, the largest sum |x_i| |w_i| (an
     output can be far smaller than its terms: Q4_1's min and the quants' sum cancel)."""

@@ -51,14 +51,6 @@ def threshold_keeping(x: torch.Tensor, kept: float) -> float | None:
     return float(x.abs().flatten().quantile(1 - kept))
 
 
-@pytest.fixture
-def restore_path():
-    before = bm.cpu_path() if bm.available() else None
-    yield
-    if before is not None:
-        bm.set_cpu_path(before)
-
-
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", SHAPES[:3], ids=str)
 def test_tiles_hold_the_files_values_and_bytes(qtype, shape):

@@ -36,16 +36,6 @@ def grouped(w: QTensor) -> QTensor:
     return QTensor(w.raw.clone(), w.qtype, w.shape).in_row_groups()
 
 
-@pytest.fixture
-def restore_path():
-    if not bm.available():
-        yield
-        return
-    before = bm.cpu_path()
-    yield
-    bm.set_cpu_path(before)
-
-
 @pytest.mark.parametrize("qtype", K_TYPES, ids=name)
 def test_the_layout_is_block_b_of_sixteen_rows_side_by_side(qtype):
     w = weight(qtype, 32, 768)
