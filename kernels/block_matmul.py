@@ -20,8 +20,8 @@ path). On AVX2 and AVX-512, tiles of 16 rows of x (prefill) take a separate kern
 K-quants, with the very same arithmetic per output. Speeds: csrc/block_matmul.cpp (top), `python -m bench.block_matmul_speed`.
 
 A K-quant weight in row groups (`QTensor.in_row_groups`; an engine puts a RAM copy's matrices
-in them where the path reads them in place, `reads_row_groups`) gives the same bits: one token
-reads the groups in place on AVX-512, everything else takes each tile back to rows first.
+in them where the path reads them in place, `reads_row_groups`) gives the same bits: the
+AVX-512 kernels read the groups in place, the other paths take each tile back to rows first.
 """
 
 from __future__ import annotations

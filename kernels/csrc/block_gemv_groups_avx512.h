@@ -1,6 +1,6 @@
 // Decode (one row of x) on AVX-512 VNNI for the K-quants, on weights held in row groups:
 // 16 rows interleaved block by block (block b of rows 0..15 side by side, then block b + 1;
-// kernels/block_matmul.py:interleave_rows). Each row's block is unpacked and multiplied in
+// models/weights.py:QTensor.in_row_groups). Each row's block is unpacked and multiplied in
 // 512-bit vectors, its sub-block scales applied by vpdpwssd; then the 16 rows' sums are added
 // up together (one transpose-and-add tree gives row i's sum in lane i) and the block's float
 // step runs once for the 16 rows in lanes, where the row kernels (block_dots_avx512.h) take a
