@@ -29,35 +29,8 @@
 // switch. The other paths take each tile of such a weight back to the file's row layout in a
 // thread's scratch first (tests, a path forced by EMBER_CPU_PATH): the same bits either way.
 //
-// Measured (python -m bench.block_matmul_speed; AMD EPYC (Zen, AVX2, no AVX-512), 2 threads,
-// ranges over 3 runs on the shared machine):
-//   T=1, GB/s of weight bytes, and against a plain read of the same bytes (int64 sum,
-//   19-24 GB/s, timed alternately; a torch copy moves only 8-9 GB/s of reads here), over
-//   4096x4096, 11008x4096, 4096x11008, 2048x5632, 5632x2048:
-//     Q4_K 12.0-13.4 GB/s (0.52-0.65)   Q6_K 12.4-14.8 (0.56-0.73)   Q5_0 10.1-11.2 (0.46-0.54)
-//     Q8_0 14.4-17.5 (0.68-0.86)        Q4_0 12.7-15.3 (0.60-0.76)
-//   The 4/5-bit types are compute-bound at one token on this CPU (one thread unpacks and
-//   multiplies Q4_K at ~8 GB/s with the weights in cache).
-//   Q8_0 LM head 262144x640 against q8_0_matmul (int16 x) on the same bytes: T=1 0.91-0.94 of
-//   its time, T=8 0.94-0.97.
-//   T=128, GOPS (2*N*K*T / time) on 2048x5632 / 4096x4096: Q4_K 93 / 94, Q6_K 74 / 76,
-//   Q5_0 71 / 71, Q8_0 54 / 55, Q4_0 82 / 81. llama.cpp (llama-cpp-python 0.3.36, 2 threads)
-//   on the same machine prefills a 1.1B Q4_K_M model (bench.make_model) at ~28 tok/s, ~61
-//   GOPS for the whole model, and decodes at ~16 tok/s (~10 GB/s of weights).
-//   AMD EPYC with AVX-512 VNNI (Zen 4 class), 2 threads: T=1 0.95-0.98 of a plain read of the
-//   same bytes (32-35 GB/s) for Q4_K, Q6_K, Q8_0 and Q5_0 on either path: decode is bandwidth-
-//   bound there. Tried and not kept (2026-12-03, commit 1c67b8e): a one-token AVX-512 kernel
-//   for the K-quants taking 16 weight rows at a time (their block sums added up by one
-//   transpose-and-add tree, the scales decoded in a vector register, the float step in lanes;
-//   same bits). With the weights in cache one core went from ~25 to ~17 cycles a Q4_K block,
-//   but decode streams from memory, and reading 16 rows side by side (software prefetch of
-//   the next 16, in place of one sequential stream the hardware prefetchers follow) lost more
-//   than it saved: same-process paired decode 0.93x on the 7B, 0.98x on the default model,
-//   0.99x on the 1.5B. The same kernel on row groups (the layout above) reads one stream:
-//   see block_gemv_groups_avx512.h.
-//   Prefill, 1 thread, 256 rows x 2048 held in cache, ns per 256 values and token
-//   (x's quantization included): Q4_K 3.8 (avx2) / 2.9 (avx512), Q6_K 5.0 / 4.0, Q8_0 5.3 /
-//   3.4, Q5_0 4.0 / 3.8.
+// Measured figures (decode GB/s against a plain read, prefill GOPS, what was tried and left):
+// docs/internals.md, "Block kernel figures".
 //
 // Narrow includes (as q8_0_matmul.cpp): the JIT build is much faster than <torch/extension.h>.
 #include <ATen/core/Tensor.h>
@@ -67,6 +40,7 @@
 #include "ops.h"
 #include "block_formats.h"
 #include "block_dots_portable.h"
+#include "row_groups.h"
 #include "x_quant.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "block_dots_avx2.h"
@@ -278,26 +252,6 @@ struct Weight {
     bool ungroup;    // the kernels read rows: each tile of the groups is taken back first
 };
 
-// Rows r0..r1 (whole groups) of a grouped weight back in the file's layout, into out: the
-// groups are read in order, each block copied with its size known (inlined vector moves).
-template <int BYTES>
-void ungroup_blocks(const uint8_t* p, int64_t rb, int64_t r0, int64_t r1, uint8_t* out) {
-    const int64_t nb = rb / BYTES;
-    for (int64_t g = r0; g < r1; g += LANE_ROWS) {
-        const uint8_t* src = p + g * rb;
-        uint8_t* dst = out + (g - r0) * rb;
-        for (int64_t b = 0; b < nb; ++b, src += LANE_ROWS * BYTES)
-            for (int i = 0; i < LANE_ROWS; ++i) std::memcpy(dst + i * rb + b * BYTES, src + i * BYTES, BYTES);
-    }
-}
-
-void ungroup(const Weight& w, int64_t r0, int64_t r1, uint8_t* out) {
-    switch (w.block_bytes) {
-        case 144: return ungroup_blocks<144>(w.p, w.row_bytes, r0, r1, out);  // Q4_K
-        case 176: return ungroup_blocks<176>(w.p, w.row_bytes, r0, r1, out);  // Q5_K
-        default: return ungroup_blocks<210>(w.p, w.row_bytes, r0, r1, out);   // Q6_K
-    }
-}
 
 struct Range {
     int weight;
@@ -418,7 +372,7 @@ at::Tensor block_matmul(at::Tensor x, const std::vector<at::Tensor>& weights,
                 float* yw = yp + w.col0;
                 if (w.ungroup) {
                     rows_back.resize((r1 - r0) * w.row_bytes);
-                    ungroup(w, r0, r1, rows_back.data());
+                    ungroup_rows(w.p, w.row_bytes, w.block_bytes, r0, r1, rows_back.data());
                     p = rows_back.data(), k0 = 0, k1 = r1 - r0, yw += r0;
                 }
                 int64_t t0 = 0;  // whole tiles of 16 rows of x through the prefill kernel
@@ -449,12 +403,10 @@ at::Tensor dequantize_row(at::Tensor rows, int64_t qtype, int64_t index) {
     auto out = at::empty({1, K}, rows.options().dtype(at::kFloat));
     const uint8_t* row = rows.data_ptr<uint8_t>() + index * rb;
     std::vector<uint8_t> back;
-    if (rows.dim() == 3) {  // the row's blocks, LANE_ROWS blocks apart in its group
-        const Weight w{rows.data_ptr<uint8_t>(), n, rb, 0, nullptr, nullptr, true, ti.bytes, nullptr, true};
-        back.resize(LANE_ROWS * rb);
-        const int64_t g = index / LANE_ROWS * LANE_ROWS;
-        ungroup(w, g, g + LANE_ROWS, back.data());
-        row = back.data() + (index - g) * rb;
+    if (rows.dim() == 3) {  // row groups: the row's own blocks
+        back.resize(rb);
+        ungroup_row(rows.data_ptr<uint8_t>(), rb, ti.bytes, index, back.data());
+        row = back.data();
     }
     dequantize_one(ti.id, row, K, out.data_ptr<float>());
     return out;
