@@ -2,7 +2,9 @@
 // behind attention.cpp's work split (docs/long-context.md, "Attention at long contexts").
 // The bytes are the 1.5B's at 6k tokens (28 layers x K and V x 6,144 rows x 2 KV heads x 128
 // float16 values = 176 MB); each pattern converts every float16 it reads and adds it up, as
-// the kernel's conversion does, with no other arithmetic.
+// the kernel's conversion does, with no other arithmetic, except the last: the kernel's order
+// of reads with a fixed amount of fma work per line, from memory and from L3, to see how much
+// of the memory time such a loop hides.
 //
 //   g++ -O3 -march=native -pthread bench/kv_read_patterns.cpp -o /tmp/kv_read && /tmp/kv_read
 #include <immintrin.h>
@@ -36,6 +38,35 @@ void read_blocks(const std::vector<size_t>& order, size_t i0, size_t i1, size_t 
                     acc[a] = _mm512_add_ps(acc[a], _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(p + 32 * a))));
             }
     _mm512_storeu_ps(sink + 16 * id, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+// The decode kernel's order with arithmetic in place of its own: the pool's first half as K,
+// its second as V; each thread takes its half of `span` bytes of each (cycled over until it has
+// read a quarter of the pool from each: span BYTES / 2 reads from memory, a few MB from L3),
+// CHUNK_ROWS rows of K, then the same rows of V, with `work` fma rounds (4 independent chains)
+// per 64-byte line. Whether the memory hides behind the work, as it should.
+constexpr size_t CHUNK_ROWS = 64;
+
+void chunks_with_work(int id, size_t span, int work) {
+    const __m512 one = _mm512_set1_ps(1.0001f);
+    __m512 acc = _mm512_setzero_ps(), w[4] = {acc, acc, acc, acc};
+    const char* k = pool;
+    const char* v = pool + BYTES / 2;
+    const size_t lo = id * span / 2, hi = lo + span / 2, chunk = CHUNK_ROWS * ROW;
+    auto read = [&](const char* base, size_t a, size_t b) {
+        for (size_t o = a; o < b; o += 64) {
+            acc = _mm512_add_ps(acc, _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(base + o))));
+            acc = _mm512_add_ps(acc, _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(base + o + 32))));
+            for (int i = 0; i < work; ++i)
+                for (auto& c : w) c = _mm512_fmadd_ps(c, one, acc);
+        }
+    };
+    for (size_t done = 0; done < BYTES / 4; done += hi - lo)
+        for (size_t c = lo; c < hi; c += chunk) {
+            read(k, c, std::min(hi, c + chunk));
+            read(v, c, std::min(hi, c + chunk));
+        }
+    _mm512_storeu_ps(sink + 16 * id, _mm512_add_ps(acc, _mm512_add_ps(_mm512_add_ps(w[0], w[1]), _mm512_add_ps(w[2], w[3]))));
 }
 
 template <class A, class B>
@@ -79,5 +110,16 @@ int main() {
         return two_threads([&] { read_blocks(shuffled, 0, n / 2, 0, ROW, ROW, 0); },
                            [&] { read_blocks(shuffled, n / 2, n, 0, ROW, ROW, 1); });
     });
+    for (int work : {0, 5}) {
+        char what[96];
+        for (size_t span : {BYTES / 2, size_t(3) << 20}) {
+            std::snprintf(what, sizeof what, "the kernel's order, %d fma rounds a line, %s", work,
+                          span == BYTES / 2 ? "from memory" : "3 MB cycled (L3)");
+            report(what, [&] {
+                return two_threads([&] { chunks_with_work(0, span, work); },
+                                   [&] { chunks_with_work(1, span, work); });
+            });
+        }
+    }
     std::free(p);
 }
