@@ -44,10 +44,16 @@ void read_blocks(const std::vector<size_t>& order, size_t i0, size_t i1, size_t 
 // its second as V; each thread takes its half of `span` bytes of each (cycled over until it has
 // read a quarter of the pool from each: span BYTES / 2 reads from memory, a few MB from L3),
 // CHUNK_ROWS rows of K, then the same rows of V, with `work` fma rounds (4 independent chains)
-// per 64-byte line. Whether the memory hides behind the work, as it should.
+// per 64-byte line. Whether the memory hides behind the work, as it should; burst: each
+// chunk's reads start by prefetching the next chunk's lines all at once (as the kernel's
+// per-row prefetch comes in bursts), to see what bursts cost.
 constexpr size_t CHUNK_ROWS = 64;
 
-void chunks_with_work(int id, size_t span, int work) {
+void prefetch_lines(const char* p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) asm volatile("prefetcht1 %0" : : "m"(p[o]));
+}
+
+void chunks_with_work(int id, size_t span, int work, bool burst) {
     const __m512 one = _mm512_set1_ps(1.0001f);
     __m512 acc = _mm512_setzero_ps(), w[4] = {acc, acc, acc, acc};
     const char* k = pool;
@@ -63,7 +69,10 @@ void chunks_with_work(int id, size_t span, int work) {
     };
     for (size_t done = 0; done < BYTES / 4; done += hi - lo)
         for (size_t c = lo; c < hi; c += chunk) {
+            const size_t next = std::min(chunk, hi - std::min(hi, c + chunk));
+            if (burst) prefetch_lines(k + c + chunk, next);
             read(k, c, std::min(hi, c + chunk));
+            if (burst) prefetch_lines(v + c + chunk, next);
             read(v, c, std::min(hi, c + chunk));
         }
     _mm512_storeu_ps(sink + 16 * id, _mm512_add_ps(acc, _mm512_add_ps(_mm512_add_ps(w[0], w[1]), _mm512_add_ps(w[2], w[3]))));
@@ -82,7 +91,7 @@ void report(const char* what, F run) {
     std::vector<double> ms;
     for (int i = 0; i < 9; ++i) ms.push_back(run() * 1e3);
     std::sort(ms.begin(), ms.end());
-    std::printf("%-62s %6.2f ms (%.2f-%.2f)\n", what, ms[4], ms[0], ms[8]);
+    std::printf("%-68s %6.2f ms (%.2f-%.2f)\n", what, ms[4], ms[0], ms[8]);
 }
 
 }  // namespace
@@ -110,16 +119,18 @@ int main() {
         return two_threads([&] { read_blocks(shuffled, 0, n / 2, 0, ROW, ROW, 0); },
                            [&] { read_blocks(shuffled, n / 2, n, 0, ROW, ROW, 1); });
     });
-    for (int work : {0, 5}) {
-        char what[96];
-        for (size_t span : {BYTES / 2, size_t(3) << 20}) {
-            std::snprintf(what, sizeof what, "the kernel's order, %d fma rounds a line, %s", work,
-                          span == BYTES / 2 ? "from memory" : "3 MB cycled (L3)");
-            report(what, [&] {
-                return two_threads([&] { chunks_with_work(0, span, work); },
-                                   [&] { chunks_with_work(1, span, work); });
-            });
+    for (int work : {0, 5})
+        for (bool burst : {false, true}) {
+            if (burst && work == 0) continue;
+            char what[96];
+            for (size_t span : {BYTES / 2, size_t(3) << 20}) {
+                std::snprintf(what, sizeof what, "the kernel's order, %d fma rounds a line%s, %s", work,
+                              burst ? ", bursts" : "", span == BYTES / 2 ? "from memory" : "3 MB cycled (L3)");
+                report(what, [&] {
+                    return two_threads([&] { chunks_with_work(0, span, work, burst); },
+                                       [&] { chunks_with_work(1, span, work, burst); });
+                });
+            }
         }
-    }
     std::free(p);
 }
