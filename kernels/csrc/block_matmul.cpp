@@ -252,7 +252,6 @@ struct Weight {
     bool ungroup;    // the kernels read rows: each tile of the groups is taken back first
 };
 
-
 struct Range {
     int weight;
     int64_t r0, r1;
