@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.models import quants
-from ember.models.weights import QTensor
+from ember.models.weights import ROW_GROUP, QTensor
 
 from . import block_matmul as bm
 
@@ -139,10 +139,15 @@ def down_columns(down: QTensor, groups: torch.Tensor) -> QTensor:
     """Down (hidden, ffn) restricted to whole blocks of its input (neuron) axis: `groups`
     (g,) block indices along a row -> (hidden, g * block values), verbatim bytes. A neuron's
     down weights are a column spread over every row's blocks, so a hot set taken from the
-    file's blocks is a union of these block-aligned groups (kernels/hot_ffn.py:granule)."""
-    down = down.file_layout()
+    file's blocks is a union of these block-aligned groups (kernels/hot_ffn.py:granule).
+    Row groups are read in place: only the chosen blocks are copied, into the file's rows."""
     hidden, ffn = down.shape
     values, nbytes = quants.block_info(int(down.qtype))
     per_row = ffn // values
-    raw = down.raw.reshape(hidden, per_row, nbytes).index_select(1, groups.to(down.raw.device))
+    groups = groups.to(down.raw.device)
+    if down.grouped:  # (group, block, row in group, bytes) -> the chosen blocks, row by row
+        raw = down.raw.reshape(hidden // ROW_GROUP, per_row, ROW_GROUP, nbytes).index_select(1, groups)
+        raw = raw.transpose(1, 2)
+    else:
+        raw = down.raw.reshape(hidden, per_row, nbytes).index_select(1, groups)
     return QTensor(raw.reshape(-1).contiguous(), down.qtype, (hidden, len(groups) * values))

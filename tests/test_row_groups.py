@@ -8,6 +8,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from ember.kernels import block_matmul as bm
+from ember.kernels.tier_blocks import down_columns
 from ember.models import quants
 from ember.models.quantize import quantize
 from ember.models.weights import ROW_GROUP, QTensor
@@ -63,6 +64,8 @@ def test_every_reader_gets_the_file_layouts_values(qtype):
     assert aligned.grouped and aligned.raw.data_ptr() == g.raw.data_ptr() + 16 * g.rows()[0, 0].numel()
     assert torch.equal(aligned.file_layout().raw, w.row_slice(16, 48).raw)
     assert not ragged.grouped and torch.equal(ragged.raw, w.row_slice(5, 21).raw)
+    blocks = torch.tensor([1])  # of the 2 blocks a row
+    assert torch.equal(down_columns(g, blocks).raw, down_columns(w, blocks).raw)
     for index in (0, 15, 16, 21, 47):  # first and last lanes, one between
         assert torch.equal(bm.dequantize_row_reference(g, index), bm.dequantize_row_reference(w, index))
         if bm.available():
