@@ -1,30 +1,18 @@
-// See attention.h. Flash attention on the CPU, tiled over query rows and key chunks:
-//
-// - Keys go in chunks of CHUNK positions aligned to multiples of CHUNK (4 paged blocks). For
-//   one KV head, a tile of up to TILE_ROWS rows and one chunk, the chunk's keys and values are
-//   read from the pool once (converted to float once when the pool is float16 or Q8_0; a
-//   decoded token's float16 in registers as it loads, see group) and used for every query
-//   head of every row in the tile (GQA: all the heads sharing the KV head). Each (row, head)
-//   turns the chunk into a partial (max, sum, weighted values) and folds it into its running
-//   one in position order (attention_math.h). Chunks past a row's position are skipped
-//   (causal), as are chunks before its window.
-// - A row's partials depend only on its own query and keys, and are folded in one order, so
-//   the result is the same bits whichever rows share its tile or call: a decoded token, the
-//   same token in a prompt chunk, or in a speculative tree. Rows whose keys at a chunk's
-//   positions differ from the tile's (tree rows past their common context) take that chunk
-//   alone, with the same arithmetic.
-// - Work items are (KV head, tile) for a prompt's tiles, and (KV heads, the one tile) for a
-//   decoded token or a speculative tree's rows: every KV head, or as many side by side as keep
-//   a chunk's float values within ITEM_VALUES_BYTES; when there are fewer items than threads,
-//   each item's chunks are split between threads (flash-decoding): the first part folds as it
-//   goes, the others keep each chunk's partial, folded afterwards in position order. The thread
-//   count changes who computes a partial, never the partial or the fold.
+// See attention.h; how it works and what it costs: docs/long-context.md, "Attention at long
+// contexts". Flash attention on the CPU, tiled over query rows and key chunks:
+// - For one KV head, a tile of up to TILE_ROWS rows and a chunk of CHUNK positions (aligned,
+//   4 paged blocks), the chunk's K and V are read once and used by every query head of every
+//   row in the tile (GQA). Each (row, head) turns a chunk into a partial and folds it into its
+//   running one in position order (attention_math.h), so a row's bits depend only on its own
+//   query and keys: a decoded token, the same token in a prompt chunk or a speculative tree,
+//   any thread count. Chunks past a row's position or before its window are skipped; tree
+//   rows whose keys differ from the tile's at a chunk take that chunk alone.
+// - Work items: (KV head, tile) for a prompt's tiles; (KV heads, the one tile) for a decoded
+//   token or a tree, whose chunks are split between threads when items are fewer
+//   (flash-decoding: later parts keep each chunk's partial, folded afterwards in order).
 // - A pool row holds all KV heads side by side, so an item of every head reads its chunk's
-//   rows whole, one after the other: one sequential stream the hardware prefetchers follow at
-//   full speed. One thread per head read every other 256-byte piece of the same rows at a
-//   third to a half of that bandwidth (176 MB of a 6k context on the Zen 4 here: 11-19 ms
-//   against 5.5-6 ms on two threads, bench/kv_read_patterns.cpp). A prompt tile computes far
-//   longer per byte read and keeps one head per item, for the parallelism.
+//   rows whole and in order, one stream (one thread per head, reading every other 256 bytes,
+//   got a third to half the bandwidth: bench/kv_read_patterns.cpp).
 #include "attention.h"
 
 #include <ATen/Parallel.h>
@@ -33,10 +21,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "attention_portable.h"
 #include "attention_simd.h"
 #include "ops.h"
 #include "prefetch.h"
@@ -49,42 +39,11 @@ constexpr int TILE_ROWS = 16;   // query rows sharing one read of a chunk
 constexpr int SLACK = 16;       // room after a score row for the padded last key tile
 constexpr int SUB = 16;         // keys converted and scored at a time
 constexpr int PREFETCH_AHEAD = 32;  // positions between a row read and the row prefetched
+constexpr int SPREAD_TILE_KEYS = 4; // score tiles this short prefetch as they go (group_of)
 // A decoded token's item holds at most this many bytes of a chunk's V as floats (all heads of
 // the 1.5B's rows: 2 x 128 values x 64 positions); a model with many KV heads (Llama 2 7B's
 // 32) takes them a few at a time rather than a megabyte of scratch per thread.
 constexpr int64_t ITEM_VALUES_BYTES = 64 << 10;
-
-// attention_math.h as written, for any head dim.
-struct Portable {
-    static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
-                       int64_t hd, float scale, float* s, int lds) {
-        for (int i = 0; i < nq; ++i)
-            for (int x = x0; x < x1; ++x) s[i * lds + x] = dot(q[i], k[x], hd) * scale;
-    }
-    static float max_of(const float* s, int a, int b) { return *std::max_element(s + a, s + b); }
-    static float exp_sum(const float* s, float* p, int a, int b, float m) {
-        float acc[LANES] = {};
-        for (int x = a; x < b; ++x) acc[x % LANES] += p[x] = exp_neg(s[x] - m);
-        return tree16(acc);
-    }
-    static void values(const float* const* p, int nh, const float* const* v, int a, int b,
-                       int64_t hd, float* const* O, const Fold* f) {
-        thread_local std::vector<float> o;
-        o.resize(hd);
-        for (int h = 0; h < nh; ++h) {
-            std::fill(o.begin(), o.end(), 0.f);
-            for (int x = a; x < b; ++x)
-                for (int64_t d = 0; d < hd; ++d) o[d] = std::fma(p[h][x], v[x][d], o[d]);
-            merge_values(O[h], o.data(), hd, f[h]);
-        }
-    }
-    static void from_half(const uint16_t* h, int64_t n, float* out) {
-        for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
-    }
-    static void from_int8(const int8_t* q, float d, float* out) {
-        for (int i = 0; i < Q8_VALUES; ++i) out[i] = static_cast<float>(q[i]) * d;
-    }
-};
 
 // Per-thread buffers, grown as needed.
 struct Scratch {
@@ -253,16 +212,18 @@ class Attention {
         }
     }
 
-    // The pool row at position x (as the tile's last row reads it), the item's heads, on its
-    // way into L2 while the rows before it compute: a chunk's rows come one after the other,
-    // but the hardware prefetchers run too little ahead of a thread that reads 8 KiB, then
-    // computes (6k keys, 28 layers of the 1.5B, two threads: 14.8 ms a token against 19.4).
-    void prefetch_row(const uint8_t* pool, const Item& it, int64_t x) const {
+    // Pool row x (as the tile's last row reads it) in `pools`, `heads` of the item's KV heads
+    // from its head j, on its way into L2 while the rows before it compute: a chunk's rows
+    // come one after the other, but the hardware prefetchers run too little ahead of a thread
+    // that reads 8 KiB, then computes (6k keys, 28 layers of the 1.5B, two threads: 14.8 ms
+    // a token against 19.4).
+    void prefetch_row(std::initializer_list<const uint8_t*> pools, const Item& it, int64_t x, int64_t j,
+                      int64_t heads) const {
         const int64_t t = it.t1 - 1;
         if (x < lo(t) || x > r_.pos[t] || x >= it.c1 * CHUNK) return;
         const int64_t slot = r_.slots[t][x - lo(t)];
         if (slot < 0 || slot >= kv_.n_slots) return;  // reported when read
-        ember_prefetch::lines_l2(pool_head(pool, slot, it.kvh), kv_.head_bytes * it.nkv);
+        for (const uint8_t* pool : pools) ember_prefetch::lines_l2(pool_head(pool, slot, it.kvh + j), kv_.head_bytes * heads);
     }
 
     // A float16 pool is read in place by one row whose heads fit the kernels' score tile and
@@ -299,10 +260,11 @@ class Attention {
         int64_t any = -1;  // positions no row of the group reads (a hole) repeat a read one
         for (int x = ua; x < ub && any < 0; ++x) any = map[x];
         const int64_t nkv = it.nkv, per_head = static_cast<int64_t>(n) * G_;
-        // rows x0..x1 (converted: row x at buf + (x - x0) * nkv * hd), head j's at at[j * CHUNK + x]
-        auto convert = [&](const uint8_t* pool, int x0, int x1, float* buf, const E** at) {
+        // rows x0..x1 (converted: row x at buf + (x - x0) * nkv * hd), head j's at at[j * CHUNK + x];
+        // with `ahead`, each row's read prefetches the row PREFETCH_AHEAD positions on
+        auto convert = [&](const uint8_t* pool, int x0, int x1, float* buf, const E** at, bool ahead) {
             for (int x = x0; x < x1; ++x) {
-                prefetch_row(pool, it, c * CHUNK + x + PREFETCH_AHEAD);
+                if (ahead) prefetch_row({pool}, it, c * CHUNK + x + PREFETCH_AHEAD, 0, nkv);
                 const int64_t slot = map[x] >= 0 ? map[x] : any;
                 const E* row = row_as<E>(pool, slot, it.kvh, nkv, buf + (x - x0) * nkv * hd_);
                 for (int64_t j = 0; j < nkv; ++j) at[j * CHUNK + x] = row + j * hd_;
@@ -312,13 +274,37 @@ class Attention {
             for (size_t i = 0; i < n; ++i)
                 for (int64_t g = 0; g < G_; ++g)
                     sc.qp[j * per_head + i * G_ + g] = r_.q + spans[i].t * r_.ldq + ((it.kvh + j) * G_ + g) * hd_;
+        // Scores read in place in short tiles (a decoded token whose KV heads each serve
+        // several query heads: 2 keys a tile on the 1.5B) prefetch as they go: each head's tile
+        // prefetches that head's K and V for its keys PREFETCH_AHEAD positions on, so the reads
+        // from memory spread over the compute instead of coming in bursts of 16 and 64 rows.
+        // 28 layers' 6k pools from memory, two threads: 1.16x (Gemma 3 270M's shape at 4k
+        // 1.17-1.24x; in cache 0.93-0.97x); whole decodes 1.01-1.03x at 6k and on the default
+        // model at 4k, 1.00x at 1k. Tiles of 16 keys (one query head per KV head) prefetch as
+        // the rows' addresses are taken: 32 row parts at a tile were a burst again (Llama 2
+        // 7B's shape: 0.87x).
+        bool spread = false;
+        if constexpr (std::is_same_v<E, uint16_t> && !std::is_same_v<K, Portable>)
+            spread = K::tile_keys(static_cast<int>(per_head)) <= SPREAD_TILE_KEYS;
+        if (spread) convert(kv_.k, ua, ub, sc.v.data(), kp, false);  // in place: buf is not written
         // keys SUB at a time, so their float copies stay in L1 while every head scores them
         for (int u = ua; u < ub; u += SUB) {
             const int w = std::min(ub, u + SUB);
-            convert(kv_.k, u, w, sc.k.data(), kp);
-            for (int64_t j = 0; j < nkv; ++j)
-                K::scores(sc.qp.data() + j * per_head, static_cast<int>(per_head), kp + j * CHUNK, u, w,
-                          hd_, r_.scale, sc.s.data() + j * per_head * lds_, lds_);
+            if (!spread) convert(kv_.k, u, w, sc.k.data(), kp, true);
+            for (int64_t j = 0; j < nkv; ++j) {
+                const float* const* q = sc.qp.data() + j * per_head;
+                float* s = sc.s.data() + j * per_head * lds_;
+                auto ahead = [&, j](int a, int b) {
+                    for (int x = a; x < b; ++x) prefetch_row({kv_.k, kv_.v}, it, c * CHUNK + x + PREFETCH_AHEAD, j, 1);
+                };
+                if constexpr (!std::is_same_v<K, Portable>) {
+                    if (spread) {
+                        K::scores(q, static_cast<int>(per_head), kp + j * CHUNK, u, w, hd_, r_.scale, s, lds_, ahead);
+                        continue;
+                    }
+                }
+                K::scores(q, static_cast<int>(per_head), kp + j * CHUNK, u, w, hd_, r_.scale, s, lds_);
+            }
         }
         for (int64_t j = 0; j < nkv; ++j) {
             const int64_t h = it.kvh + j, base = j * per_head;
@@ -349,7 +335,7 @@ class Attention {
                 }
             }
         }
-        convert(kv_.v, ua, ub, sc.v.data(), vp);
+        convert(kv_.v, ua, ub, sc.v.data(), vp, !spread);
         for (int64_t j = 0; j < nkv; ++j)
             for (size_t i = 0; i < n; ++i) {
                 const int64_t at = j * per_head + i * G_;

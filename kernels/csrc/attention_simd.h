@@ -247,14 +247,21 @@ struct SimdKernels {
         for (int i = 0; i < QN * KN; ++i) out[i] = s[i] * scale;
     }
 
+    // Runs ahead of nothing: scores' default before_tile.
+    struct NoHook {
+        void operator()(int, int) const {}
+    };
+
     // QN query vectors against keys x0..x1-1: s[i * lds + x]. Keys past x1 in the last tile
-    // repeat key x1 - 1 (their scores land in s's slack, never read).
-    template <int QN, class E>
+    // repeat key x1 - 1 (their scores land in s's slack, never read). before_tile(a, b) runs
+    // ahead of each tile, keys a..b-1 (attention.cpp prefetches there).
+    template <int QN, class E, class Hook>
     static void score_rows(const float* const* q, const E* const* k, int x0, int x1, int64_t hd,
-                           float scale, float* s, int lds) {
+                           float scale, float* s, int lds, const Hook& before_tile) {
         constexpr int KN = V::KN_OF[QN];
         float out[QN * KN];
         for (int x = x0; x < x1; x += KN) {
+            before_tile(x, x + KN < x1 ? x + KN : x1);
             const E* kx[KN];
             for (int j = 0; j < KN; ++j) kx[j] = k[x + j < x1 ? x + j : x1 - 1];
             tile<QN, KN>(q, kx, hd, scale, out);
@@ -263,23 +270,38 @@ struct SimdKernels {
         }
     }
 
-    template <class E>
+    // nq query vectors, in tiles of up to QN of them (5 or 6 in one tile); before_tile runs for
+    // the first tiles' keys only, so once for each key.
+    template <class E, class Hook = NoHook>
     static void scores(const float* const* q, int nq, const E* const* k, int x0, int x1,
-                       int64_t hd, float scale, float* s, int lds) {
+                       int64_t hd, float scale, float* s, int lds, const Hook& before_tile = {}) {
         if constexpr (V::QN_MAX >= 6) {
-            if (nq == 5) return score_rows<5>(q, k, x0, x1, hd, scale, s, lds);
-            if (nq == 6) return score_rows<6>(q, k, x0, x1, hd, scale, s, lds);
+            if (nq == 5) return score_rows<5>(q, k, x0, x1, hd, scale, s, lds, before_tile);
+            if (nq == 6) return score_rows<6>(q, k, x0, x1, hd, scale, s, lds, before_tile);
         }
         for (int i = 0; i < nq;) {
             const int n = nq - i < V::QN ? nq - i : V::QN;
             float* si = s + static_cast<int64_t>(i) * lds;
-            switch (n) {
-                case 1: score_rows<1>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                case 2: score_rows<2>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                case 3: if constexpr (V::QN >= 3) score_rows<3>(q + i, k, x0, x1, hd, scale, si, lds); break;
-                default: if constexpr (V::QN >= 4) score_rows<4>(q + i, k, x0, x1, hd, scale, si, lds); break;
-            }
+            if (i == 0) score_group(n, q, k, x0, x1, hd, scale, si, lds, before_tile);
+            else score_group(n, q + i, k, x0, x1, hd, scale, si, lds, NoHook{});
             i += n;
+        }
+    }
+
+    // Keys in one of scores' first tiles for nq query vectors.
+    static constexpr int tile_keys(int nq) {
+        return V::QN_MAX >= 6 && (nq == 5 || nq == 6) ? V::KN_OF[nq] : V::KN_OF[nq < V::QN ? nq : V::QN];
+    }
+
+    // score_rows for a group of n <= QN query vectors
+    template <class E, class Hook>
+    static void score_group(int n, const float* const* q, const E* const* k, int x0, int x1, int64_t hd,
+                            float scale, float* s, int lds, const Hook& before_tile) {
+        switch (n) {
+            case 1: score_rows<1>(q, k, x0, x1, hd, scale, s, lds, before_tile); break;
+            case 2: score_rows<2>(q, k, x0, x1, hd, scale, s, lds, before_tile); break;
+            case 3: if constexpr (V::QN >= 3) score_rows<3>(q, k, x0, x1, hd, scale, s, lds, before_tile); break;
+            default: if constexpr (V::QN >= 4) score_rows<4>(q, k, x0, x1, hd, scale, s, lds, before_tile); break;
         }
     }
 
