@@ -32,7 +32,6 @@ that pool in place by slot.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -41,43 +40,8 @@ from ember.models.config import ModelConfig
 
 from .blocks import KVPool, OutOfBlocks
 from .plan import KVPlan
+from .records import DEVICE, DROPPED, HOST, HostLayers, KVStats, Sequence, holds_blocks
 from .sequence import SequenceKV
-
-DEVICE, HOST, DROPPED = "device", "host", "dropped"
-
-
-@dataclass
-class Sequence:
-    id: int
-    tables: list[list[int | None]]  # per layer: pool block id per logical block, None = released
-    length: int = 0
-    tier: str = DEVICE
-    last_used: int = 0
-    # Per layer, the flat pool slot of every position the table covers, built on demand and
-    # dropped whenever the table changes: decode then slices it instead of rebuilding it.
-    slot_cache: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class HostLayers:
-    """Layers whose attention runs on the host beside a device tier: their K/V live in a pool
-    of `blocks` blocks of `dtype` in host RAM, never swapped."""
-
-    layers: tuple[int, ...]
-    blocks: int
-    dtype: torch.dtype
-
-
-@dataclass
-class KVStats:
-    swaps_out: int = 0
-    swaps_in: int = 0
-    bytes_out: int = 0
-    bytes_in: int = 0
-    swap_s: float = 0.0
-    dropped: int = 0
-    cow_copies: int = 0
-
 
 class PagedKVCache:
     def __init__(self, config: ModelConfig, device_blocks: int, host_blocks: int = 0,
@@ -330,7 +294,7 @@ class PagedKVCache:
     def _evict_one(self, exclude: Sequence) -> bool:
         """Swap out the least recently used idle device sequence; False if there is none."""
         idle = [s for s in self.seqs.values() if s.tier == DEVICE and s is not exclude
-                and s.id not in self._busy and _holds_blocks(s)]
+                and s.id not in self._busy and holds_blocks(s)]
         if not idle:
             return False
         self.swap_out(min(idle, key=lambda s: s.last_used).id)
@@ -391,7 +355,7 @@ class PagedKVCache:
         """Drop the least recently used idle sequence of `tiers` holding blocks; False if
         there is none."""
         idle = [s for s in self.seqs.values() if s.tier in tiers and s is not exclude
-                and s.id not in self._busy and _holds_blocks(s)]
+                and s.id not in self._busy and holds_blocks(s)]
         if not idle:
             return False
         victim = min(idle, key=lambda s: s.last_used)
@@ -429,6 +393,3 @@ class PagedKVCache:
         self._clock += 1
         seq.last_used = self._clock
 
-
-def _holds_blocks(seq: Sequence) -> bool:
-    return any(b is not None for table in seq.tables for b in table)

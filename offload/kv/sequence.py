@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .paged import PagedKVCache, Sequence
+    from .paged import PagedKVCache
+    from .records import Sequence
 
 
 @dataclass
