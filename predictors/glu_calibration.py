@@ -33,10 +33,11 @@ import torch
 from torch import nn
 
 from ember.models.support.errors import ConfigError
-from ember.models.transformer import Transformer, rms_norm, softcap
+from ember.models.transformer import Transformer
 
 from .ffn_swap import intermediate, swapped_ffns
-from .passes import Scores, check_length, score, segments
+from .glu_probe import KLProbe, LocalCurve, local_curve
+from .passes import Scores, check_length, score
 from .stats import Collection, is_active
 
 DEFAULT_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 18))  # 0.05 .. 0.85
@@ -124,110 +125,6 @@ class ThresholdedFFN(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-# ---- step 1: local errors -------------------------------------------------------------------
-
-@dataclass
-class _LocalCurve:
-    thresholds: list[float]  # per level
-    errors: torch.Tensor  # (levels,) mean squared change of the post-normed output
-    biases: list[torch.Tensor | None]
-
-
-def _post(block: nn.Module, f: torch.Tensor) -> torch.Tensor:
-    if block.cfg.sandwich_norms:
-        return rms_norm(f, block.post_ffn_norm, block.cfg.rms_eps)
-    return f
-
-
-@torch.inference_mode()
-def _local_curve(block: nn.Module, x: torch.Tensor, levels: list[float],
-                 compensate: bool) -> _LocalCurve:
-    ffn = block.ffn
-    h = intermediate(ffn, x)  # (N, ffn)
-    habs = h.abs()
-    rel = habs / habs.mean(-1, keepdim=True).clamp(min=1e-30)  # what `is_active` compares
-    ref = _post(block, h @ ffn.down)
-    flat = rel.flatten().sort().values
-    taus, errors, biases = [], [], []
-    for s in levels:
-        tau = float(flat[min(len(flat) - 1, int(s * len(flat)))])
-        dropped = h * (rel <= tau)
-        bias = dropped.mean(0) @ ffn.down if compensate else None
-        out = (h - dropped) @ ffn.down
-        if bias is not None:
-            out = out + bias
-        taus.append(tau)
-        errors.append(float((_post(block, out) - ref).pow(2).sum(-1).mean()))
-        biases.append(bias)
-    return _LocalCurve(taus, torch.tensor(errors, dtype=torch.float64), biases)
-
-
-# ---- step 2-4: running the model from a given layer on, scored on a shortlist -----------------
-
-class _Probe:
-    """Dense reference on the calibration tokens: each block's input and the KV caches, so a
-    run that changes layer l alone re-runs only blocks l.. (earlier K/V are unchanged)."""
-
-    @torch.inference_mode()
-    def __init__(self, model: Transformer, ids: list[int], bos_id: int | None, length: int,
-                 top: int):
-        self.model = model
-        self.segs = [s.to(model.device) for s in segments(ids, length, bos_id)]
-        if not self.segs:
-            raise ConfigError("too few calibration tokens to probe (need at least 2)")
-        self.caches, self.inputs, finals = [], [], []
-        for seg in self.segs:
-            cache = model.new_cache(len(seg))
-            x = model.embed(seg)
-            per_layer = []
-            for block in model.blocks:
-                per_layer.append(x)
-                x = block(x, 0, cache)
-            cache.commit(len(seg))
-            self.caches.append(cache)
-            self.inputs.append(per_layer)
-            finals.append(rms_norm(x, model.output_norm, model.cfg.rms_eps)[:-1])
-        # Shortlist: every position's dense top-k and its target token.
-        cols = [torch.cat([s[1:] for s in self.segs])]
-        for final in finals:
-            for c in range(0, final.shape[0], 128):
-                cols.append(model.logits(final[c: c + 128]).topk(top, dim=-1).indices.flatten())
-        self.cols = torch.cat(cols).unique()
-        self.targets = torch.searchsorted(self.cols, torch.cat([s[1:] for s in self.segs]))
-        self.weight = self._head_columns()
-        self.dense_logp = self._logp(torch.cat(finals))
-        self.dense_nll = self._nll(self.dense_logp)
-
-    def _head_columns(self) -> torch.Tensor | None:
-        weight = getattr(self.model.head, "weight", None)  # (hidden, vocab) once built
-        return weight[:, self.cols].contiguous() if isinstance(weight, torch.Tensor) else None
-
-    def _logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.weight is None:  # a head without a float weight: full logits, then the columns
-            logits = torch.cat([self.model.logits(hidden[c: c + 128])[:, self.cols]
-                                for c in range(0, hidden.shape[0], 128)])
-        else:
-            logits = softcap(hidden @ self.weight, self.model.cfg.final_logit_softcap)
-        return torch.log_softmax(logits, dim=-1)
-
-    def _nll(self, logp: torch.Tensor) -> float:
-        return -float(logp.gather(1, self.targets[:, None]).mean())
-
-    @torch.inference_mode()
-    def run(self, first_layer: int) -> tuple[float, float]:
-        """(KL(dense || current) nats/token, mean NLL change) re-running blocks first_layer..;
-        whatever FFNs are swapped in at the time take effect."""
-        model, finals = self.model, []
-        for seg, cache, per_layer in zip(self.segs, self.caches, self.inputs):
-            x = per_layer[first_layer]
-            for block in model.blocks[first_layer:]:
-                x = block(x, 0, cache)
-            finals.append(rms_norm(x, model.output_norm, model.cfg.rms_eps)[:-1])
-        logp = self._logp(torch.cat(finals))
-        kl = float((self.dense_logp.exp() * (self.dense_logp - logp)).sum(-1).mean())
-        return kl, self._nll(logp) - self.dense_nll
-
-
 def _allocate(costs: torch.Tensor, levels: list[float], budget: float) -> list[int]:
     """Per layer a level index (-1 = dense) maximizing total sparsity with summed predicted KL
     within budget: repeatedly take the step with the least KL per unit of sparsity."""
@@ -286,10 +183,10 @@ def calibrate_glu(model: Transformer, collection: Collection, calib_ids: list[in
     if len(collection.samples) != len(model.blocks) or len(collection.samples[0]) == 0:
         raise ConfigError("the collection does not match this model or holds no sampled tokens")
     probes = sorted(opts.probes)
-    curves = [_local_curve(block, sample.inputs()[: opts.local_tokens], levels + probes,
+    curves = [local_curve(block, sample.inputs()[: opts.local_tokens], levels + probes,
                            opts.compensate)
               for block, sample in zip(model.blocks, collection.samples)]
-    probe = _Probe(model, calib_ids[: opts.probe_tokens], bos_id, opts.length, opts.shortlist_top)
+    probe = KLProbe(model, calib_ids[: opts.probe_tokens], bos_id, opts.length, opts.shortlist_top)
     costs = torch.stack([_sensitivity(model, probe, layer, curve, levels, probes, say, passed)
                          for layer, curve in enumerate(curves)])  # (layers, levels) predicted KL
     target = opts.target_share * math.log1p(opts.budget)
@@ -354,7 +251,7 @@ def _mean_sparsity(chosen: list[int], levels: list[float]) -> float:
     return sum(levels[k] if k >= 0 else 0.0 for k in chosen) / len(chosen)
 
 
-def _sensitivity(model, probe: _Probe, layer: int, curve: _LocalCurve, levels: list[float],
+def _sensitivity(model, probe: KLProbe, layer: int, curve: LocalCurve, levels: list[float],
                  probes: list[float], say, passed) -> torch.Tensor:
     """Predicted KL of `layer` alone at each level: local error x a gain measured at the probe
     sparsities (KL per unit of local error grows with sparsity; interpolated between probes)."""
@@ -399,7 +296,7 @@ def _bisect(ok, lo, hi, start, rounds: int, integer: bool = False) -> None:
             x = (lo + hi) / 2
 
 
-def _verify(model, probe: _Probe, curves: list[_LocalCurve],
+def _verify(model, probe: KLProbe, curves: list[LocalCurve],
             chosen: list[int]) -> tuple[float, float]:
     def make(i, f):
         k = chosen[i]
