@@ -3,7 +3,7 @@
 // decode step meets it: one decoded row over every layer's own float16 K/V in turn (from
 // memory once they outgrow the caches), then one layer's again and again (in cache). A and B
 // alternate round by round, so the host's drift falls on both; the outputs must be the same
-// bits. Built and run by bench/attention_ab.sh (docs/long-context.md, "Measured and left").
+// bits. Built and run by bench/attention_ab.sh (docs/long-context.md, "Measured").
 //
 //   attention_ab KEYS LAYERS ROUNDS      (SHAPE=n_heads,n_kv,head_dim; default 12,2,128)
 #include <ATen/Parallel.h>

@@ -27,8 +27,8 @@ from ember.models.support.user_dirs import cache_dir as user_cache_dir
 log = logging.getLogger("ember.kernels")
 
 _SOURCES = ("bindings.cpp", "sparse_ffn.cpp", "q8_0_matmul.cpp", "fused_ops.cpp",
-            "select.cpp", "block_matmul.cpp", "decoder_step.cpp", "input_sparse.cpp",
-            "tile_relayout.cpp", "attention.cpp", "kv_pool.cpp")
+            "select.cpp", "block_matmul.cpp", "block_paths.cpp", "decoder_step.cpp",
+            "input_sparse.cpp", "tile_relayout.cpp", "attention.cpp", "kv_pool.cpp")
 _V3_FLAGS = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}  # x86-64-v3 needs these
 # x86-64-v4 (AVX-512 F/BW/CD/DQ/VL) plus VNNI: the build with block_matmul's "avx512" path
 _V4_FLAGS = _V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}

@@ -8,11 +8,10 @@
 //   any thread count. Chunks past a row's position or before its window are skipped; tree
 //   rows whose keys differ from the tile's at a chunk take that chunk alone.
 // - Work items: (KV head, tile) for a prompt's tiles; (KV heads, the one tile) for a decoded
-//   token or a tree, whose chunks are split between threads when items are fewer
-//   (flash-decoding: later parts keep each chunk's partial, folded afterwards in order).
-// - A pool row holds all KV heads side by side, so an item of every head reads its chunk's
-//   rows whole and in order, one stream (one thread per head, reading every other 256 bytes,
-//   got a third to half the bandwidth: bench/kv_read_patterns.cpp).
+//   token or a tree, its chunks split between threads when items are fewer (flash-decoding:
+//   later parts keep each chunk's partial, folded afterwards in order).
+// - A pool row holds all KV heads side by side: an item of every head reads its chunk's rows
+//   whole and in order, one stream (bench/kv_read_patterns.cpp measures the alternatives).
 #include "attention.h"
 
 #include <ATen/Parallel.h>
@@ -213,10 +212,8 @@ class Attention {
     }
 
     // Pool row x (as the tile's last row reads it) in `pools`, `heads` of the item's KV heads
-    // from its head j, on its way into L2 while the rows before it compute: a chunk's rows
-    // come one after the other, but the hardware prefetchers run too little ahead of a thread
-    // that reads 8 KiB, then computes (6k keys, 28 layers of the 1.5B, two threads: 14.8 ms
-    // a token against 19.4).
+    // from its head j, on its way into L2 while the rows before it compute: the hardware
+    // prefetchers run too little ahead of a thread that reads 8 KiB, then computes.
     void prefetch_row(std::initializer_list<const uint8_t*> pools, const Item& it, int64_t x, int64_t j,
                       int64_t heads) const {
         const int64_t t = it.t1 - 1;
@@ -275,14 +272,10 @@ class Attention {
                 for (int64_t g = 0; g < G_; ++g)
                     sc.qp[j * per_head + i * G_ + g] = r_.q + spans[i].t * r_.ldq + ((it.kvh + j) * G_ + g) * hd_;
         // Scores read in place in short tiles (a decoded token whose KV heads each serve
-        // several query heads: 2 keys a tile on the 1.5B) prefetch as they go: each head's tile
-        // prefetches that head's K and V for its keys PREFETCH_AHEAD positions on, so the reads
-        // from memory spread over the compute instead of coming in bursts of 16 and 64 rows.
-        // 28 layers' 6k pools from memory, two threads: 1.16x (Gemma 3 270M's shape at 4k
-        // 1.17-1.24x; in cache 0.93-0.97x); whole decodes 1.01-1.03x at 6k and on the default
-        // model at 4k, 1.00x at 1k. Tiles of 16 keys (one query head per KV head) prefetch as
-        // the rows' addresses are taken: 32 row parts at a tile were a burst again (Llama 2
-        // 7B's shape: 0.87x).
+        // several query heads: 2 keys a tile on the 1.5B) prefetch as they go, each head's
+        // tile that head's K and V PREFETCH_AHEAD positions on: the reads spread over the
+        // arithmetic instead of coming in bursts (measured: docs/long-context.md, "Measured").
+        // Tiles of 16 keys would prefetch 32 row parts at once: they prefetch row by row.
         bool spread = false;
         if constexpr (std::is_same_v<E, uint16_t> && !std::is_same_v<K, Portable>)
             spread = K::tile_keys(static_cast<int>(per_head)) <= SPREAD_TILE_KEYS;
