@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     const int keys = std::atoi(argv[1]), layers = std::atoi(argv[2]), rounds = std::atoi(argv[3]);
+    if (keys < 1 || layers < 1 || rounds < 1) {
+        std::fprintf(stderr, "KEYS, LAYERS and ROUNDS must be positive whole numbers\n");
+        return 2;
+    }
     int n_heads = 12, n_kv = 2, hd = 128;
     if (const char* shape = std::getenv("SHAPE")) std::sscanf(shape, "%d,%d,%d", &n_heads, &n_kv, &hd);
     const int64_t row = int64_t(n_kv) * hd * 2;

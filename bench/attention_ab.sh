@@ -5,6 +5,10 @@
 # at 6k: bench/attention_ab.sh /tmp/csrc_before kernels/csrc 6144 28 60
 # (SHAPE=32,32,128 for Llama 2 7B's). AVX-512 machines; flags as kernels/cpu_extension.py's.
 set -euo pipefail
+if [ $# -ne 5 ]; then
+    echo "usage: $0 A_CSRC B_CSRC KEYS LAYERS ROUNDS" >&2
+    exit 2
+fi
 a=$(realpath "$1") b=$(realpath "$2")
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
