@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "../kernels/csrc/prefetch.h"  // the kernels' own L2 prefetch
+
 namespace {
 
 constexpr size_t BYTES = 176u << 20, ROW = 512, HEAD = 256, BLOCK = 16 * ROW;  // 16-row blocks
@@ -49,10 +51,6 @@ void read_blocks(const std::vector<size_t>& order, size_t i0, size_t i1, size_t 
 // per-row prefetch comes in bursts), to see what bursts cost.
 constexpr size_t CHUNK_ROWS = 64;
 
-void prefetch_lines(const char* p, size_t n) {
-    for (size_t o = 0; o < n; o += 64) asm volatile("prefetcht1 %0" : : "m"(p[o]));
-}
-
 void chunks_with_work(int id, size_t span, int work, bool burst) {
     const __m512 one = _mm512_set1_ps(1.0001f);
     __m512 acc = _mm512_setzero_ps(), w[4] = {acc, acc, acc, acc};
@@ -70,9 +68,9 @@ void chunks_with_work(int id, size_t span, int work, bool burst) {
     for (size_t done = 0; done < BYTES / 4; done += hi - lo)
         for (size_t c = lo; c < hi; c += chunk) {
             const size_t next = std::min(chunk, hi - std::min(hi, c + chunk));
-            if (burst) prefetch_lines(k + c + chunk, next);
+            if (burst) ember_prefetch::lines_l2(k + c + chunk, next);
             read(k, c, std::min(hi, c + chunk));
-            if (burst) prefetch_lines(v + c + chunk, next);
+            if (burst) ember_prefetch::lines_l2(v + c + chunk, next);
             read(v, c, std::min(hi, c + chunk));
         }
     _mm512_storeu_ps(sink + 16 * id, _mm512_add_ps(acc, _mm512_add_ps(_mm512_add_ps(w[0], w[1]), _mm512_add_ps(w[2], w[3]))));
