@@ -149,6 +149,7 @@ struct Avx512 {
     }
     static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
     static T bcast(float x) { return _mm512_set1_ps(x); }
+    // Keeps x in a register: an empty asm that takes and gives it there (see SimdKernels::tile).
     static EMBER_INLINE void in_register(T& x) { asm("" : "+v"(x)); }
     static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
     static T add(T a, T b) { return _mm512_add_ps(a, b); }
