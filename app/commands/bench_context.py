@@ -81,8 +81,10 @@ def _kernel_rate(q, k_pool, v_pool, small: int = 1024, rounds: int = 15) -> floa
     for _ in range(rounds):
         t_small = _time_attend(q, k_pool, v_pool, small, repeats=3, pick=min)
         t_large = _time_attend(q, k_pool, v_pool, 2 * small, repeats=3, pick=min)
-        # noise larger than the difference: that round's rate is the longer call's own
-        rates.append(small * macs / (t_large - t_small) if t_large > t_small else 2 * small * macs / t_large)
+        if t_large > t_small:
+            rates.append(small * macs / (t_large - t_small))
+        else:  # noise larger than the difference: the longer call's own rate
+            rates.append(2 * small * macs / t_large)
     return statistics.median(rates)
 
 
@@ -123,7 +125,7 @@ def attention_report(engine, n: int, copy_bps: float) -> dict:
     """Decode attention per token after n tokens, with the model's shapes and the engine's KV
     type: timed as a decode step meets it (`_time_step`: every layer's K/V in turn) and,
     beside it, with one layer's K/V read again and again (in cache where it fits).
-    The bound is max(KV bytes / copy bandwidth, multiply-adds / the kernel's best in-cache
+    The bound is max(KV bytes / copy bandwidth, multiply-adds / the kernel's in-cache
     rate, `_kernel_rate`); beside it a float32 matmul's rate on the same threads (the machine's
     multiply-add peak, near enough)."""
     import torch
