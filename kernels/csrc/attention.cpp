@@ -290,13 +290,8 @@ class Attention {
                 auto ahead = [&, j](int a, int b) {
                     for (int x = a; x < b; ++x) prefetch_row({kv_.k, kv_.v}, it, c * CHUNK + x + PREFETCH_AHEAD, j, 1);
                 };
-                if constexpr (!std::is_same_v<K, Portable>) {
-                    if (spread) {
-                        K::scores(q, static_cast<int>(per_head), kp + j * CHUNK, u, w, hd_, r_.scale, s, lds_, ahead);
-                        continue;
-                    }
-                }
-                K::scores(q, static_cast<int>(per_head), kp + j * CHUNK, u, w, hd_, r_.scale, s, lds_);
+                if (spread) K::scores(q, static_cast<int>(per_head), kp + j * CHUNK, u, w, hd_, r_.scale, s, lds_, ahead);
+                else K::scores(q, static_cast<int>(per_head), kp + j * CHUNK, u, w, hd_, r_.scale, s, lds_);
             }
         }
         for (int64_t j = 0; j < nkv; ++j) {

@@ -100,4 +100,10 @@ inline void merge_values(float* O, const float* o, int64_t n, Fold f) {
     }
 }
 
+// The kernels' scores run a hook ahead of each tile of keys, given the tile's keys a..b-1
+// (attention.cpp prefetches there); this one runs nothing.
+struct NoHook {
+    void operator()(int, int) const {}
+};
+
 }  // namespace ember_attention

@@ -17,10 +17,14 @@ namespace ember_attention {
 
 // attention_math.h as written, for any head dim.
 struct Portable {
+    // (a tile here is one key; before_tile runs ahead of each)
+    template <class Hook = NoHook>
     static void scores(const float* const* q, int nq, const float* const* k, int x0, int x1,
-                       int64_t hd, float scale, float* s, int lds) {
-        for (int i = 0; i < nq; ++i)
-            for (int x = x0; x < x1; ++x) s[i * lds + x] = dot(q[i], k[x], hd) * scale;
+                       int64_t hd, float scale, float* s, int lds, const Hook& before_tile = {}) {
+        for (int x = x0; x < x1; ++x) {
+            before_tile(x, x + 1);
+            for (int i = 0; i < nq; ++i) s[i * lds + x] = dot(q[i], k[x], hd) * scale;
+        }
     }
     static float max_of(const float* s, int a, int b) { return *std::max_element(s + a, s + b); }
     static float exp_sum(const float* s, float* p, int a, int b, float m) {

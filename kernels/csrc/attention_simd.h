@@ -255,11 +255,6 @@ struct SimdKernels {
         for (int i = 0; i < QN * KN; ++i) out[i] = s[i] * scale;
     }
 
-    // Runs ahead of nothing: scores' default before_tile.
-    struct NoHook {
-        void operator()(int, int) const {}
-    };
-
     // QN query vectors against keys x0..x1-1: s[i * lds + x]. Keys past x1 in the last tile
     // repeat key x1 - 1 (their scores land in s's slack, never read). before_tile(a, b) runs
     // ahead of each tile, keys a..b-1 (attention.cpp prefetches there).
