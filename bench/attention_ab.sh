@@ -3,7 +3,8 @@
 #   bench/attention_ab.sh A_CSRC B_CSRC KEYS LAYERS ROUNDS
 # e.g. a copy of kernels/csrc from before a change against the working tree, the 1.5B's shape
 # at 6k: bench/attention_ab.sh /tmp/csrc_before kernels/csrc 6144 28 60
-# (SHAPE=32,32,128 for Llama 2 7B's). AVX-512 machines; flags as kernels/cpu_extension.py's.
+# (SHAPE=32,32,128 for Llama 2 7B's). AVX-512 machines; flags as kernels/cpu_extension.py's
+# AVX-512 build, or with BUILD=v3 its AVX2 build's (where the kernel runs the AVX2 path).
 set -euo pipefail
 if [ $# -ne 5 ]; then
     echo "usage: $0 A_CSRC B_CSRC KEYS LAYERS ROUNDS" >&2
@@ -17,7 +18,10 @@ torch=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 abi=$("$py" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-flags=(-O3 -fopenmp -ffp-contract=fast -Wno-c++20-extensions -march=x86-64-v4 -mavx512vnni -mprefer-vector-width=256
+# BUILD=v3: the AVX2 build's flags (16 vector registers, as an AVX2-only CPU runs it)
+march=(-march=x86-64-v4 -mavx512vnni -mprefer-vector-width=256)
+[ "${BUILD:-}" = v3 ] && march=(-march=x86-64-v3)
+flags=(-O3 -fopenmp -ffp-contract=fast -Wno-c++20-extensions "${march[@]}"
        -std=c++17 -D_GLIBCXX_USE_CXX11_ABI="$abi" -I"$torch/include"
        -I"$torch/include/torch/csrc/api/include")
 b_flags=(-Dember_attention=ember_attention_B)

@@ -49,7 +49,11 @@ struct Avx2 {
     struct T {
         __m256 lo, hi;
     };
-    static constexpr int QN = 2, QN_MAX = 2, KN_OF[3] = {0, 4, 2};  // 8 accumulators at most
+    // score tiles: 8 accumulators (16 registers) at most, but 5 or 6 heads (a row's grouped
+    // heads) take one key a tile: 12 registers, the query vectors read by the fmas from L1,
+    // each key converted once (heads in pairs, 2 keys a tile, took float copies of the keys and
+    // values: the 1.5B's 6k decode attention ~2x AVX-512's on Zen 4)
+    static constexpr int QN = 2, QN_MAX = 6, KN_OF[7] = {0, 4, 2, 0, 0, 1, 1};
     static constexpr int MAX_W = 2;                     // value columns per head: 2 x 16
     static T zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
     static T load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -224,8 +228,12 @@ struct SimdKernels {
     // when its query heads per KV head fit one score tile and one block of values (see
     // values), so each key and value still converts once, as in a pass.
     static constexpr bool half_in_place(int64_t heads, int64_t hd) {
-        return heads <= V::QN_MAX && (heads <= 3 || (V::MAX_W >= 4 && hd / LANES % 4 == 0));
+        return heads <= V::QN_MAX && (heads <= 3 || six_head_values(hd));
     }
+
+    // Whether values take up to 6 heads in one block (else 3): 6 x 4 vectors on AVX-512 (head
+    // dims a multiple of 64), 6 x 1 on AVX2 (12 of its 16 registers).
+    static constexpr bool six_head_values(int64_t hd) { return V::MAX_W < 4 || hd / LANES % 4 == 0; }
 
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
     static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
@@ -337,12 +345,17 @@ struct SimdKernels {
             for (int w = 0; w < W; ++w) acc[h][w] = V::zero();
         for (int x = a; x < b; ++x) {
             const E* vx = v[x] + col;
-            T pb[NH];
-            for (int h = 0; h < NH; ++h) pb[h] = V::bcast(p[h][x]);
+            T vv[W];
             for (int w = 0; w < W; ++w) {
-                T vv = V::load(vx + LANES * w);
-                if constexpr (NH > 1) V::in_register(vv);  // one load for the NH fmas (see tile)
-                for (int h = 0; h < NH; ++h) acc[h][w] = V::fma(pb[h], vv, acc[h][w]);
+                vv[w] = V::load(vx + LANES * w);
+                if constexpr (NH > 1) V::in_register(vv[w]);  // one load for the NH fmas (see tile)
+            }
+            // each head's weight broadcast just before its fmas: NH of them computed first
+            // and held (AVX2's 6 x 1 block: 12 accumulators, 2 value and 6 weight registers)
+            // left the compiler 20 registers to place in 16, and it spilled accumulators
+            for (int h = 0; h < NH; ++h) {
+                const T b = V::bcast(p[h][x]);
+                for (int w = 0; w < W; ++w) acc[h][w] = V::fma(b, vv[w], acc[h][w]);
             }
         }
         for (int h = 0; h < NH; ++h)
@@ -380,9 +393,9 @@ struct SimdKernels {
     static void values(const float* const* p, int nh, const E* const* v, int a, int b,
                        int64_t hd, float* const* O, const Fold* f) {
         // 24 accumulator registers on AVX-512: 6 heads x 4 vectors, or 3 x 8 for 3 heads or
-        // fewer; AVX2's 16 registers hold 3 heads x 2 (two registers each)
+        // fewer; AVX2's 16 registers hold 6 heads x 1 or 3 x 2 (two registers each)
         const int64_t n16 = hd / LANES;
-        if (V::MAX_W >= 4 && n16 % 4 == 0 && nh > 3) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6>(p, nh, v, a, b, hd, O, f);
+        if (nh > 3 && six_head_values(hd)) return value_heads<V::MAX_W >= 4 ? 4 : 1, 6>(p, nh, v, a, b, hd, O, f);
         if (V::MAX_W >= 8 && n16 % 8 == 0) return value_heads<V::MAX_W >= 8 ? 8 : 1, 3>(p, nh, v, a, b, hd, O, f);
         if (V::MAX_W >= 4 && n16 % 4 == 0) return value_heads<V::MAX_W >= 4 ? 4 : 1, 3>(p, nh, v, a, b, hd, O, f);
         if (n16 % 2 == 0) return value_heads<2, 3>(p, nh, v, a, b, hd, O, f);
