@@ -52,8 +52,9 @@ struct Avx2 {
     // score tiles: 8 accumulators (16 registers) at most, but 5 or 6 heads (a row's grouped
     // heads) take one key a tile: 12 registers, the query vectors read by the fmas from L1,
     // each key converted once (heads in pairs, 2 keys a tile, took float copies of the keys and
-    // values: the 1.5B's 6k decode attention ~2x AVX-512's on Zen 4)
-    static constexpr int QN = 2, QN_MAX = 6, KN_OF[7] = {0, 4, 2, 0, 0, 1, 1};
+    // values: the 1.5B's 6k decode attention ~2x AVX-512's on Zen 4). KN_OF[3], [4] go unused
+    // (groups of QN = 2 heads otherwise).
+    static constexpr int QN = 2, QN_MAX = 6, KN_OF[7] = {0, 4, 2, 1, 1, 1, 1};
     static constexpr int MAX_W = 2;                     // value columns per head: 2 x 16
     static T zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
     static T load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
