@@ -17,6 +17,22 @@ TINY_KINDS = {
 }
 
 
+def pytest_sessionstart(session):
+    """Tests that need the C++ kernels skip on a machine that cannot build them (no compiler:
+    Ember then runs on the PyTorch reference). With a compiler, a failed build is a bug in the
+    kernels' sources, and skipping those tests would hide it: stop the run and say why."""
+    import shutil
+
+    from ember.kernels import cpu_extension
+
+    if cpu_extension.forced_reference() or not shutil.which(os.environ.get("CXX", "c++")):
+        return
+    if cpu_extension.load() is None:
+        pytest.exit("the C++ kernels did not build, though a compiler is here: "
+                    f"{cpu_extension.unavailable_reason()} (EMBER_KERNELS=reference runs the "
+                    "tests on the PyTorch fallback alone)", returncode=1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache_dir(tmp_path_factory):
     """Derived files of the hundreds of tiny and mutated models tests open (tokenizer caches)
