@@ -9,6 +9,7 @@ import torch
 
 from ember.kernels import attention
 from ember.kernels import block_matmul as bm
+from ember.kernels import cpu_extension
 from ember.kernels.q8_matmul import q8_0_quantize
 
 needs_kernels = pytest.mark.skipif(not attention.available(), reason="C++ kernels not built")
@@ -98,9 +99,10 @@ def test_the_reference_matches_float64(kind, softcap):
                                                    (16, 8, 64, None)])  # 8 KV heads: 4 per item
 def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_and_path(
         path_and_threads, kind, n_heads, n_kv, hd, window):
-    """Row at position p: decoded alone (one to three threads: the context split across them),
-    as one row of a prompt chunk, and as a tree row reading the same keys from other pool
-    rows beside rows whose keys differ; every CPU path gives the same bits too."""
+    """Row at position p: decoded alone (one to three threads: the context split across them,
+    the first part's thread running slow or not), as one row of a prompt chunk, and as a tree
+    row reading the same keys from other pool rows beside rows whose keys differ; every CPU
+    path gives the same bits too."""
     if kind == "q8_0" and hd % 32:
         pytest.skip("Q8_0 needs whole 32-value blocks")
     n_slots, start, T = 700, 300, 40
@@ -109,16 +111,23 @@ def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_
     slots, positions = _prompt(start, T, window, table)
     q = torch.randn(T, n_heads, hd, generator=torch.Generator().manual_seed(5))
     scale = hd ** -0.5
-    results = []
+    results, kernels = [], cpu_extension.load()
     for path in PATHS:
         bm.set_cpu_path(path)
         for threads in (1, 2, 3):  # 3: a decoded row's context in uneven parts
             torch.set_num_threads(threads)
             chunk = attention.attend(q, k_pool, v_pool, slots, positions, scale)
-            for t in (0, 17, T - 1):
-                alone = attention.attend(q[t:t + 1], k_pool, v_pool, slots[t:t + 1],
-                                         positions[t:t + 1], scale)
-                assert torch.equal(alone[0], chunk[t]), (path, threads, t)
+            # the first part's thread running slow (0 or 1 chunks folded as it goes, the
+            # rest taken by the others) or not
+            for first_part_chunks in (-1, 0, 1):
+                kernels.set_attention_first_part_chunks(first_part_chunks)
+                try:
+                    for t in (0, 17, T - 1):
+                        alone = attention.attend(q[t:t + 1], k_pool, v_pool, slots[t:t + 1],
+                                                 positions[t:t + 1], scale)
+                        assert torch.equal(alone[0], chunk[t]), (path, threads, t, first_part_chunks)
+                finally:
+                    kernels.set_attention_first_part_chunks(-1)
             results.append(chunk)
     assert all(torch.equal(r, results[0]) for r in results[1:])
     # A tree: the last row's keys, its last 5 (the "ancestors") moved to fresh pool rows,

@@ -8,8 +8,10 @@
 //   any thread count. Chunks past a row's position or before its window are skipped; tree
 //   rows whose keys differ from the tile's at a chunk take that chunk alone.
 // - Work items: (KV head, tile) for a prompt's tiles; (KV heads, the one tile) for a decoded
-//   token or a tree, its chunks split between threads when items are fewer (flash-decoding:
-//   later parts keep each chunk's partial, folded afterwards in order).
+//   token or a tree, its chunks split between threads when items are fewer (flash-decoding,
+//   attention_work.h: the first part folds its chunks as it goes, other chunks keep their
+//   partials, folded afterwards in order; a thread done with its part takes chunks from the
+//   back of another's).
 // - A pool row holds all KV heads side by side: an item of every head reads its chunk's rows
 //   whole and in order, one stream (bench/kv_read_patterns.cpp measures the alternatives).
 #include "attention.h"
@@ -27,6 +29,7 @@
 
 #include "attention_portable.h"
 #include "attention_simd.h"
+#include "attention_work.h"
 #include "ops.h"
 #include "prefetch.h"
 
@@ -44,6 +47,12 @@ constexpr int SPREAD_TILE_KEYS = 4; // score tiles this short prefetch as they g
 // 32) takes them a few at a time rather than a megabyte of scratch per thread.
 constexpr int64_t ITEM_VALUES_BYTES = 64 << 10;
 
+// A row's keys in one chunk: x in [a, b) is position c0 + x, pool row at[x - a].
+struct Span {
+    int t, a, b;
+    const int64_t* at;
+};
+
 // Per-thread buffers, grown as needed.
 struct Scratch {
     std::vector<float> k, v, s, p;
@@ -52,18 +61,7 @@ struct Scratch {
     std::vector<float*> op;
     std::vector<Fold> folds;
     std::vector<int64_t> map;
-};
-
-// A row's keys in one chunk: x in [a, b) is position c0 + x, pool row at[x - a].
-struct Span {
-    int t, a, b;
-    const int64_t* at;
-};
-
-// One work item: KV heads [kvh, kvh + nkv), rows [t0, t1), chunks [c0, c1). partial >= 0: its
-// chunks' partials go to that part of the partial store instead of being folded.
-struct Item {
-    int64_t kvh, nkv, t0, t1, c0, c1, partial;
+    std::vector<Span> shared, solo;
 };
 
 template <class K>
@@ -85,6 +83,7 @@ class Attention {
         at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
             thread_local Scratch sc;
             for (size_t i; (i = next.fetch_add(1)) < items.size();) process(items[i], sc);
+            take_the_rest(items, sc);
         });
         fold_partials(items);
         normalize();
@@ -97,10 +96,7 @@ class Attention {
     int lds_;
     std::vector<float> state_m_, state_l_;
     std::vector<uint8_t> started_;
-    // Split items' partials: per item, chunk, row and head: (m, l, present) and hd values.
-    std::vector<int64_t> partial_base_;
-    std::vector<float> partial_o_, partial_ml_;
-    std::vector<uint8_t> partial_present_;
+    SplitWork split_;
 
     int64_t lo(int64_t t) const { return r_.pos[t] - r_.n[t] + 1; }
 
@@ -116,30 +112,9 @@ class Attention {
                     c0 = std::min(c0, lo(t) / CHUNK);
                     c1 = std::max(c1, r_.pos[t] / CHUNK + 1);
                 }
-                base.push_back({h, heads_per_item, t0, t1, c0, c1, -1});
+                base.push_back({h, heads_per_item, t0, t1, c0, c1, -1, true});
             }
-        const int64_t threads = at::get_num_threads();
-        if (static_cast<int64_t>(base.size()) >= threads) return base;
-        std::vector<Item> items;
-        for (const Item& it : base) {
-            const int64_t chunks = it.c1 - it.c0;
-            const int64_t parts = std::min(chunks, (threads + (int64_t)base.size() - 1) / (int64_t)base.size());
-            for (int64_t p = 0; p < parts; ++p) {
-                Item part = it;
-                part.c0 = it.c0 + chunks * p / parts;
-                part.c1 = it.c0 + chunks * (p + 1) / parts;
-                if (p > 0) {
-                    part.partial = static_cast<int64_t>(partial_base_.size());
-                    const int64_t n = (part.c1 - part.c0) * (it.t1 - it.t0) * G_ * it.nkv;
-                    partial_base_.push_back(partial_present_.size());
-                    partial_present_.resize(partial_present_.size() + n, 0);
-                }
-                items.push_back(part);
-            }
-        }
-        partial_o_.resize(partial_present_.size() * hd_);
-        partial_ml_.resize(partial_present_.size() * 2);
-        return items;
+        return split_.split(base, at::get_num_threads(), G_, hd_);
     }
 
     // The KV heads of a decoded token's (or tree's) item: the most that divide the KV heads and
@@ -174,40 +149,73 @@ class Attention {
         return nullptr;
     }
 
+    // An item's chunks in order, folded as they go; a split item's part takes them from its
+    // front (folded as they go for the first part, else kept as partials) until none is left.
     void process(const Item& it, Scratch& sc) {
+        size_for(it, sc);
+        if (it.split < 0) {
+            for (int64_t c = it.c0; c < it.c1; ++c) chunk(it, c, false, sc);
+            return;
+        }
+        const int64_t most = it.first ? first_part_chunks.load(std::memory_order_relaxed) : -1;
+        for (int64_t c, n = 0; (most < 0 || n < most) && split_.range(it).take_front(c); ++n)
+            chunk(it, c, !it.first, sc);
+    }
+
+    // Chunks left in split items, taken from the back of the part with the most left.
+    void take_the_rest(const std::vector<Item>& items, Scratch& sc) {
+        for (;;) {
+            const Item* most = nullptr;
+            int64_t most_left = 0;
+            for (const Item& it : items)
+                if (it.split >= 0 && split_.range(it).left() > most_left)
+                    most = &it, most_left = split_.range(it).left();
+            if (!most) return;
+            int64_t c;
+            if (!split_.range(*most).take_back(c)) continue;
+            size_for(*most, sc);
+            chunk(*most, c, true, sc);
+        }
+    }
+
+    void size_for(const Item& it, Scratch& sc) const {
         const int64_t rows = it.t1 - it.t0, heads = rows * G_ * it.nkv;
         sc.k.resize(SUB * hd_ * it.nkv), sc.v.resize(CHUNK * hd_ * it.nkv);
         sc.s.resize(heads * lds_), sc.p.resize(heads * lds_);
         sc.map.resize(CHUNK);
         sc.qp.resize(heads), sc.pp.resize(heads), sc.op.resize(heads), sc.folds.resize(heads);
-        std::vector<Span> shared, solo;
-        for (int64_t c = it.c0; c < it.c1; ++c) {
-            const int64_t c0 = c * CHUNK;
-            shared.clear(), solo.clear();
-            std::fill(sc.map.begin(), sc.map.end(), -1);
-            for (int64_t t = it.t0; t < it.t1; ++t) {
-                const int64_t l = lo(t), a = std::max(l, c0) - c0, b = std::min(r_.pos[t] + 1, c0 + CHUNK) - c0;
-                if (a >= b) continue;
-                const Span sp{static_cast<int>(t), static_cast<int>(a), static_cast<int>(b), r_.slots[t] + (c0 + a - l)};
-                bool agrees = true;
-                for (int64_t x = a; x < b; ++x) {
-                    const int64_t slot = sp.at[x - a];
-                    TORCH_CHECK_INDEX(slot >= 0 && slot < kv_.n_slots, "slot ", slot, " out of range (",
-                                      kv_.n_slots, " pool rows)");
-                    agrees &= sc.map[x] < 0 || sc.map[x] == slot;
-                }
-                if (!agrees) {
-                    solo.push_back(sp);
-                    continue;
-                }
-                for (int64_t x = a; x < b; ++x) sc.map[x] = sp.at[x - a];
-                shared.push_back(sp);
+    }
+
+    // Chunk c of item it for its rows: folded into their running partials, or (stored) each
+    // (row, head)'s partial kept in the partial store.
+    void chunk(const Item& it, int64_t c, bool stored, Scratch& sc) {
+        std::vector<Span>& shared = sc.shared;
+        std::vector<Span>& solo = sc.solo;
+        const int64_t c0 = c * CHUNK;
+        shared.clear(), solo.clear();
+        std::fill(sc.map.begin(), sc.map.end(), -1);
+        for (int64_t t = it.t0; t < it.t1; ++t) {
+            const int64_t l = lo(t), a = std::max(l, c0) - c0, b = std::min(r_.pos[t] + 1, c0 + CHUNK) - c0;
+            if (a >= b) continue;
+            const Span sp{static_cast<int>(t), static_cast<int>(a), static_cast<int>(b), r_.slots[t] + (c0 + a - l)};
+            bool agrees = true;
+            for (int64_t x = a; x < b; ++x) {
+                const int64_t slot = sp.at[x - a];
+                TORCH_CHECK_INDEX(slot >= 0 && slot < kv_.n_slots, "slot ", slot, " out of range (",
+                                  kv_.n_slots, " pool rows)");
+                agrees &= sc.map[x] < 0 || sc.map[x] == slot;
             }
-            if (!shared.empty()) group(it, c, shared.data(), shared.size(), sc.map.data(), sc);
-            for (const Span& sp : solo) {
-                for (int x = sp.a; x < sp.b; ++x) sc.map[x] = sp.at[x - sp.a];
-                group(it, c, &sp, 1, sc.map.data(), sc);
+            if (!agrees) {
+                solo.push_back(sp);
+                continue;
             }
+            for (int64_t x = a; x < b; ++x) sc.map[x] = sp.at[x - a];
+            shared.push_back(sp);
+        }
+        if (!shared.empty()) group(it, c, stored, shared.data(), shared.size(), sc.map.data(), sc);
+        for (const Span& sp : solo) {
+            for (int x = sp.a; x < sp.b; ++x) sc.map[x] = sp.at[x - sp.a];
+            group(it, c, stored, &sp, 1, sc.map.data(), sc);
         }
     }
 
@@ -226,15 +234,16 @@ class Attention {
     // A float16 pool is read in place by one row whose heads fit the kernels' score tile and
     // value block (a decoded token): each value converts once as it loads. Rows sharing a
     // chunk (a prompt tile, a tree) take converted copies, which every row's heads reuse.
-    void group(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc) {
+    void group(const Item& it, int64_t c, bool stored, const Span* spans, size_t n, const int64_t* map,
+               Scratch& sc) {
         if constexpr (!std::is_same_v<K, Portable>) {
             if (kv_.type == KvType::F16 && n == 1 && K::half_in_place(G_, hd_)) {
                 sc.kh.resize(CHUNK * it.nkv), sc.vh.resize(CHUNK * it.nkv);
-                return group_of(it, c, spans, n, map, sc, sc.kh.data(), sc.vh.data());
+                return group_of(it, c, stored, spans, n, map, sc, sc.kh.data(), sc.vh.data());
             }
         }
         sc.kp.resize(CHUNK * it.nkv), sc.vp.resize(CHUNK * it.nkv);
-        group_of(it, c, spans, n, map, sc, sc.kp.data(), sc.vp.data());
+        group_of(it, c, stored, spans, n, map, sc, sc.kp.data(), sc.vp.data());
     }
 
     // Pool row slot's `heads` KV heads from kvh as E values: float16 in place, or floats (in
@@ -250,8 +259,8 @@ class Attention {
     // item's KV heads: the chunk's K rows (then V rows) are read whole, in position order, and
     // each head computes from its part of them; kp and vp (CHUNK per head) point at them.
     template <class E>
-    void group_of(const Item& it, int64_t c, const Span* spans, size_t n, const int64_t* map, Scratch& sc,
-                  const E** kp, const E** vp) {
+    void group_of(const Item& it, int64_t c, bool stored, const Span* spans, size_t n, const int64_t* map,
+                  Scratch& sc, const E** kp, const E** vp) {
         int ua = CHUNK, ub = 0;
         for (size_t i = 0; i < n; ++i) ua = std::min(ua, spans[i].a), ub = std::max(ub, spans[i].b);
         int64_t any = -1;  // positions no row of the group reads (a hole) repeat a read one
@@ -308,11 +317,8 @@ class Attention {
                     const float l = K::exp_sum(s, p, sp.a, sp.b, m);
                     sc.pp[qi] = p;
                     const int64_t state = sp.t * r_.n_heads + head;
-                    if (it.partial >= 0) {
-                        const int64_t slot = partial_slot(it, c, sp.t, j * G_ + g);
-                        partial_ml_[2 * slot] = m, partial_ml_[2 * slot + 1] = l;
-                        partial_present_[slot] = 1;
-                        sc.op[qi] = partial_o_.data() + slot * hd_;
+                    if (stored) {
+                        sc.op[qi] = split_.keep(it, c, sp.t, j * G_ + g, m, l);
                         sc.folds[qi] = {Merge::FIRST, 1.f};
                     } else {
                         bool started = started_[state];
@@ -332,29 +338,15 @@ class Attention {
             }
     }
 
-    // Where a split item keeps chunk c's partial for row t and query head kvh * G + g (g over
-    // all the item's heads).
-    int64_t partial_slot(const Item& it, int64_t c, int64_t t, int64_t g) const {
-        return partial_base_[it.partial] + ((c - it.c0) * (it.t1 - it.t0) + (t - it.t0)) * G_ * it.nkv + g;
-    }
-
-    // The split items' stored partials, folded in chunk order after their first part's.
+    // The kept partials, folded in order after the chunks the first parts folded as they went.
     void fold_partials(const std::vector<Item>& items) {
-        for (const Item& it : items) {
-            if (it.partial < 0) continue;
-            for (int64_t c = it.c0; c < it.c1; ++c)
-                for (int64_t t = it.t0; t < it.t1; ++t)
-                    for (int64_t g = 0; g < G_ * it.nkv; ++g) {
-                        const int64_t slot = partial_slot(it, c, t, g);
-                        if (!partial_present_[slot]) continue;
-                        const int64_t head = it.kvh * G_ + g, state = t * r_.n_heads + head;
-                        bool started = started_[state];
-                        const Fold f = fold(partial_ml_[2 * slot], partial_ml_[2 * slot + 1],
-                                            state_m_[state], state_l_[state], started);
-                        started_[state] = started;
-                        merge_values(r_.out + t * r_.ldo + head * hd_, partial_o_.data() + slot * hd_, hd_, f);
-                    }
-        }
+        split_.for_each_kept(items, [&](int64_t t, int64_t head, float m, float l, const float* o) {
+            const int64_t state = t * r_.n_heads + head;
+            bool started = started_[state];
+            const Fold f = fold(m, l, state_m_[state], state_l_[state], started);
+            started_[state] = started;
+            merge_values(r_.out + t * r_.ldo + head * hd_, o, hd_, f);
+        });
     }
 
     void normalize() {
@@ -382,6 +374,8 @@ void dispatch(const Rows& rows, const KvPools& pools) {
 }
 
 }  // namespace
+
+void set_first_part_chunks(int64_t chunks) { first_part_chunks.store(chunks); }
 
 void attend_rows(const Rows& rows, const KvPools& pools) {
     TORCH_CHECK(pools.n_kv > 0 && rows.n_heads % pools.n_kv == 0, rows.n_heads,

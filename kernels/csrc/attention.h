@@ -48,4 +48,9 @@ struct Rows {
 
 void attend_rows(const Rows& rows, const KvPools& pools);
 
+// For tests: the thread holding the first part of a split context (a decoded token's, a tree's)
+// folds at most `chunks` of them as it goes (< 0: no limit), as if it ran slow, so the other
+// threads take the rest; the bits must not change.
+void set_first_part_chunks(int64_t chunks);
+
 }  // namespace ember_attention

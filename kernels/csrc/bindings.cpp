@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "attention.h"
 #include "decoder_step.h"
 #include "ops.h"
 
@@ -33,6 +34,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k_pool"), py::arg("v_pool"), py::arg("slots"),
         py::arg("positions"), py::arg("n_heads"), py::arg("scale"), py::arg("softcap") = 0.0,
         py::call_guard<py::gil_scoped_release>());
+  m.def("set_attention_first_part_chunks", &ember_attention::set_first_part_chunks,
+        "tests: a split context's first part folds at most this many chunks (< 0: no limit)",
+        py::arg("chunks"));
   m.def("activation_name",
         [](int64_t code) { return std::string(activation_name(activation_of(code))); },
         "the activation an integer code stands for (activation.h; models/activations.py)",
