@@ -164,16 +164,17 @@ class Attention {
 
     // Chunks left in split items, taken from the back of the part with the most left.
     void take_the_rest(const std::vector<Item>& items, Scratch& sc) {
-        for (;;) {
+        for (const Item* sized = nullptr;;) {
             const Item* most = nullptr;
             int64_t most_left = 0;
-            for (const Item& it : items)
-                if (it.split >= 0 && split_.range(it).left() > most_left)
-                    most = &it, most_left = split_.range(it).left();
+            for (const Item& it : items) {
+                const int64_t left = it.split >= 0 ? split_.range(it).left() : 0;
+                if (left > most_left) most = &it, most_left = left;
+            }
             if (!most) return;
             int64_t c;
             if (!split_.range(*most).take_back(c)) continue;
-            size_for(*most, sc);
+            if (most != sized) size_for(*most, sc), sized = most;
             chunk(*most, c, true, sc);
         }
     }
