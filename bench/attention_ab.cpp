@@ -1,11 +1,13 @@
 // Two builds of the attention kernel side by side: kernels/csrc/attention.cpp from two source
 // trees (A and B, the second compiled into namespace ember_attention_B), driven from C++ as a
 // decode step meets it: one decoded row over every layer's own float16 K/V in turn (from
-// memory once they outgrow the caches), then one layer's again and again (in cache). A and B
+// memory once they outgrow the caches; KV=q8_0: Q8_0 K/V), then one layer's again and again
+// (in cache). A and B
 // alternate round by round, so the host's drift falls on both; the outputs must be the same
 // bits. Built and run by bench/attention_ab.sh (docs/long-context.md, "Measured").
 //
-//   attention_ab KEYS LAYERS ROUNDS      (SHAPE=n_heads,n_kv,head_dim; default 12,2,128)
+//   attention_ab KEYS LAYERS ROUNDS      (SHAPE=n_heads,n_kv,head_dim; default 12,2,128;
+//                                         KV=f16 or q8_0, default f16)
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention.h"
@@ -28,13 +31,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint8_t* random_half_pool(size_t bytes, std::mt19937& rng) {
+uint8_t* huge_page_buffer(size_t bytes) {
     const size_t huge = 2u << 20, rounded = (bytes + huge - 1) / huge * huge;
-    auto* pool = static_cast<uint16_t*>(aligned_alloc(huge, rounded));
+    auto* pool = static_cast<uint8_t*>(aligned_alloc(huge, rounded));
     madvise(pool, rounded, MADV_HUGEPAGE);  // as the engine's pool (kernels/page_advice.py)
+    return pool;
+}
+
+uint8_t* random_half_pool(size_t bytes, std::mt19937& rng) {
+    auto* pool = reinterpret_cast<uint16_t*>(huge_page_buffer(bytes));
     std::normal_distribution<float> normal;
     for (size_t i = 0; i < bytes / 2; ++i) pool[i] = _cvtss_sh(normal(rng), 0);
     return reinterpret_cast<uint8_t*>(pool);
+}
+
+// Q8_0 blocks: a float16 scale near a normal value's, then 32 random int8.
+uint8_t* random_q8_pool(size_t bytes, std::mt19937& rng) {
+    uint8_t* pool = huge_page_buffer(bytes);
+    std::uniform_int_distribution<int> q(-127, 127);
+    for (size_t b = 0; b < bytes; b += ember_attention::Q8_BYTES) {
+        const uint16_t d = _cvtss_sh(3.f / 127, 0);
+        std::memcpy(pool + b, &d, 2);
+        for (int i = 0; i < ember_attention::Q8_VALUES; ++i) pool[b + 2 + i] = static_cast<uint8_t>(q(rng));
+    }
+    return pool;
 }
 
 double median(std::vector<double> v) {
@@ -56,12 +76,24 @@ int main(int argc, char** argv) {
     }
     int n_heads = 12, n_kv = 2, hd = 128;
     if (const char* shape = std::getenv("SHAPE")) std::sscanf(shape, "%d,%d,%d", &n_heads, &n_kv, &hd);
-    const int64_t row = int64_t(n_kv) * hd * 2;
+    const char* kv = std::getenv("KV");
+    const bool q8 = kv && std::string(kv) == "q8_0";
+    if (kv && !q8 && std::string(kv) != "f16") {
+        std::fprintf(stderr, "KV must be f16 or q8_0, got %s\n", kv);
+        return 2;
+    }
+    if (q8 && hd % ember_attention::Q8_VALUES) {
+        std::fprintf(stderr, "KV=q8_0 needs a head dim that is a multiple of 32\n");
+        return 2;
+    }
+    const int64_t head = q8 ? int64_t(hd) / ember_attention::Q8_VALUES * ember_attention::Q8_BYTES : int64_t(hd) * 2;
+    const int64_t row = n_kv * head;
     std::mt19937 rng(1);
+    auto pool = [&] { return q8 ? random_q8_pool(keys * row, rng) : random_half_pool(keys * row, rng); };
     std::vector<ember_attention::KvPools> pools;
     for (int l = 0; l < layers; ++l)
-        pools.push_back({random_half_pool(keys * row, rng), random_half_pool(keys * row, rng),
-                         ember_attention::KvType::F16, row, int64_t(hd) * 2, keys, n_kv, hd});
+        pools.push_back({pool(), pool(), q8 ? ember_attention::KvType::Q8_0 : ember_attention::KvType::F16,
+                         row, head, keys, n_kv, hd});
     std::vector<float> q(n_heads * hd), out_a(q.size()), out_b(q.size());
     std::normal_distribution<float> normal;
     for (float& x : q) x = normal(rng);

@@ -58,11 +58,16 @@ struct Scratch {
     std::vector<float> k, v, s, p;
     std::vector<const float*> kp, vp, qp, pp;
     std::vector<const uint16_t*> kh, vh;  // float16 rows read in place
+    std::vector<const Q8Row*> kq, vq;     // Q8_0 rows read in place
     std::vector<float*> op;
     std::vector<Fold> folds;
     std::vector<int64_t> map;
     std::vector<Span> shared, solo;
 };
+
+// Element types read in place from the pool (else float copies).
+template <class E>
+constexpr bool in_place = std::is_same_v<E, uint16_t> || std::is_same_v<E, Q8Row>;
 
 template <class K>
 class Attention {
@@ -232,13 +237,18 @@ class Attention {
         for (const uint8_t* pool : pools) ember_prefetch::lines_l2(pool_head(pool, slot, it.kvh + j), kv_.head_bytes * heads);
     }
 
-    // A float16 pool is read in place by one row whose heads fit the kernels' score tile and
-    // value block (a decoded token): each value converts once as it loads. Rows sharing a
-    // chunk (a prompt tile, a tree) take converted copies, which every row's heads reuse.
+    // A float16 or Q8_0 pool is read in place by one row whose heads fit the kernels' score
+    // tile and value block (a decoded token): each value converts once as it loads (for Q8_0
+    // the same product as a converted copy's, so the same bits). Rows sharing a chunk (a
+    // prompt tile, a tree) take converted copies, which every row's heads reuse.
     void group(const Item& it, int64_t c, bool stored, const Span* spans, size_t n, const int64_t* map,
                Scratch& sc) {
         if constexpr (!std::is_same_v<K, Portable>) {
-            if (kv_.type == KvType::F16 && n == 1 && K::half_in_place(G_, hd_)) {
+            if (kv_.type != KvType::F32 && n == 1 && K::reads_in_place(G_, hd_)) {
+                if (kv_.type == KvType::Q8_0) {
+                    sc.kq.resize(CHUNK * it.nkv), sc.vq.resize(CHUNK * it.nkv);
+                    return group_of(it, c, stored, spans, n, map, sc, sc.kq.data(), sc.vq.data());
+                }
                 sc.kh.resize(CHUNK * it.nkv), sc.vh.resize(CHUNK * it.nkv);
                 return group_of(it, c, stored, spans, n, map, sc, sc.kh.data(), sc.vh.data());
             }
@@ -247,13 +257,21 @@ class Attention {
         group_of(it, c, stored, spans, n, map, sc, sc.kp.data(), sc.vp.data());
     }
 
-    // Pool row slot's `heads` KV heads from kvh as E values: float16 in place, or floats (in
-    // place for a float32 pool, else converted into buf).
+    // Pool row slot's `heads` KV heads from kvh as E values: float16 or Q8_0 in place, or
+    // floats (in place for a float32 pool, else converted into buf).
     template <class E>
     const E* row_as(const uint8_t* pool, int64_t slot, int64_t kvh, int64_t heads, float* buf) const {
         const uint8_t* head = pool_head(pool, slot, kvh);
-        if constexpr (std::is_same_v<E, uint16_t>) return reinterpret_cast<const uint16_t*>(head);
+        if constexpr (in_place<E>) return reinterpret_cast<const E*>(head);
         else return as_float(head, heads, buf);
+    }
+
+    // Head j of a row row_as gave: in place, a pool head apart; a float copy, hd_ floats.
+    template <class E>
+    const E* head_of(const E* row, int64_t j) const {
+        if constexpr (in_place<E>)
+            return reinterpret_cast<const E*>(reinterpret_cast<const uint8_t*>(row) + j * kv_.head_bytes);
+        else return row + j * hd_;
     }
 
     // Chunk c for the rows `spans` (their keys at x are pool rows map[x]), for each of the
@@ -274,7 +292,7 @@ class Attention {
                 if (ahead) prefetch_row({pool}, it, c * CHUNK + x + PREFETCH_AHEAD, 0, nkv);
                 const int64_t slot = map[x] >= 0 ? map[x] : any;
                 const E* row = row_as<E>(pool, slot, it.kvh, nkv, buf + (x - x0) * nkv * hd_);
-                for (int64_t j = 0; j < nkv; ++j) at[j * CHUNK + x] = row + j * hd_;
+                for (int64_t j = 0; j < nkv; ++j) at[j * CHUNK + x] = head_of(row, j);
             }
         };
         for (int64_t j = 0; j < nkv; ++j)
@@ -287,7 +305,7 @@ class Attention {
         // arithmetic instead of coming in bursts (measured: docs/long-context.md, "Measured").
         // Tiles of 16 keys would prefetch 32 row parts at once: they prefetch row by row.
         bool spread = false;
-        if constexpr (std::is_same_v<E, uint16_t> && !std::is_same_v<K, Portable>)
+        if constexpr (in_place<E> && !std::is_same_v<K, Portable>)
             spread = K::tile_keys(static_cast<int>(per_head)) <= SPREAD_TILE_KEYS;
         if (spread) convert(kv_.k, ua, ub, sc.v.data(), kp, false);  // in place: buf is not written
         // keys SUB at a time, so their float copies stay in L1 while every head scores them

@@ -8,11 +8,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_math.h"  // Q8_VALUES, Q8_BYTES
+
 namespace ember_attention {
 
 // How a pool row stores one KV head's head_dim values.
 enum class KvType { F32, F16, Q8_0 };
-constexpr int Q8_VALUES = 32, Q8_BYTES = 34;  // per Q8_0 block
 
 // The K and V pools: (slots, n_kv, head_dim) float32 or float16, or (slots, n_kv,
 // head_dim / 32 * 34) uint8 of Q8_0 blocks (an fp16 scale and 32 int8 each).

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_math.h"
 #include "attention_vectors.h"
@@ -21,10 +22,10 @@ namespace ember_attention {
 template <class V>
 struct SimdKernels {
     using T = typename V::T;
-    // Whether a row's scores and values read float16 rows in place (converting as they load):
-    // when its query heads per KV head fit one score tile and one block of values (see
-    // values), so each key and value still converts once, as in a pass.
-    static constexpr bool half_in_place(int64_t heads, int64_t hd) {
+    // Whether a row's scores and values read float16 or Q8_0 rows in place (converting as
+    // they load): when its query heads per KV head fit one score tile and one block of values
+    // (see values), so each key and value still converts once, as in a pass.
+    static constexpr bool reads_in_place(int64_t heads, int64_t hd) {
         return heads <= V::QN_MAX && (heads <= 3 || six_head_values(hd));
     }
 
@@ -33,10 +34,17 @@ struct SimdKernels {
     static constexpr bool six_head_values(int64_t hd) { return V::MAX_W < 4 || hd / LANES % 4 == 0; }
 
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
+
+    // Values i..i+15 of a key or value row: floats, or float16 or Q8_0 converted as they load.
+    template <class E>
+    static EMBER_INLINE T load_at(const E* row, int64_t i) {
+        if constexpr (std::is_same_v<E, Q8Row>) return V::load(row, i);
+        else return V::load(row + i);
+    }
     static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
 
     // Scores of QN query vectors against KN keys, times scale: out[i * KN + j]. Keys here (and
-    // values below) are float (E), or float16 converted in registers as they load: a separate
+    // values below) are float (E), or float16 or Q8_0 converted in registers as they load: a separate
     // conversion pass into scratch cost a quarter of the kernel's time (Zen 4 converts one
     // 16-value register per two cycles; the pass added a store and a reload of each). Each
     // query vector is loaded once into a register for its KN fmas: left to itself the
@@ -48,7 +56,7 @@ struct SimdKernels {
         for (int i = 0; i < QN * KN; ++i) acc[i] = V::zero();
         for (int64_t d = 0; d < hd; d += LANES) {
             T kv[KN];
-            for (int j = 0; j < KN; ++j) kv[j] = V::load(k[j] + d);
+            for (int j = 0; j < KN; ++j) kv[j] = load_at(k[j], d);
             for (int i = 0; i < QN; ++i) {
                 T qv = V::load(q[i] + d);
                 if constexpr (KN > 1) V::in_register(qv);
@@ -141,10 +149,9 @@ struct SimdKernels {
         for (int h = 0; h < NH; ++h)
             for (int w = 0; w < W; ++w) acc[h][w] = V::zero();
         for (int x = a; x < b; ++x) {
-            const E* vx = v[x] + col;
             T vv[W];
             for (int w = 0; w < W; ++w) {
-                vv[w] = V::load(vx + LANES * w);
+                vv[w] = load_at(v[x], col + LANES * w);
                 if constexpr (NH > 1) V::in_register(vv[w]);  // one load for the NH fmas (see tile)
             }
             // each head's weight broadcast just before its fmas: NH of them computed first

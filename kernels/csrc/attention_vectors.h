@@ -24,6 +24,18 @@
 
 namespace ember_attention {
 
+// A KV head's Q8_0 blocks in a pool row, read in place by the kernels (only ever pointed to):
+// value d is float(q) * float(d), the product from_int8 computes for a converted copy.
+struct Q8Row;
+
+// The block holding value i of row r, and where its 16 values from i start.
+inline const uint8_t* q8_block(const Q8Row* r, int64_t i) {
+    return reinterpret_cast<const uint8_t*>(r) + i / Q8_VALUES * Q8_BYTES;
+}
+inline const int8_t* q8_values(const uint8_t* block, int64_t i) {
+    return reinterpret_cast<const int8_t*>(block + 2 + i % Q8_VALUES);
+}
+
 #ifdef EMBER_ATTENTION_AVX2
 // exp_neg on 8 lanes (the same formula).
 inline __m256 exp_neg8(__m256 x) {
@@ -56,6 +68,15 @@ struct Avx2 {
     static T load(const uint16_t* h) {  // 16 float16 values, converted as they load
         return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))),
                 _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8)))};
+    }
+    static T load(const Q8Row* r, int64_t i) {  // values i..i+15 of a Q8_0 row, converted as they load
+        const uint8_t* b = q8_block(r, i);
+        const int8_t* q = q8_values(b, i);
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(*reinterpret_cast<const int16_t*>(b)));
+        auto eight = [&](const int8_t* p) {
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))), d);
+        };
+        return {eight(q), eight(q + 8)};
     }
     static void store(float* p, T v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
     static T bcast(float x) { const __m256 b = _mm256_set1_ps(x); return {b, b}; }
@@ -146,6 +167,12 @@ struct Avx512 {
     static T load(const float* p) { return _mm512_loadu_ps(p); }
     static T load(const uint16_t* h) {  // 16 float16 values, converted as they load
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+    }
+    static T load(const Q8Row* r, int64_t i) {  // values i..i+15 of a Q8_0 row, converted as they load
+        const uint8_t* b = q8_block(r, i);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(*reinterpret_cast<const int16_t*>(b)));
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8_values(b, i)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
     }
     static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
     static T bcast(float x) { return _mm512_set1_ps(x); }
