@@ -27,21 +27,42 @@ def layers_in_budget(source, budget: int, n_ctx: int) -> int:
     return n + (head <= left)
 
 
+# Ember's --kv-type as llama.cpp's cache type (its -ctk/-ctv), a llama_cpp constant's name.
+LLAMA_KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0"}
+
+
+def flash_variants(kv_type: str) -> dict[str, bool]:
+    """llama.cpp's runs to compare a cache type against (name -> flash_attn): flash attention
+    off and on, whichever is faster counts; on alone for a quantized cache, which llama.cpp
+    keeps only with flash attention (its V in Q8_0 needs it)."""
+    if kv_type == "f16":
+        return {"llama.cpp": False, "llama.cpp_flash": True}
+    return {"llama.cpp_flash": True}
+
+
 class LlamaCpp:
     def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False,
-                 n_gpu_layers: int = 0, flash_attn: bool = False):
+                 n_gpu_layers: int = 0, flash_attn: bool = False, kv_type: str = "f16"):
         try:
             import llama_cpp
         except ImportError:
             raise EmberError("the llama.cpp baseline is not installed: pip install -e '.[baseline]' "
                              "(README: build flags for these CPUs)") from None
+        if kv_type not in LLAMA_KV_TYPES:
+            raise EmberError(f"no llama.cpp KV cache type for {kv_type!r}; "
+                             f"choose from {', '.join(LLAMA_KV_TYPES)}")
+        if kv_type != "f16" and not flash_attn:
+            raise EmberError(f"llama.cpp keeps a {kv_type} KV cache only with flash attention")
+        cache_type = getattr(llama_cpp, LLAMA_KV_TYPES[kv_type])
+        self.kv_type, self.flash_attn = kv_type, flash_attn
         # Whether this build offloads at all (a CPU-only wheel ignores n_gpu_layers)
         self.gpu_offload = bool(getattr(llama_cpp, "llama_supports_gpu_offload", bool)())
         self.n_gpu_layers = n_gpu_layers
         self.llm = llama_cpp.Llama(model_path=str(path), n_threads=threads,
                                    n_threads_batch=threads, n_ctx=n_ctx, n_batch=512,
                                    logits_all=logits_all, n_gpu_layers=n_gpu_layers,
-                                   flash_attn=flash_attn, verbose=False)
+                                   flash_attn=flash_attn, type_k=cache_type,
+                                   type_v=cache_type, verbose=False)
 
     def decode_speed(self, ids: list[int], gen: int) -> dict:
         """Greedy: prefill `ids`, then `gen` tokens; tokens/s of each phase, and the tokens."""

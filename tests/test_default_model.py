@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.models.support.errors import EmberError
 from ember.offload.options.sampling import GREEDY
 
 DATA = Path(__file__).parent / "data"
@@ -94,6 +95,27 @@ def test_live_llama_cpp_baseline_decodes_greedily(default_model_path):
     run = LlamaCpp(default_model_path, 2, 64).decode_speed(case["prompt_ids"], len(steps))
     assert run["token_ids"] == [s["id"] for s in steps]
     assert run["prefill"] > 0 and run["decode"] > 0
+
+
+def test_live_llama_cpp_keeps_the_q8_0_cache_ember_is_compared_with(default_model_path):
+    """With --kv-type q8_0 the baseline is llama.cpp's own Q8_0 cache (-ctk/-ctv q8_0), which
+    it keeps only with flash attention: asked without it, a clear error."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="the [baseline] extra is not installed")
+    from ember.app.baseline import LlamaCpp
+
+    with pytest.raises(EmberError, match="q8_0 KV cache only with flash attention"):
+        LlamaCpp(default_model_path, 2, 64, kv_type="q8_0")
+    with pytest.raises(EmberError, match="no llama.cpp KV cache type for 'q4_0'"):
+        LlamaCpp(default_model_path, 2, 64, flash_attn=True, kv_type="q4_0")
+    case = _fixture()["greedy"][0]
+    state = {}
+    for kv_type in ("f16", "q8_0"):
+        other = LlamaCpp(default_model_path, 2, 64, flash_attn=True, kv_type=kv_type)
+        run = other.decode_speed(case["prompt_ids"], 4)
+        assert len(run["token_ids"]) == 4 and run["decode"] > 0
+        state[kv_type] = llama_cpp.llama_state_get_size(other.llm.ctx)
+    # its cache in Q8_0 blocks: 34 bytes per 32 values where float16 takes 64
+    assert 0.5 < state["q8_0"] / state["f16"] < 0.6, state
 
 
 def test_sessions_with_swaps_equal_sessions_without_past_the_window(default_model_path):

@@ -1,6 +1,7 @@
 """`ember bench context`: prefill and decode after long prompts of real text (Python source
 from the standard library, cut to N tokens), Ember beside llama.cpp with flash attention off
-and on, interleaved length by length in the same process (as `bench decode`), and the decode
+and on and the same KV cache type (`--kv-type q8_0`: llama.cpp's Q8_0 cache, which it keeps
+only with flash attention, so that run alone), interleaved length by length in the same process (as `bench decode`), and the decode
 attention's time per token against its two bounds: the KV bytes it reads over the copy
 bandwidth, and its multiply-adds over the same kernel's rate on a context that fits in cache.
 The attention is timed on the kernel as a decode step meets it (every layer's own K/V in
@@ -22,7 +23,6 @@ from .common import load_engine, model_path, print_json
 
 # Large, stable standard-library modules: real code, the same text on every machine.
 SOURCE_MODULES = ("inspect", "typing", "argparse", "subprocess", "pathlib", "tarfile")
-LLAMA_CPP = {"llama.cpp": False, "llama.cpp_flash": True}  # name -> flash_attn
 STEP_POOL_BYTES = 512 << 20  # K/V the decode-step timing cycles through (far past any L3)
 
 
@@ -175,17 +175,18 @@ def _matmul_rate(n: int = 512, repeats: int = 9) -> float:
     return n ** 3 / best
 
 
-def _llama_runs(args, threads: int, n_ctx: int) -> dict:
-    from ember.app.baseline import LlamaCpp
+def _llama_runs(args, threads: int, n_ctx: int, kv_type: str) -> dict:
+    """llama.cpp with Ember's cache type, flash attention off and on where it can."""
+    from ember.app.baseline import LlamaCpp, flash_variants
 
-    return {name: LlamaCpp(model_path(args), threads, n_ctx, flash_attn=flash)
-            for name, flash in LLAMA_CPP.items()}
+    return {name: LlamaCpp(model_path(args), threads, n_ctx, flash_attn=flash, kv_type=kv_type)
+            for name, flash in flash_variants(kv_type).items()}
 
 
-def _ratios(report: dict, n: int) -> dict:
+def _ratios(report: dict, n: int, others) -> dict:
     ours, out = report["ember"][str(n)], {}
     for phase in ("prefill", "decode"):
-        best = max(report[name][str(n)][phase]["median"] for name in LLAMA_CPP)
+        best = max(report[name][str(n)][phase]["median"] for name in others)
         out[phase] = ours[phase]["median"] / best
     return out
 
@@ -203,7 +204,8 @@ def run(args) -> int:
 
     threads = torch.get_num_threads()
     prompts = _prompts(engine, lengths)
-    others = _llama_runs(args, threads, args.ctx_size) if args.against else {}
+    kv_type = engine.options.kv_type
+    others = _llama_runs(args, threads, args.ctx_size, kv_type) if args.against else {}
     _ember_run(engine, prompts[lengths[0]][:8], 4)  # warm-up: first-call allocations
     for other in others.values():
         other.decode_speed(prompts[lengths[0]][:8], 4)
@@ -227,16 +229,19 @@ def run(args) -> int:
               "prompt_tokens": lengths, "gen_tokens": args.gen_tokens, "runs": args.runs,
               "text": "+".join(SOURCE_MODULES) + " source", "copy_gb_per_s": copy_bps / 1e9,
               "cpu": _cpu_report()}
+    if others:
+        report["llama_cpp_kv_type"] = kv_type
     for name in engines:
         report[name] = {str(n): {k: _stats([r[k] for r in results[name][n]])
                                  for k in ("prefill", "decode")} for n in lengths}
     for n in lengths:
         report["ember"][str(n)]["decode_attention"] = attention_report(engine, n, copy_bps)
         if others:
-            report.setdefault("ratio_ember_over_faster_llama_cpp", {})[str(n)] = _ratios(report, n)
-        if "llama.cpp" in others:
+            ratios = report.setdefault("ratio_ember_over_faster_llama_cpp", {})
+            ratios[str(n)] = _ratios(report, n, others)
+        if others:  # its first run: flash attention off where it has one
             same = [r["token_ids"] == e["token_ids"]
-                    for r, e in zip(results["llama.cpp"][n], results["ember"][n])]
+                    for r, e in zip(results[next(iter(others))][n], results["ember"][n])]
             report.setdefault("same_tokens_as_llama_cpp", {})[str(n)] = all(same)
     short = lengths[0]
     step_ms = {n: 1e3 / report["ember"][str(n)]["decode"]["median"] for n in lengths}

@@ -146,8 +146,10 @@ def run(args) -> int:
         budget = engine.options.gpu_budget
         ngl = 0 if budget is None else layers_in_budget(engine.loaded.source, budget,
                                                          engine.n_ctx)
+        # the same KV cache type (a Q8_0 cache only with llama.cpp's flash attention)
+        kv_type = engine.options.kv_type
         other = LlamaCpp(model_path(args), threads, args.prompt_tokens + args.gen_tokens + 16,
-                         n_gpu_layers=ngl)
+                         n_gpu_layers=ngl, kv_type=kv_type, flash_attn=kv_type != "f16")
     for e in engines.values():
         _ember_run(e, ids[:8], 4)  # warm-up: first-call allocations, page faults
     if other:
@@ -192,6 +194,8 @@ def run(args) -> int:
     report["ember"]["hybrid"] = engine.hybrid_report()
     report["ember"]["cpu"] = _cpu_report()
     if other:
+        report["llama.cpp"]["kv_type"] = other.kv_type
+        report["llama.cpp"]["flash_attn"] = other.flash_attn
         report["llama.cpp"]["n_gpu_layers"] = other.n_gpu_layers
         report["llama.cpp"]["gpu_offload"] = other.gpu_offload
         ratio = {k: report["ember"][k]["median"] / report["llama.cpp"][k]["median"]

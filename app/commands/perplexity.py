@@ -34,10 +34,12 @@ def run(args) -> int:
 
         from ember.app.baseline import LlamaCpp
 
+        # the same KV cache type (a Q8_0 cache only with llama.cpp's flash attention)
+        kv_type = engine.options.kv_type
         other = LlamaCpp(engine.loaded.source.path, torch.get_num_threads(), engine.n_ctx,
-                         logits_all=True)
+                         logits_all=True, kv_type=kv_type, flash_attn=kv_type != "f16")
         theirs = other.perplexity(ids, engine.tokenizer.bos_id, engine.n_ctx, args.stride)
-        report["llama.cpp"] = {"tokens": theirs.tokens, "ppl": theirs.ppl}
+        report["llama.cpp"] = {"tokens": theirs.tokens, "ppl": theirs.ppl, "kv_type": kv_type}
         report["ratio_ember_over_llama_cpp"] = result.ppl / theirs.ppl
     if args.json:
         print_json(report)
