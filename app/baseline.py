@@ -42,7 +42,8 @@ def flash_variants(kv_type: str) -> dict[str, bool]:
 
 class LlamaCpp:
     def __init__(self, path, threads: int, n_ctx: int, logits_all: bool = False,
-                 n_gpu_layers: int = 0, flash_attn: bool = False, kv_type: str = "f16"):
+                 n_gpu_layers: int = 0, flash_attn: bool | None = None, kv_type: str = "f16"):
+        """flash_attn None: off, unless the cache type needs it (a quantized one does)."""
         try:
             import llama_cpp
         except ImportError:
@@ -51,6 +52,8 @@ class LlamaCpp:
         if kv_type not in LLAMA_KV_TYPES:
             raise EmberError(f"no llama.cpp KV cache type for {kv_type!r}; "
                              f"choose from {', '.join(LLAMA_KV_TYPES)}")
+        if flash_attn is None:
+            flash_attn = kv_type != "f16"
         if kv_type != "f16" and not flash_attn:
             raise EmberError(f"llama.cpp keeps a {kv_type} KV cache only with flash attention")
         cache_type = getattr(llama_cpp, LLAMA_KV_TYPES[kv_type])

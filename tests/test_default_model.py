@@ -99,18 +99,20 @@ def test_live_llama_cpp_baseline_decodes_greedily(default_model_path):
 
 def test_live_llama_cpp_keeps_the_q8_0_cache_ember_is_compared_with(default_model_path):
     """With --kv-type q8_0 the baseline is llama.cpp's own Q8_0 cache (-ctk/-ctv q8_0), which
-    it keeps only with flash attention: asked without it, a clear error."""
+    it keeps only with flash attention: on unless asked off, and then a clear error."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="the [baseline] extra is not installed")
     from ember.app.baseline import LlamaCpp
 
     with pytest.raises(EmberError, match="q8_0 KV cache only with flash attention"):
-        LlamaCpp(default_model_path, 2, 64, kv_type="q8_0")
+        LlamaCpp(default_model_path, 2, 64, flash_attn=False, kv_type="q8_0")
     with pytest.raises(EmberError, match="no llama.cpp KV cache type for 'q4_0'"):
-        LlamaCpp(default_model_path, 2, 64, flash_attn=True, kv_type="q4_0")
+        LlamaCpp(default_model_path, 2, 64, kv_type="q4_0")
     case = _fixture()["greedy"][0]
     state = {}
-    for kv_type in ("f16", "q8_0"):
-        other = LlamaCpp(default_model_path, 2, 64, flash_attn=True, kv_type=kv_type)
+    # float16 with flash attention asked for; Q8_0 turns it on itself
+    for kv_type, other in (("f16", LlamaCpp(default_model_path, 2, 64, flash_attn=True)),
+                           ("q8_0", LlamaCpp(default_model_path, 2, 64, kv_type="q8_0"))):
+        assert other.flash_attn and other.kv_type == kv_type
         run = other.decode_speed(case["prompt_ids"], 4)
         assert len(run["token_ids"]) == 4 and run["decode"] > 0
         state[kv_type] = llama_cpp.llama_state_get_size(other.llm.ctx)

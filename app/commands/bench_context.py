@@ -1,9 +1,10 @@
 """`ember bench context`: prefill and decode after long prompts of real text (Python source
 from the standard library, cut to N tokens), Ember beside llama.cpp with flash attention off
 and on and the same KV cache type (`--kv-type q8_0`: llama.cpp's Q8_0 cache, which it keeps
-only with flash attention, so that run alone), interleaved length by length in the same process (as `bench decode`), and the decode
-attention's time per token against its two bounds: the KV bytes it reads over the copy
-bandwidth, and its multiply-adds over the same kernel's rate on a context that fits in cache.
+only with flash attention, so that run alone), interleaved length by length in the same
+process (as `bench decode`), and the decode attention's time per token against its two
+bounds: the KV bytes it reads over the copy bandwidth, and its multiply-adds over the same
+kernel's rate on a context that fits in cache.
 The attention is timed on the kernel as a decode step meets it (every layer's own K/V in
 turn: from memory once they outgrow the caches) and in cache; beside it, what the longer
 context adds to a real decode step (its time per token over the shortest prompt's).
@@ -239,7 +240,7 @@ def run(args) -> int:
         if others:
             ratios = report.setdefault("ratio_ember_over_faster_llama_cpp", {})
             ratios[str(n)] = _ratios(report, n, others)
-        if others:  # its first run: flash attention off where it has one
+            # tokens against its first run: flash attention off where it has one
             same = [r["token_ids"] == e["token_ids"]
                     for r, e in zip(results[next(iter(others))][n], results["ember"][n])]
             report.setdefault("same_tokens_as_llama_cpp", {})[str(n)] = all(same)

@@ -146,10 +146,9 @@ def run(args) -> int:
         budget = engine.options.gpu_budget
         ngl = 0 if budget is None else layers_in_budget(engine.loaded.source, budget,
                                                          engine.n_ctx)
-        # the same KV cache type (a Q8_0 cache only with llama.cpp's flash attention)
-        kv_type = engine.options.kv_type
+        # the same KV cache type (a Q8_0 cache turns llama.cpp's flash attention on)
         other = LlamaCpp(model_path(args), threads, args.prompt_tokens + args.gen_tokens + 16,
-                         n_gpu_layers=ngl, kv_type=kv_type, flash_attn=kv_type != "f16")
+                         n_gpu_layers=ngl, kv_type=engine.options.kv_type)
     for e in engines.values():
         _ember_run(e, ids[:8], 4)  # warm-up: first-call allocations, page faults
     if other:

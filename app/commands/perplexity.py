@@ -34,12 +34,12 @@ def run(args) -> int:
 
         from ember.app.baseline import LlamaCpp
 
-        # the same KV cache type (a Q8_0 cache only with llama.cpp's flash attention)
-        kv_type = engine.options.kv_type
+        # the same KV cache type (a Q8_0 cache turns llama.cpp's flash attention on)
         other = LlamaCpp(engine.loaded.source.path, torch.get_num_threads(), engine.n_ctx,
-                         logits_all=True, kv_type=kv_type, flash_attn=kv_type != "f16")
+                         logits_all=True, kv_type=engine.options.kv_type)
         theirs = other.perplexity(ids, engine.tokenizer.bos_id, engine.n_ctx, args.stride)
-        report["llama.cpp"] = {"tokens": theirs.tokens, "ppl": theirs.ppl, "kv_type": kv_type}
+        report["llama.cpp"] = {"tokens": theirs.tokens, "ppl": theirs.ppl,
+                               "kv_type": other.kv_type}
         report["ratio_ember_over_llama_cpp"] = result.ppl / theirs.ppl
     if args.json:
         print_json(report)

@@ -24,7 +24,8 @@
 namespace ember_attention {
 
 constexpr int LANES = 16;
-constexpr int Q8_VALUES = 32, Q8_BYTES = 34;  // a Q8_0 block: an fp16 scale d and 32 int8 q, value q * d
+// A Q8_0 block (KV pools, --kv-type q8_0): a float16 scale d, then 32 int8 q; value q * d.
+constexpr int Q8_VALUES = 32, Q8_BYTES = 34;
 
 // exp(x) for x <= 0 (scores shifted by their max): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a
 // degree-7 polynomial (the classic single-precision minimax fit, ~1 ulp), times 2^n by

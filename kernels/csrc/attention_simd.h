@@ -34,6 +34,7 @@ struct SimdKernels {
     static constexpr bool six_head_values(int64_t hd) { return V::MAX_W < 4 || hd / LANES % 4 == 0; }
 
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
+    static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
 
     // Values i..i+15 of a key or value row: floats, or float16 or Q8_0 converted as they load.
     template <class E>
@@ -41,12 +42,11 @@ struct SimdKernels {
         if constexpr (std::is_same_v<E, Q8Row>) return V::load(row, i);
         else return V::load(row + i);
     }
-    static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
 
     // Scores of QN query vectors against KN keys, times scale: out[i * KN + j]. Keys here (and
-    // values below) are float (E), or float16 or Q8_0 converted in registers as they load: a separate
-    // conversion pass into scratch cost a quarter of the kernel's time (Zen 4 converts one
-    // 16-value register per two cycles; the pass added a store and a reload of each). Each
+    // values below) are float (E), or float16 or Q8_0 converted in registers as they load: a
+    // separate conversion pass into scratch cost a quarter of the kernel's time (Zen 4 converts
+    // one 16-value register per two cycles; the pass added a store and a reload of each). Each
     // query vector is loaded once into a register for its KN fmas: left to itself the
     // compiler folds the load into every fma, and a 6 x 2 tile's 14 loads (a 512-bit load a
     // cycle on Zen 4) to 12 fmas then bound it (the 1.5B's 6k decode attention 1.15-1.19x).

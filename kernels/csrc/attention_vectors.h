@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "attention_math.h"
 
@@ -25,12 +26,17 @@
 namespace ember_attention {
 
 // A KV head's Q8_0 blocks in a pool row, read in place by the kernels (only ever pointed to):
-// value d is float(q) * float(d), the product from_int8 computes for a converted copy.
+// value i is float(q_i) * its block's scale, the product from_int8 computes for a copy.
 struct Q8Row;
 
-// The block holding value i of row r, and where its 16 values from i start.
+// The block holding value i of row r; its scale's float16 bits; where its values from i start.
 inline const uint8_t* q8_block(const Q8Row* r, int64_t i) {
     return reinterpret_cast<const uint8_t*>(r) + i / Q8_VALUES * Q8_BYTES;
+}
+inline short q8_scale_bits(const uint8_t* block) {
+    short bits;
+    std::memcpy(&bits, block, 2);  // 34-byte blocks: not 2-byte aligned
+    return bits;
 }
 inline const int8_t* q8_values(const uint8_t* block, int64_t i) {
     return reinterpret_cast<const int8_t*>(block + 2 + i % Q8_VALUES);
@@ -69,12 +75,13 @@ struct Avx2 {
         return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))),
                 _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8)))};
     }
-    static T load(const Q8Row* r, int64_t i) {  // values i..i+15 of a Q8_0 row, converted as they load
+    static T load(const Q8Row* r, int64_t i) {  // values i..i+15 of a Q8_0 row, converted
         const uint8_t* b = q8_block(r, i);
         const int8_t* q = q8_values(b, i);
-        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(*reinterpret_cast<const int16_t*>(b)));
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(q8_scale_bits(b)));
         auto eight = [&](const int8_t* p) {
-            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))), d);
+            const __m128i w = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+            return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w)), d);
         };
         return {eight(q), eight(q + 8)};
     }
@@ -168,9 +175,9 @@ struct Avx512 {
     static T load(const uint16_t* h) {  // 16 float16 values, converted as they load
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
     }
-    static T load(const Q8Row* r, int64_t i) {  // values i..i+15 of a Q8_0 row, converted as they load
+    static T load(const Q8Row* r, int64_t i) {  // values i..i+15 of a Q8_0 row, converted
         const uint8_t* b = q8_block(r, i);
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(*reinterpret_cast<const int16_t*>(b)));
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(q8_scale_bits(b)));
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8_values(b, i)));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
     }
