@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
@@ -143,11 +142,8 @@ class Attention {
             case KvType::Q8_0:
                 for (int64_t b = 0; b < heads * hd_ / Q8_VALUES; ++b) {
                     const uint8_t* blk = head + b * Q8_BYTES;
-                    uint16_t dh;
-                    std::memcpy(&dh, blk, 2);
-                    K::from_int8(reinterpret_cast<const int8_t*>(blk + 2),
-                                 static_cast<float>(c10::Half(dh, c10::Half::from_bits())),
-                                 buf + b * Q8_VALUES);
+                    const c10::Half d(static_cast<uint16_t>(q8_scale_bits(blk)), c10::Half::from_bits());
+                    K::from_int8(q8_values(blk), static_cast<float>(d), buf + b * Q8_VALUES);
                 }
                 return buf;
         }

@@ -24,8 +24,25 @@
 namespace ember_attention {
 
 constexpr int LANES = 16;
-// A Q8_0 block (KV pools, --kv-type q8_0): a float16 scale d, then 32 int8 q; value q * d.
+// A Q8_0 block (KV pools, --kv-type q8_0): a float16 scale d, then 32 int8 q; value q * d,
+// whether converted into a copy (from_int8) or in registers as it loads (Q8Row).
 constexpr int Q8_VALUES = 32, Q8_BYTES = 34;
+
+// A KV head's Q8_0 blocks in a pool row (only ever pointed to: the kernels read it in place).
+struct Q8Row;
+
+// The block holding value i of row r; a block's scale as float16 bits; its values from i.
+inline const uint8_t* q8_block(const Q8Row* r, int64_t i) {
+    return reinterpret_cast<const uint8_t*>(r) + i / Q8_VALUES * Q8_BYTES;
+}
+inline short q8_scale_bits(const uint8_t* block) {
+    short bits;
+    std::memcpy(&bits, block, 2);  // 34-byte blocks: not 2-byte aligned
+    return bits;
+}
+inline const int8_t* q8_values(const uint8_t* block, int64_t i = 0) {
+    return reinterpret_cast<const int8_t*>(block + 2 + i % Q8_VALUES);
+}
 
 // exp(x) for x <= 0 (scores shifted by their max): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a
 // degree-7 polynomial (the classic single-precision minimax fit, ~1 ulp), times 2^n by

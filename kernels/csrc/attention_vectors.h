@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "attention_math.h"
 
@@ -24,23 +23,6 @@
 #define EMBER_INLINE inline __attribute__((always_inline))
 
 namespace ember_attention {
-
-// A KV head's Q8_0 blocks in a pool row, read in place by the kernels (only ever pointed to):
-// value i is float(q_i) * its block's scale, the product from_int8 computes for a copy.
-struct Q8Row;
-
-// The block holding value i of row r; its scale's float16 bits; where its values from i start.
-inline const uint8_t* q8_block(const Q8Row* r, int64_t i) {
-    return reinterpret_cast<const uint8_t*>(r) + i / Q8_VALUES * Q8_BYTES;
-}
-inline short q8_scale_bits(const uint8_t* block) {
-    short bits;
-    std::memcpy(&bits, block, 2);  // 34-byte blocks: not 2-byte aligned
-    return bits;
-}
-inline const int8_t* q8_values(const uint8_t* block, int64_t i) {
-    return reinterpret_cast<const int8_t*>(block + 2 + i % Q8_VALUES);
-}
 
 #ifdef EMBER_ATTENTION_AVX2
 // exp_neg on 8 lanes (the same formula).
