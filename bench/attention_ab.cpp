@@ -1,10 +1,9 @@
 // Two builds of the attention kernel side by side: kernels/csrc/attention.cpp from two source
 // trees (A and B, the second compiled into namespace ember_attention_B), driven from C++ as a
-// decode step meets it: one decoded row over every layer's own float16 K/V in turn (from
-// memory once they outgrow the caches; KV=q8_0: Q8_0 K/V), then one layer's again and again
-// (in cache). A and B
-// alternate round by round, so the host's drift falls on both; the outputs must be the same
-// bits. Built and run by bench/attention_ab.sh (docs/long-context.md, "Measured").
+// decode step meets it: one decoded row over every layer's own float16 (KV=q8_0: Q8_0) K/V in
+// turn (from memory once they outgrow the caches), then one layer's again and again (in
+// cache). A and B alternate round by round, so the host's drift falls on both; the outputs
+// must be the same bits. Built and run by bench/attention_ab.sh (docs/long-context.md, "Measured").
 //
 //   attention_ab KEYS LAYERS ROUNDS      (SHAPE=n_heads,n_kv,head_dim; default 12,2,128;
 //                                         KV=f16 or q8_0, default f16)
@@ -49,8 +48,8 @@ uint8_t* random_half_pool(size_t bytes, std::mt19937& rng) {
 uint8_t* random_q8_pool(size_t bytes, std::mt19937& rng) {
     uint8_t* pool = huge_page_buffer(bytes);
     std::uniform_int_distribution<int> q(-127, 127);
+    const uint16_t d = _cvtss_sh(3.f / 127, 0);
     for (size_t b = 0; b < bytes; b += ember_attention::Q8_BYTES) {
-        const uint16_t d = _cvtss_sh(3.f / 127, 0);
         std::memcpy(pool + b, &d, 2);
         for (int i = 0; i < ember_attention::Q8_VALUES; ++i) pool[b + 2 + i] = static_cast<uint8_t>(q(rng));
     }
@@ -86,7 +85,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "KV=q8_0 needs a head dim that is a multiple of 32\n");
         return 2;
     }
-    const int64_t head = q8 ? int64_t(hd) / ember_attention::Q8_VALUES * ember_attention::Q8_BYTES : int64_t(hd) * 2;
+    using ember_attention::Q8_BYTES, ember_attention::Q8_VALUES;
+    const int64_t head = q8 ? int64_t(hd) / Q8_VALUES * Q8_BYTES : int64_t(hd) * 2;
     const int64_t row = n_kv * head;
     std::mt19937 rng(1);
     auto pool = [&] { return q8 ? random_q8_pool(keys * row, rng) : random_half_pool(keys * row, rng); };
