@@ -11,8 +11,10 @@ only on its own query and keys: alone, in a chunk or in a tree, on any thread co
 path (attention_math.h says the arithmetic, tests/test_attention.py checks it against float64).
 
 Pools (rows, n_kv_heads, ...) are float32, float16 (the file-blocks runtime's default, as
-llama.cpp's f16 cache) or uint8 Q8_0 blocks (`--kv-type q8_0`: 32 values in 34 bytes, an
-fp16 scale and 32 int8, as GGML's Q8_0; `q8_0_rows`).
+llama.cpp's f16 cache), uint8 Q8_0 blocks (`--kv-type q8_0`: 32 values in 34 bytes, an
+fp16 scale and 32 int8, as GGML's Q8_0; `q8_0_rows`) or bfloat16 (`--kv-type bf16`: its
+scores and weights computed as AVX512_BF16's dot products compute them, natively where the CPU
+has them; csrc/attention_math.h).
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ def available() -> bool:
 
 def kv_row_values(dtype: torch.dtype, head_dim: int) -> int:
     """Elements of `dtype` one KV head's head_dim values take in a pool row: head_dim, or the
-    bytes of its Q8_0 blocks for a uint8 pool (ValueError unless whole blocks)."""
+    bytes of its Q8_0 blocks for a uint8 pool (ValueError unless whole blocks; a bfloat16
+    pool's dot products also take 32 values at a time)."""
+    if dtype == torch.bfloat16 and head_dim % Q8_0_VALUES:
+        raise ValueError(f"a bfloat16 KV cache needs a head dim that is a multiple of "
+                         f"{Q8_0_VALUES}, not {head_dim}")
     if dtype != torch.uint8:
         return head_dim
     if head_dim % Q8_0_VALUES:
@@ -72,8 +78,11 @@ def _attend_row(q, keys, values, scale: float, softcap: float) -> torch.Tensor:
 
 def attend_reference(q, k_pool, v_pool, slots, positions, scale: float,
                      softcap: float = 0.0) -> torch.Tensor:
-    """Row by row: the gathered keys' float32 values through PyTorch's attention."""
+    """Row by row: the gathered keys' float32 values through PyTorch's attention (over a
+    bfloat16 pool, the queries rounded to bfloat16 as the kernel's dot products take them)."""
     del positions  # they align the kernel's chunks; the values do not depend on them
+    if k_pool.dtype == torch.bfloat16:
+        q = q.bfloat16().float()
     return torch.cat([_attend_row(q[t], pool_values(k_pool.index_select(0, s)),
                                   pool_values(v_pool.index_select(0, s)), scale, softcap)
                       for t, s in enumerate(slots)])

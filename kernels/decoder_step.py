@@ -68,10 +68,22 @@ def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Te
 # A reference pass's matmuls go through matmul(slot, x, weights), slot one of "qkv", "o",
 # "gate_up", "down": a caller can watch or change one matmul's input (input thresholds'
 # calibration and their masked reference, offload/body/input_sparsity.py).
+def bf16_flushed(values: torch.Tensor) -> torch.Tensor:
+    """float32 values as a bfloat16 pool stores them: rounded to nearest even, subnormals as
+    signed zeros (AVX512_BF16's dot products read them as zeros; csrc/attention_math.h)."""
+    tiny = torch.finfo(torch.float32).tiny
+    return torch.where(values.abs() < tiny, values * 0, values).bfloat16()
+
+
 def _store(pool: torch.Tensor, slot: int, values: torch.Tensor) -> None:
     """One position's K or V (n_kv, hd) into a pool row in the pool's type (a uint8 pool
     holds Q8_0 blocks: the bytes csrc/attention.cpp's store_row writes)."""
-    pool[slot] = q8_0_quantize(values) if pool.dtype == torch.uint8 else values
+    if pool.dtype == torch.uint8:
+        pool[slot] = q8_0_quantize(values)
+    elif pool.dtype == torch.bfloat16:
+        pool[slot] = bf16_flushed(values)
+    else:
+        pool[slot] = values
 
 
 def attention_reference(layer: DecoderLayer, x, k_pool, v_pool, read_slots, positions, cos,

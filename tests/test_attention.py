@@ -1,6 +1,6 @@
 """kernels.attention: the tiled flash-attention kernel against a float64 reference, and a row's
 bits alone, in a prompt chunk, in a tree, on 1 or 2 threads and on every CPU path, for
-float32, float16 and Q8_0 pools (as the matmul kernels are tested)."""
+float32, float16, Q8_0 and bfloat16 pools (as the matmul kernels are tested)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from ember.kernels import attention
 from ember.kernels import block_matmul as bm
 from ember.kernels import cpu_extension
+from ember.kernels.decoder_step import bf16_flushed
 from ember.kernels.q8_matmul import q8_0_quantize
 
 needs_kernels = pytest.mark.skipif(not attention.available(), reason="C++ kernels not built")
@@ -23,11 +24,21 @@ def _pools(n_slots: int, n_kv: int, hd: int, kind: str, seed: int = 0):
         return k.half(), v.half()
     if kind == "q8_0":
         return (q8_0_quantize(x.reshape(-1, hd)).reshape(n_slots, n_kv, -1) for x in (k, v))
+    if kind == "bf16":
+        return bf16_flushed(k), bf16_flushed(v)
     return k, v
 
 
+def _fits(kind: str, hd: int) -> bool:
+    """Q8_0 blocks and bfloat16 dot products take 32 values at a time."""
+    return kind in ("f32", "f16") or hd % 32 == 0
+
+
 def _float64(q, k_pool, v_pool, slots, scale, softcap=0.0):
-    """Each row's attention in float64 from the pools' values."""
+    """Each row's attention in float64 from the pools' values (and a bfloat16 pool's queries
+    rounded to bfloat16, as its dot products take them)."""
+    if k_pool.dtype == torch.bfloat16:
+        q = q.bfloat16()
     out = []
     for t, s in enumerate(slots):
         keys = attention.pool_values(k_pool[s]).double()  # (S, n_kv, hd)
@@ -61,12 +72,16 @@ def path_and_threads():
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "bf16"])
 @pytest.mark.parametrize("n_heads,n_kv,hd,window,softcap", [
     pytest.param(12, 2, 128, None, 0.0, marks=pytest.mark.slow), (4, 1, 256, 40, 0.0), (8, 8, 64, None, 30.0), (6, 3, 32, 17, 0.0)])
 def test_every_path_matches_float64(path_and_threads, kind, n_heads, n_kv, hd, window, softcap):
     """A prompt chunk (causal, across several chunks and a window) on every CPU path, against
-    float64 attention over the pool's own values."""
+    float64 attention over the pool's own values. A bfloat16 pool's attention weights are
+    rounded to bfloat16 (8 significant bits) before they weigh the values: within 2^-8 of
+    the output's scale."""
+    if not _fits(kind, hd):
+        pytest.skip("needs whole 32-value groups")
     n_slots, start, T = 400, 130, 70
     k_pool, v_pool = _pools(n_slots, n_kv, hd, kind)
     table = torch.randperm(n_slots, generator=torch.Generator().manual_seed(1))
@@ -77,10 +92,11 @@ def test_every_path_matches_float64(path_and_threads, kind, n_heads, n_kv, hd, w
     for path in PATHS:
         bm.set_cpu_path(path)
         got = attention.attend(q, k_pool, v_pool, slots, positions, scale, softcap)
-        torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5, msg=path)
+        tol = 4e-3 if kind == "bf16" else 2e-5
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=path)
 
 
-@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "bf16"])
 @pytest.mark.parametrize("softcap", [0.0, 30.0])
 def test_the_reference_matches_float64(kind, softcap):
     """attend_reference (what EMBER_KERNELS=reference runs) on the same prompt chunk."""
@@ -93,7 +109,7 @@ def test_the_reference_matches_float64(kind, softcap):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0", "bf16"])
 @pytest.mark.parametrize("n_heads,n_kv,hd,window", [(12, 2, 128, None), (4, 1, 256, 64),
                                                    (14, 2, 64, None), (3, 1, 48, None),
                                                    (16, 8, 64, None)])  # 8 KV heads: 4 per item
@@ -103,8 +119,8 @@ def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_
     the first part's thread running slow or not), as one row of a prompt chunk, and as a tree
     row reading the same keys from other pool rows beside rows whose keys differ; every CPU
     path gives the same bits too."""
-    if kind == "q8_0" and hd % 32:
-        pytest.skip("Q8_0 needs whole 32-value blocks")
+    if not _fits(kind, hd):
+        pytest.skip("needs whole 32-value groups")
     n_slots, start, T = 700, 300, 40
     k_pool, v_pool = _pools(n_slots, n_kv, hd, kind, seed=3)
     table = torch.randperm(n_slots - 50, generator=torch.Generator().manual_seed(4))
@@ -146,6 +162,55 @@ def test_a_row_has_the_same_bits_alone_in_a_chunk_in_a_tree_on_any_thread_count_
         bm.set_cpu_path(path)
         tree = attention.attend(tree_q, k_pool, v_pool, tree_slots, tree_pos, scale)
         assert torch.equal(tree[1], results[0][t]), path
+
+
+def _bf16_dots_or_skip(kernels):
+    if "avx512" not in PATHS:
+        pytest.skip("no AVX-512 path here")
+    try:
+        return kernels.set_attention_bf16_dots(True)
+    except ValueError:
+        pytest.skip("this CPU lacks AVX512_BF16")
+
+
+@needs_kernels
+@pytest.mark.parametrize("n_heads,n_kv,hd,window", [(12, 2, 128, None), (4, 1, 256, 17),
+                                                   (16, 8, 64, None), (8, 8, 128, 33),
+                                                   (3, 1, 96, 40)])
+def test_bf16_dot_products_give_the_float_paths_bits(path_and_threads, n_heads, n_kv, hd, window):
+    """A decoded row over a bfloat16 pool, with AVX512_BF16's dot products (vdpbf16ps) and
+    with the float fmas that write out their arithmetic: the same bits, at every position of
+    a chunk (windows start a row's keys at odd positions) and on 1 or 2 threads."""
+    kernels = cpu_extension.load()
+    before = _bf16_dots_or_skip(kernels)
+    try:
+        bm.set_cpu_path("avx512")
+        k_pool, v_pool = _pools(500, n_kv, hd, "bf16", seed=6)
+        table = torch.randperm(500, generator=torch.Generator().manual_seed(7))
+        slots, positions = _prompt(300, 70, window, table)
+        q = torch.randn(70, n_heads, hd, generator=torch.Generator().manual_seed(8)) * 2
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for t in range(0, 70, 3):
+                row = (q[t:t + 1], k_pool, v_pool, slots[t:t + 1], positions[t:t + 1], hd ** -0.5)
+                kernels.set_attention_bf16_dots(True)
+                native = attention.attend(*row)
+                kernels.set_attention_bf16_dots(False)
+                assert torch.equal(native, attention.attend(*row)), (threads, t)
+    finally:
+        kernels.set_attention_bf16_dots(before)
+
+
+def test_bf16_pools_store_rounded_values_without_subnormals():
+    """bf16_flushed: nearest-even rounding, subnormals as signed zeros (the dot products would
+    read them as zeros), the kernels' store_row the same bytes (through a decode step)."""
+    x = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1e-39, -1e-39, 3e38, -2.5])
+    got = bf16_flushed(x)
+    assert got.dtype == torch.bfloat16
+    assert got.float().tolist()[:2] == [1.0, 1.0 + 2 ** -6]  # ties to even
+    assert got.float().tolist()[2:4] == [0.0, 0.0]
+    assert torch.signbit(got[3].float()) and not torch.signbit(got[2].float())
+    assert got.float().tolist()[5] == -2.5
 
 
 @needs_kernels

@@ -21,11 +21,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "attention_bf16_dots.h"
 #include "attention_portable.h"
 #include "attention_simd.h"
 #include "attention_work.h"
@@ -58,6 +60,7 @@ struct Scratch {
     std::vector<const float*> kp, vp, qp, pp;
     std::vector<const uint16_t*> kh, vh;  // float16 rows read in place
     std::vector<const Q8Row*> kq, vq;     // Q8_0 rows read in place
+    std::vector<const Bf16Row*> kb, vb;   // bfloat16 rows read in place
     std::vector<float*> op;
     std::vector<Fold> folds;
     std::vector<int64_t> map;
@@ -66,7 +69,7 @@ struct Scratch {
 
 // Element types read in place from the pool (else float copies).
 template <class E>
-constexpr bool in_place = std::is_same_v<E, uint16_t> || std::is_same_v<E, Q8Row>;
+constexpr bool in_place = std::is_same_v<E, uint16_t> || std::is_same_v<E, Q8Row> || std::is_same_v<E, Bf16Row>;
 
 template <class K>
 class Attention {
@@ -75,6 +78,7 @@ class Attention {
         hd_ = kv_.head_dim;
         G_ = r.n_heads / kv_.n_kv;
         lds_ = CHUNK + SLACK;
+        if (kv_.type == KvType::BF16) rounded_queries();
         state_m_.assign(r.T * r.n_heads, 0.f);
         state_l_.assign(r.T * r.n_heads, 0.f);
         started_.assign(r.T * r.n_heads, 0);
@@ -96,6 +100,9 @@ class Attention {
   private:
     const Rows& r_;
     const KvPools& kv_;
+    const float* q_ = r_.q;  // the queries the scores read (r_.q, or rounded_queries)
+    int64_t ldq_ = r_.ldq;
+    std::vector<float> q_bf16_;
     int64_t hd_, G_;
     int lds_;
     std::vector<float> state_m_, state_l_;
@@ -103,6 +110,21 @@ class Attention {
     SplitWork split_;
 
     int64_t lo(int64_t t) const { return r_.pos[t] - r_.n[t] + 1; }
+
+    // A bfloat16 pool's scores take the queries bf16_round-ed and in the score lanes' order
+    // (attention_math.h, bf16_key_dim), as its keys are read.
+    void rounded_queries() {
+        const int64_t n = r_.n_heads * hd_;  // a multiple of 32 (kv_pools checks the head dim)
+        q_bf16_.resize(r_.T * n);
+        for (int64_t t = 0; t < r_.T; ++t)
+            for (int64_t i = 0; i < n; i += BF16_PAIRS) {
+                const float* q = r_.q + t * r_.ldq + i;
+                float* out = q_bf16_.data() + t * n + i;
+                for (int l = 0; l < LANES; ++l)
+                    out[l] = bf16_round(q[2 * l + 1]), out[LANES + l] = bf16_round(q[2 * l]);
+            }
+        q_ = q_bf16_.data(), ldq_ = n;
+    }
 
     std::vector<Item> plan() {
         const int64_t tiles = (r_.T + TILE_ROWS - 1) / TILE_ROWS;
@@ -134,9 +156,10 @@ class Attention {
     }
 
     // The float values of `heads` KV heads side by side in a pool row: in place (float32) or
-    // converted into buf.
-    const float* as_float(const uint8_t* head, int64_t heads, float* buf) const {
+    // converted into buf (bfloat16 keys in the score lanes' order).
+    const float* as_float(const uint8_t* head, int64_t heads, bool keys, float* buf) const {
         switch (kv_.type) {
+            case KvType::BF16: K::from_bf16(reinterpret_cast<const Bf16Row*>(head), heads * hd_, keys, buf); return buf;
             case KvType::F32: return reinterpret_cast<const float*>(head);
             case KvType::F16: K::from_half(reinterpret_cast<const uint16_t*>(head), heads * hd_, buf); return buf;
             case KvType::Q8_0:
@@ -241,6 +264,10 @@ class Attention {
                Scratch& sc) {
         if constexpr (!std::is_same_v<K, Portable>) {
             if (kv_.type != KvType::F32 && n == 1 && K::reads_in_place(G_, hd_)) {
+                if (kv_.type == KvType::BF16) {
+                    sc.kb.resize(CHUNK * it.nkv), sc.vb.resize(CHUNK * it.nkv);
+                    return group_of(it, c, stored, spans, n, map, sc, sc.kb.data(), sc.vb.data());
+                }
                 if (kv_.type == KvType::Q8_0) {
                     sc.kq.resize(CHUNK * it.nkv), sc.vq.resize(CHUNK * it.nkv);
                     return group_of(it, c, stored, spans, n, map, sc, sc.kq.data(), sc.vq.data());
@@ -253,13 +280,13 @@ class Attention {
         group_of(it, c, stored, spans, n, map, sc, sc.kp.data(), sc.vp.data());
     }
 
-    // Pool row slot's `heads` KV heads from kvh as E values: float16 or Q8_0 in place, or
-    // floats (in place for a float32 pool, else converted into buf).
+    // Pool row slot's `heads` KV heads from kvh as E values: float16, Q8_0 or bfloat16 in
+    // place, or floats (in place for a float32 pool, else converted into buf).
     template <class E>
     const E* row_as(const uint8_t* pool, int64_t slot, int64_t kvh, int64_t heads, float* buf) const {
         const uint8_t* head = pool_head(pool, slot, kvh);
         if constexpr (in_place<E>) return reinterpret_cast<const E*>(head);
-        else return as_float(head, heads, buf);
+        else return as_float(head, heads, pool == kv_.k, buf);
     }
 
     // Head j of a row row_as gave: in place, a pool head apart; a float copy, hd_ floats.
@@ -294,7 +321,7 @@ class Attention {
         for (int64_t j = 0; j < nkv; ++j)
             for (size_t i = 0; i < n; ++i)
                 for (int64_t g = 0; g < G_; ++g)
-                    sc.qp[j * per_head + i * G_ + g] = r_.q + spans[i].t * r_.ldq + ((it.kvh + j) * G_ + g) * hd_;
+                    sc.qp[j * per_head + i * G_ + g] = q_ + spans[i].t * ldq_ + ((it.kvh + j) * G_ + g) * hd_;
         // Scores read in place in short tiles (a decoded token whose KV heads each serve
         // several query heads: 2 keys a tile on the 1.5B) prefetch as they go, each head's
         // tile that head's K and V PREFETCH_AHEAD positions on: the reads spread over the
@@ -329,7 +356,7 @@ class Attention {
                     if (r_.softcap > 0.f)
                         for (int x = sp.a; x < sp.b; ++x) s[x] = softcapped(s[x], r_.softcap);
                     const float m = K::max_of(s, sp.a, sp.b);
-                    const float l = K::exp_sum(s, p, sp.a, sp.b, m);
+                    const float l = K::exp_sum(s, p, sp.a, sp.b, m, kv_.type == KvType::BF16);
                     sc.pp[qi] = p;
                     const int64_t state = sp.t * r_.n_heads + head;
                     if (stored) {
@@ -374,12 +401,36 @@ class Attention {
     }
 };
 
+// Whether a bfloat16 pool's decoded tokens use AVX512_BF16's dot products (-1: not decided
+// yet): where the CPU has them, unless EMBER_BF16_DOTS=0; set_bf16_dots for tests.
+std::atomic<int> bf16_dots_choice{-1};
+
+bool cpu_has_bf16_dots() {
+#ifdef EMBER_ATTENTION_AVX512
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+bool bf16_dots() {
+    int on = bf16_dots_choice.load(std::memory_order_relaxed);
+    if (on < 0) {
+        const char* env = std::getenv("EMBER_BF16_DOTS");
+        on = cpu_has_bf16_dots() && !(env && std::string(env) == "0");
+        bf16_dots_choice.store(on, std::memory_order_relaxed);
+    }
+    return on;
+}
+
 // The path block_matmul runs (its CPU path, EMBER_CPU_PATH) picks the kernels here too;
 // head dims that are not a multiple of 16 take the portable code (the same arithmetic).
 void dispatch(const Rows& rows, const KvPools& pools) {
     const std::string path = cpu_path();
     const bool vectors = pools.head_dim % LANES == 0;
 #ifdef EMBER_ATTENTION_AVX512
+    if (vectors && path == "avx512" && pools.type == KvType::BF16 && bf16_dots())
+        return Attention<Avx512Bf16Dots>(rows, pools).run();
     if (vectors && path == "avx512") return Attention<SimdKernels<Avx512>>(rows, pools).run();
 #endif
 #ifdef EMBER_ATTENTION_AVX2
@@ -391,6 +442,13 @@ void dispatch(const Rows& rows, const KvPools& pools) {
 }  // namespace
 
 void set_first_part_chunks(int64_t chunks) { first_part_chunks.store(chunks); }
+
+bool set_bf16_dots(bool on) {
+    TORCH_CHECK_VALUE(!on || cpu_has_bf16_dots(), "bfloat16 dot products need AVX512_BF16, which this CPU lacks");
+    const bool before = bf16_dots();
+    bf16_dots_choice.store(on);
+    return before;
+}
 
 void attend_rows(const Rows& rows, const KvPools& pools) {
     TORCH_CHECK(pools.n_kv > 0 && rows.n_heads % pools.n_kv == 0, rows.n_heads,

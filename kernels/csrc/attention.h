@@ -13,9 +13,9 @@
 namespace ember_attention {
 
 // How a pool row stores one KV head's head_dim values.
-enum class KvType { F32, F16, Q8_0 };
+enum class KvType { F32, F16, Q8_0, BF16 };
 
-// The K and V pools: (slots, n_kv, head_dim) float32 or float16, or (slots, n_kv,
+// The K and V pools: (slots, n_kv, head_dim) float32, float16 or bfloat16, or (slots, n_kv,
 // head_dim / 32 * 34) uint8 of Q8_0 blocks (an fp16 scale and 32 int8 each).
 struct KvPools {
     const uint8_t* k;
@@ -28,7 +28,7 @@ struct KvPools {
 KvPools kv_pools(const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t n_kv, int64_t head_dim);
 
 // Writes one position's n_kv * head_dim values into pool row `slot` in the pool's type
-// (float16 rounded to nearest even, Q8_0 as quantize_q8_0_block).
+// (float16 rounded to nearest even, bfloat16 as bf16_bits, Q8_0 as quantize_q8_0_block).
 void store_row(const at::Tensor& pool, int64_t slot, const float* values, int64_t n_kv, int64_t head_dim);
 
 // T rows: row t's query heads at q + t * ldq (n_heads * head_dim values); it reads the keys at
@@ -53,5 +53,10 @@ void attend_rows(const Rows& rows, const KvPools& pools);
 // folds at most `chunks` of them as it goes (< 0: no limit), as if it ran slow, so the other
 // threads take the rest; the bits must not change.
 void set_first_part_chunks(int64_t chunks);
+
+// Whether a bfloat16 pool's decoded tokens use AVX512_BF16's dot products (the same bits as
+// the float path: tests compare them); a ValueError where the CPU lacks them. Returns the
+// setting before.
+bool set_bf16_dots(bool on);
 
 }  // namespace ember_attention

@@ -15,6 +15,17 @@
 // and the chunks folded in position order (merge): the running (M, L, O) and a chunk's
 // (m, l, o): if m <= M, b = exp(m - M), L = fma(l, b, L), O = fma(o, b, O); else
 // a = exp(M - m), L = fma(L, a, l), O = fma(O, a, o), M = m. At the end out = O * (1 / L).
+//
+// A bfloat16 pool (--kv-type bf16) computes what AVX512_BF16's dot-product instruction
+// (vdpbf16ps) computes, so that CPUs with it run it natively and the rest give the same bits:
+// q and p are rounded to bfloat16 (bf16_round) first, and a score lane l sums, 32 dims at a
+// time in d order, q[2l+1] k[2l+1] and then q[2l] k[2l] of those 32 (one fma each: a product
+// of two bfloat16 is exact in float, so the instruction's add of it is that fma). The float
+// vector paths read a key as two 16-value halves per 32 dims, odd dims then even
+// (bf16_key_dim); l sums the rounded p, and values are the fma chain above with them (the
+// instruction's pairs of positions make the same chain: a pair's empty half weighs 0 and
+// adds nothing). The instruction also flushes subnormal sums to zero where an fma keeps
+// them: the two would part only for sums within 1.2e-38 of zero.
 #pragma once
 
 #include <cmath>
@@ -42,6 +53,34 @@ inline short q8_scale_bits(const uint8_t* block) {
 }
 inline const int8_t* q8_values(const uint8_t* block, int64_t i = 0) {
     return reinterpret_cast<const int8_t*>(block + 2 + i % Q8_VALUES);
+}
+
+// bfloat16 (--kv-type bf16): a float's upper 16 bits, rounded to nearest even. Subnormals
+// become signed zeros: vdpbf16ps reads them as zero, so none may reach the kernels.
+inline uint16_t bf16_bits(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0) return static_cast<uint16_t>((u & 0x80000000u) >> 16);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16_value(uint16_t bits) {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+inline float bf16_round(float x) { return bf16_value(bf16_bits(x)); }
+
+// A KV head's bfloat16 values in a pool row (only ever pointed to: read in place).
+struct Bf16Row;
+constexpr int BF16_PAIRS = 32;  // dims a vdpbf16ps register takes: 16 lanes of 2
+
+// Value i of a key as the score lanes take it: dims in groups of 32, each as its odd dims
+// (2l + 1, lane l), then its even ones (2l).
+inline int64_t bf16_key_dim(int64_t i) {
+    const int64_t g = i / BF16_PAIRS * BF16_PAIRS, j = i % BF16_PAIRS;
+    return j < LANES ? g + 2 * j + 1 : g + 2 * (j - LANES);
 }
 
 // exp(x) for x <= 0 (scores shifted by their max): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a

@@ -27,9 +27,12 @@ struct Portable {
         }
     }
     static float max_of(const float* s, int a, int b) { return *std::max_element(s + a, s + b); }
-    static float exp_sum(const float* s, float* p, int a, int b, float m) {
+    static float exp_sum(const float* s, float* p, int a, int b, float m, bool bf16) {
         float acc[LANES] = {};
-        for (int x = a; x < b; ++x) acc[x % LANES] += p[x] = exp_neg(s[x] - m);
+        for (int x = a; x < b; ++x) {
+            p[x] = exp_neg(s[x] - m);
+            acc[x % LANES] += p[x] = bf16 ? bf16_round(p[x]) : p[x];
+        }
         return tree16(acc);
     }
     static void values(const float* const* p, int nh, const float* const* v, int a, int b,
@@ -45,6 +48,10 @@ struct Portable {
     }
     static void from_half(const uint16_t* h, int64_t n, float* out) {
         for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
+    }
+    static void from_bf16(const Bf16Row* row, int64_t n, bool keys, float* out) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+        for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(h[keys ? bf16_key_dim(i) : i]);
     }
     static void from_int8(const int8_t* q, float d, float* out) {
         for (int i = 0; i < Q8_VALUES; ++i) out[i] = static_cast<float>(q[i]) * d;

@@ -36,11 +36,23 @@ struct SimdKernels {
     static void from_half(const uint16_t* h, int64_t n, float* out) { V::from_half(h, n, out); }
     static void from_int8(const int8_t* q, float d, float* out) { V::from_int8(q, d, out); }
 
-    // Values i..i+15 of a key or value row: floats, or float16 or Q8_0 converted as they load.
+    // A bfloat16 pool's rows as floats (n a multiple of 32): keys in the score lanes' order
+    // (bf16_key_dim), values as they are.
+    static void from_bf16(const Bf16Row* row, int64_t n, bool keys, float* out) {
+        for (int64_t i = 0; i < n; i += LANES) V::store(out + i, keys ? V::load_key(row, i) : V::load(row, i));
+    }
+
+    // Values i..i+15 of a value row: floats, or float16, Q8_0 or bfloat16 converted as they load.
     template <class E>
     static EMBER_INLINE T load_at(const E* row, int64_t i) {
-        if constexpr (std::is_same_v<E, Q8Row>) return V::load(row, i);
+        if constexpr (std::is_same_v<E, Q8Row> || std::is_same_v<E, Bf16Row>) return V::load(row, i);
         else return V::load(row + i);
+    }
+    // The same of a key row (a bfloat16 key in the score lanes' order).
+    template <class E>
+    static EMBER_INLINE T load_key_at(const E* row, int64_t i) {
+        if constexpr (std::is_same_v<E, Bf16Row>) return V::load_key(row, i);
+        else return load_at(row, i);
     }
 
     // Scores of QN query vectors against KN keys, times scale: out[i * KN + j]. Keys here (and
@@ -56,7 +68,7 @@ struct SimdKernels {
         for (int i = 0; i < QN * KN; ++i) acc[i] = V::zero();
         for (int64_t d = 0; d < hd; d += LANES) {
             T kv[KN];
-            for (int j = 0; j < KN; ++j) kv[j] = load_at(k[j], d);
+            for (int j = 0; j < KN; ++j) kv[j] = load_key_at(k[j], d);
             for (int i = 0; i < QN; ++i) {
                 T qv = V::load(q[i] + d);
                 if constexpr (KN > 1) V::in_register(qv);
@@ -128,12 +140,14 @@ struct SimdKernels {
         return V::lane_max(best);
     }
 
-    // p[x] = exp(s[x] - m) for a <= x < b (zeros around it, within its 16-aligned groups);
-    // returns their sum (lane per position mod 16, then tree16).
-    static float exp_sum(const float* s, float* p, int a, int b, float m) {
+    // p[x] = exp(s[x] - m) for a <= x < b (zeros around it, within its 16-aligned groups),
+    // bf16_round-ed for a bfloat16 pool; returns their sum (lane per position mod 16, then
+    // tree16).
+    static float exp_sum(const float* s, float* p, int a, int b, float m, bool bf16) {
         T acc = V::zero();
         for (int g = a & ~(LANES - 1); g < b; g += LANES) {
-            const T e = V::keep(V::exp_shifted(V::load(s + g), m), g, a, b);
+            T e = V::keep(V::exp_shifted(V::load(s + g), m), g, a, b);
+            if (bf16) e = V::round_bf16(e);
             V::store(p + g, e);
             acc = V::add(acc, e);
         }

@@ -67,6 +67,36 @@ struct Avx2 {
         };
         return {eight(q), eight(q + 8)};
     }
+    // values i..i+15 of a bfloat16 row: the upper halves of floats
+    static T load(const Bf16Row* r, int64_t i) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(r) + i;
+        auto eight = [](const uint16_t* p) {
+            const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+            return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16));
+        };
+        return {eight(h), eight(h + 8)};
+    }
+    // a bfloat16 key's values i..i+15 as the score lanes take them (bf16_key_dim): its 32 dims
+    // from i & ~31 as 16 pairs, the odd of each pair (the upper half of the pair's 32 bits)
+    // where i % 32 == 0, else the even (the lower half, shifted up)
+    static T load_key(const Bf16Row* r, int64_t i) {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(r) + (i & ~int64_t(BF16_PAIRS - 1));
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
+        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16));
+        if (i & LANES) return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+        const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+        return {_mm256_castsi256_ps(_mm256_and_si256(lo, odd)), _mm256_castsi256_ps(_mm256_and_si256(hi, odd))};
+    }
+    // bf16_round of normal floats (attention weights: exp_neg gives 0 or normals)
+    static T round_bf16(T x) {
+        auto r = [](__m256 v) {
+            const __m256i u = _mm256_castps_si256(v);
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            const __m256i up = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+            return _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+        };
+        return {r(x.lo), r(x.hi)};
+    }
     static void store(float* p, T v) { _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi); }
     static T bcast(float x) { const __m256 b = _mm256_set1_ps(x); return {b, b}; }
     // Keeps x in registers (see SimdKernels::tile).
@@ -162,6 +192,24 @@ struct Avx512 {
         const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(q8_scale_bits(b)));
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q8_values(b, i)));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    }
+    // values i..i+15 of a bfloat16 row: the upper halves of floats
+    static T load(const Bf16Row* r, int64_t i) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(r) + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+    }
+    // a bfloat16 key's values i..i+15 as the score lanes take them (see Avx2::load_key)
+    static T load_key(const Bf16Row* r, int64_t i) {
+        const __m512i x = _mm512_loadu_si512(reinterpret_cast<const uint16_t*>(r) + (i & ~int64_t(BF16_PAIRS - 1)));
+        if (i & LANES) return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+    }
+    // bf16_round of normal floats (attention weights: exp_neg gives 0 or normals)
+    static T round_bf16(T x) {
+        const __m512i u = _mm512_castps_si512(x);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        const __m512i up = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+        return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
     }
     static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
     static T bcast(float x) { return _mm512_set1_ps(x); }

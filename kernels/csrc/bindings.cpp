@@ -37,6 +37,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_attention_first_part_chunks", &ember_attention::set_first_part_chunks,
         "tests: a split context's first part folds at most this many chunks (< 0: no limit)",
         py::arg("chunks"));
+  m.def("set_attention_bf16_dots", &ember_attention::set_bf16_dots,
+        "whether a bfloat16 KV pool's decoded tokens use AVX512_BF16 dot products; returns the setting before",
+        py::arg("on"));
   m.def("activation_name",
         [](int64_t code) { return std::string(activation_name(activation_of(code))); },
         "the activation an integer code stands for (activation.h; models/activations.py)",

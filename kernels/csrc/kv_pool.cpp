@@ -25,12 +25,17 @@ KvPools kv_pools(const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t n_k
     switch (k_pool.scalar_type()) {
         case at::kFloat: type = KvType::F32, head_bytes = head_dim * 4; break;
         case at::kHalf: type = KvType::F16, head_bytes = head_dim * 2; break;
+        case at::kBFloat16:
+            TORCH_CHECK(head_dim % BF16_PAIRS == 0, "a bfloat16 KV pool needs a head dim that is a "
+                        "multiple of ", BF16_PAIRS, ", not ", head_dim);
+            type = KvType::BF16, head_bytes = head_dim * 2;
+            break;
         case at::kByte:
             TORCH_CHECK(head_dim % Q8_VALUES == 0, "a Q8_0 KV pool needs a head dim that is a "
                         "multiple of 32, not ", head_dim);
             type = KvType::Q8_0, head_bytes = head_dim / Q8_VALUES * Q8_BYTES;
             break;
-        default: TORCH_CHECK(false, "KV pools are float32, float16 or uint8 (Q8_0 blocks), not ",
+        default: TORCH_CHECK(false, "KV pools are float32, float16, bfloat16 or uint8 (Q8_0 blocks), not ",
                              k_pool.scalar_type());
     }
     TORCH_CHECK(k_pool.size(2) * k_pool.element_size() == head_bytes, "pool rows hold ",
@@ -53,6 +58,11 @@ void store_row(const at::Tensor& pool, int64_t slot, const float* values, int64_
                                  _mm256_cvtps_ph(_mm256_loadu_ps(values + i), _MM_FROUND_TO_NEAREST_INT));
 #endif
             for (; i < n; ++i) out[i] = at::Half(values[i]);
+            break;
+        }
+        case at::kBFloat16: {  // subnormals as zeros: see bf16_bits
+            uint16_t* out = reinterpret_cast<uint16_t*>(pool.data_ptr<at::BFloat16>()) + slot * n;
+            for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(values[i]);
             break;
         }
         default: {
