@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ember.models.support.errors import EmberError
 from ember.offload.profile.perplexity import PerplexityResult, windows
@@ -27,17 +28,19 @@ def layers_in_budget(source, budget: int, n_ctx: int) -> int:
     return n + (head <= left)
 
 
-# Ember's --kv-type as llama.cpp's cache type (its -ctk/-ctv), a llama_cpp constant's name.
-LLAMA_KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0"}
+# Ember's --kv-type as llama.cpp's cache type (its -ctk/-ctv): GGML's type numbers (llama_cpp
+# names no constant for bfloat16).
+LLAMA_KV_TYPES = {"f16": GGMLQuantizationType.F16, "q8_0": GGMLQuantizationType.Q8_0,
+                  "bf16": GGMLQuantizationType.BF16}
+QUANTIZED_KV = ("q8_0",)  # llama.cpp keeps these only with flash attention (its V needs it)
 
 
 def flash_variants(kv_type: str) -> dict[str, bool]:
     """llama.cpp's runs to compare a cache type against (name -> flash_attn): flash attention
-    off and on, whichever is faster counts; on alone for a quantized cache, which llama.cpp
-    keeps only with flash attention (its V in Q8_0 needs it)."""
-    if kv_type == "f16":
-        return {"llama.cpp": False, "llama.cpp_flash": True}
-    return {"llama.cpp_flash": True}
+    off and on, whichever is faster counts; on alone for a quantized cache."""
+    if kv_type in QUANTIZED_KV:
+        return {"llama.cpp_flash": True}
+    return {"llama.cpp": False, "llama.cpp_flash": True}
 
 
 class LlamaCpp:
@@ -53,10 +56,10 @@ class LlamaCpp:
             raise EmberError(f"no llama.cpp KV cache type for {kv_type!r}; "
                              f"choose from {', '.join(LLAMA_KV_TYPES)}")
         if flash_attn is None:
-            flash_attn = kv_type != "f16"
-        if kv_type != "f16" and not flash_attn:
+            flash_attn = kv_type in QUANTIZED_KV
+        if kv_type in QUANTIZED_KV and not flash_attn:
             raise EmberError(f"llama.cpp keeps a {kv_type} KV cache only with flash attention")
-        cache_type = getattr(llama_cpp, LLAMA_KV_TYPES[kv_type])
+        cache_type = int(LLAMA_KV_TYPES[kv_type])
         self.kv_type, self.flash_attn = kv_type, flash_attn
         # Whether this build offloads at all (a CPU-only wheel ignores n_gpu_layers)
         self.gpu_offload = bool(getattr(llama_cpp, "llama_supports_gpu_offload", bool)())

@@ -65,9 +65,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-host-budget", metavar="SIZE",
                    help="host-RAM pool for idle conversations' KV (default: one full context)")
     p.add_argument("--kv-type", default="f16", choices=choices.KV_TYPES,
-                   help="KV cache values: f16 (default) or q8_0 (blocks of 32 int8 and a "
-                        "scale: 0.53x the memory and bytes read; perplexity cost in "
-                        "docs/long-context.md)")
+                   help="KV cache values: f16 (default), q8_0 (blocks of 32 int8 and a "
+                        "scale: 0.53x the memory and bytes read) or bf16 (f16's bytes; "
+                        "attention by AVX512_BF16 dot products where the CPU has them); "
+                        "costs and speeds in docs/long-context.md")
     add_split_options(p)
     add_gpu_option(p)
     p.add_argument("--profile", default="auto", metavar="PATH",

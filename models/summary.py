@@ -31,7 +31,7 @@ def _rope_scaling(cfg) -> str | None:
 
 
 # Bytes per K or V value of the file-blocks runtime's cache by --kv-type (Q8_0: 34 per 32).
-KV_VALUE_BYTES = {"f16": 2, "q8_0": 34 / 32}
+KV_VALUE_BYTES = {"f16": 2, "q8_0": 34 / 32, "bf16": 2}
 
 
 def summarize(src: ModelSource, n_ctx: int, kv_type: str = "f16") -> dict:

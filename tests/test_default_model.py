@@ -118,6 +118,11 @@ def test_live_llama_cpp_keeps_the_q8_0_cache_ember_is_compared_with(default_mode
         state[kv_type] = llama_cpp.llama_state_get_size(other.llm.ctx)
     # its cache in Q8_0 blocks: 34 bytes per 32 values where float16 takes 64
     assert 0.5 < state["q8_0"] / state["f16"] < 0.6, state
+    # bfloat16 (GGML's type 30, which llama_cpp names no constant for) with flash attention off
+    # too, float16's bytes
+    bf16 = LlamaCpp(default_model_path, 2, 64, kv_type="bf16")
+    assert not bf16.flash_attn and len(bf16.decode_speed(case["prompt_ids"], 4)["token_ids"]) == 4
+    assert llama_cpp.llama_state_get_size(bf16.llm.ctx) == state["f16"]
 
 
 def test_sessions_with_swaps_equal_sessions_without_past_the_window(default_model_path):

@@ -1,5 +1,5 @@
-"""`--kv-type q8_0`: the KV cache as Q8_0 blocks through the paged pool, swap, the plan's
-bytes, `ember info`, and the file-blocks step against its Python chain."""
+"""`--kv-type q8_0` and `bf16`: the KV cache as Q8_0 blocks or bfloat16 through the paged pool,
+swap, the plan's bytes, `ember info`, and the file-blocks step against its Python chain."""
 
 from __future__ import annotations
 
@@ -33,30 +33,34 @@ def _logits(model, cache, ids) -> torch.Tensor:
 
 
 @needs_native
-def test_the_q8_0_step_is_its_python_chain_and_close_to_f16(tiny_q4_k_m):
-    """Native pass == decoder_step_reference bit for bit on a Q8_0 cache (the K/V bytes
-    written and the attention over them), and near the float32 cache's logits."""
-    model = _model(tiny_q4_k_m, torch.uint8)
+@pytest.mark.parametrize("kv_dtype", [torch.uint8, torch.bfloat16])
+def test_the_step_is_its_python_chain_and_close_to_f16(tiny_q4_k_m, kv_dtype):
+    """Native pass == decoder_step_reference bit for bit on a Q8_0 or bfloat16 cache (the K/V
+    bytes written and the attention over them), and near the float32 cache's logits."""
+    model = _model(tiny_q4_k_m, kv_dtype)
     native = _logits(model, model.new_cache(64), PROMPT)
-    assert model.new_cache(8).k.dtype == torch.uint8
+    assert model.new_cache(8).k.dtype == kv_dtype
     model.whole.run = lambda *args: decoder_step.decoder_step_reference(model.layers, *args)
     assert torch.equal(native, _logits(model, model.new_cache(64), PROMPT))
-    # This random model amplifies any rounding (float16 K/V alone move its logits ~5% rms
-    # from float32 ones): Q8_0's distance stays within twice float16's.
     others = {}
     for dtype in (torch.float32, torch.float16):
         m = _model(tiny_q4_k_m, dtype)
         others[dtype] = _logits(m, m.new_cache(64), PROMPT)
     exact = others[torch.float32]
     rms = lambda x: x.pow(2).mean().sqrt()  # noqa: E731
+    # This random model amplifies any rounding (float16 K/V alone move its logits ~5% rms
+    # from float32 ones): Q8_0's and bfloat16's distances stay within twice float16's
+    # (measured 1.57x and 1.47x).
     assert rms(native - exact) < 2 * rms(others[torch.float16] - exact)
 
 @needs_native
-def test_a_q8_0_sequence_swaps_out_and_back_bit_for_bit(tiny_q4_k_m):
+@pytest.mark.parametrize("kv_dtype", [torch.uint8, torch.bfloat16])
+def test_a_sequence_swaps_out_and_back_bit_for_bit(tiny_q4_k_m, kv_dtype):
     cfg = tiny_q4_k_m[0]
-    model = _model(tiny_q4_k_m, torch.uint8)
-    cache = PagedKVCache(cfg, device_blocks=64, host_blocks=64, block_size=4, dtype=torch.uint8)
-    assert cache.device_pool.k.shape[-1] == cfg.head_dim // 32 * 34
+    model = _model(tiny_q4_k_m, kv_dtype)
+    cache = PagedKVCache(cfg, device_blocks=64, host_blocks=64, block_size=4, dtype=kv_dtype)
+    assert cache.device_pool.k.shape[-1] == (cfg.head_dim // 32 * 34 if kv_dtype == torch.uint8
+                                             else cfg.head_dim)
     kept, swapped = cache.allocate(), cache.allocate()
     for s in (kept, swapped):
         _logits(model, cache.view(s), PROMPT)
@@ -67,33 +71,36 @@ def test_a_q8_0_sequence_swaps_out_and_back_bit_for_bit(tiny_q4_k_m):
 
 
 @needs_native
-def test_an_engine_plans_q8_0_bytes_and_decodes(tiny_q4_k_m):
+@pytest.mark.parametrize("kv_type,dtype,bytes_per_32", [("q8_0", torch.uint8, 34),
+                                                        ("bf16", torch.bfloat16, 64)])
+def test_an_engine_plans_its_kv_bytes_and_decodes(tiny_q4_k_m, kv_type, dtype, bytes_per_32):
     loaded = load_model(tiny_q4_k_m[2])
-    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type="q8_0"))
+    engine = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type=kv_type))
     cfg, plan = loaded.config, engine.kv_plan
-    assert engine.kv.device_pool.k.dtype == torch.uint8 == engine.kv.host_pool.v.dtype
-    assert plan.block_bytes == 2 * plan.block_size * cfg.n_kv_heads * cfg.head_dim // 32 * 34
+    assert engine.kv.device_pool.k.dtype == dtype == engine.kv.host_pool.v.dtype
+    assert plan.block_bytes == 2 * plan.block_size * cfg.n_kv_heads * cfg.head_dim // 32 * bytes_per_32
     assert plan.block_bytes == engine.kv.device_pool.block_bytes
     done = engine.generate(PROMPT, sampling=GREEDY, max_tokens=6, ignore_eos=True)
     assert len(done.token_ids) == 6
 
 
-def test_q8_0_with_the_float_reference_or_tier_attention_is_an_error():
-    with pytest.raises(ConfigError, match="--kv-type q8_0"):
-        EngineOptions(kv_type="q8_0", weights="fp32")
-    with pytest.raises(ConfigError, match="--kv-type q8_0"):
-        EngineOptions(kv_type="q8_0", gpu_budget=1 << 30, tier_attention="bf16")
+@pytest.mark.parametrize("kv_type", ["q8_0", "bf16"])
+def test_a_kv_type_with_the_float_reference_or_tier_attention_is_an_error(kv_type):
+    with pytest.raises(ConfigError, match=f"--kv-type {kv_type}"):
+        EngineOptions(kv_type=kv_type, weights="fp32")
+    with pytest.raises(ConfigError, match=f"--kv-type {kv_type}"):
+        EngineOptions(kv_type=kv_type, gpu_budget=1 << 30, tier_attention="bf16")
     with pytest.raises(ConfigError, match="--kv-type"):
         EngineOptions(kv_type="q4_0")
 
 
-def test_info_counts_the_q8_0_cache(capsys, tiny_q4_k_m):
+def test_info_counts_the_cache_in_its_type(capsys, tiny_q4_k_m):
     sizes = {}
-    for kv_type in ("f16", "q8_0"):
+    for kv_type in ("f16", "q8_0", "bf16"):
         assert cli.main(["info", "--model", str(tiny_q4_k_m[2]), "--ctx-size", "256",
                          "--kv-type", kv_type, "--json"]) == 0
         sizes[kv_type] = json.loads(capsys.readouterr().out)["memory"]["kv_cache_bytes"]
-    assert sizes["q8_0"] * 64 == sizes["f16"] * 34
+    assert sizes["q8_0"] * 64 == sizes["f16"] * 34 and sizes["bf16"] == sizes["f16"]
 
 
 @needs_native

@@ -54,7 +54,8 @@ def runs_on_file_blocks(options, device: torch.device) -> bool:
 KV_DTYPE = torch.float16
 
 
-KV_TYPE_DTYPES = {"f16": KV_DTYPE, "q8_0": torch.uint8}  # --kv-type q8_0: Q8_0 blocks as bytes
+# --kv-type q8_0: Q8_0 blocks as bytes
+KV_TYPE_DTYPES = {"f16": KV_DTYPE, "q8_0": torch.uint8, "bf16": torch.bfloat16}
 
 
 def kv_value_bytes(dtype: torch.dtype) -> float:

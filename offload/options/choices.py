@@ -24,9 +24,10 @@ WEIGHT_CHOICES = ("auto", "fp32")
 REMOVED_WEIGHTS = {"q8": "removed: the default runtime (--weights auto) reads the file's own "
                          "blocks; --weights fp32 runs the float32 reference"}
 MMAP_CHOICES = ("auto", "on", "off")
-# --kv-type: the file-blocks runtime's KV cache, float16 or Q8_0 blocks (34 bytes per 32
-# values: 0.53x the bytes, as llama.cpp's -ctk/-ctv q8_0).
-KV_TYPES = ("f16", "q8_0")
+# --kv-type: the file-blocks runtime's KV cache, float16, Q8_0 blocks (34 bytes per 32
+# values: 0.53x the bytes, as llama.cpp's -ctk/-ctv q8_0) or bfloat16 (the bytes of float16;
+# AVX512_BF16's dot products where the CPU has them: docs/long-context.md).
+KV_TYPES = ("f16", "q8_0", "bf16")
 # --split under --gpu-budget: hot neurons fill the budget, none hot, or every one hot.
 SPLITS = ("auto", "cpu-only", "gpu-only")
 # FFN rows on the GPU tier: "auto" = "file", the file's own blocks (kernels/tier_blocks.py);
