@@ -1,12 +1,13 @@
 // Two builds of the attention kernel side by side: kernels/csrc/attention.cpp from two source
 // trees (A and B, the second compiled into namespace ember_attention_B), driven from C++ as a
-// decode step meets it: one decoded row over every layer's own float16 (KV=q8_0: Q8_0) K/V in
+// decode step meets it: one decoded row over every layer's own float16 (KV=q8_0: Q8_0; KV=bf16:
+// bfloat16, AVX512_BF16's dot products where the CPU has them unless EMBER_BF16_DOTS=0) K/V in
 // turn (from memory once they outgrow the caches), then one layer's again and again (in
 // cache). A and B alternate round by round, so the host's drift falls on both; the outputs
 // must be the same bits. Built and run by bench/attention_ab.sh (docs/long-context.md, "Measured").
 //
 //   attention_ab KEYS LAYERS ROUNDS      (SHAPE=n_heads,n_kv,head_dim; default 12,2,128;
-//                                         KV=f16 or q8_0, default f16)
+//                                         KV=f16, q8_0 or bf16, default f16)
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -37,10 +38,12 @@ uint8_t* huge_page_buffer(size_t bytes) {
     return pool;
 }
 
-uint8_t* random_half_pool(size_t bytes, std::mt19937& rng) {
+// float16 (or bfloat16) values of a normal distribution
+uint8_t* random_half_pool(size_t bytes, std::mt19937& rng, bool bf16) {
     auto* pool = reinterpret_cast<uint16_t*>(huge_page_buffer(bytes));
     std::normal_distribution<float> normal;
-    for (size_t i = 0; i < bytes / 2; ++i) pool[i] = _cvtss_sh(normal(rng), 0);
+    for (size_t i = 0; i < bytes / 2; ++i)
+        pool[i] = bf16 ? ember_attention::bf16_bits(normal(rng)) : _cvtss_sh(normal(rng), 0);
     return reinterpret_cast<uint8_t*>(pool);
 }
 
@@ -75,25 +78,25 @@ int main(int argc, char** argv) {
     }
     int n_heads = 12, n_kv = 2, hd = 128;
     if (const char* shape = std::getenv("SHAPE")) std::sscanf(shape, "%d,%d,%d", &n_heads, &n_kv, &hd);
-    const char* kv = std::getenv("KV");
-    const bool q8 = kv && std::string(kv) == "q8_0";
-    if (kv && !q8 && std::string(kv) != "f16") {
-        std::fprintf(stderr, "KV must be f16 or q8_0, got %s\n", kv);
+    const std::string kv = std::getenv("KV") ? std::getenv("KV") : "f16";
+    const bool q8 = kv == "q8_0", bf16 = kv == "bf16";
+    if (!q8 && !bf16 && kv != "f16") {
+        std::fprintf(stderr, "KV must be f16, q8_0 or bf16, got %s\n", kv.c_str());
         return 2;
     }
-    if (q8 && hd % ember_attention::Q8_VALUES) {
-        std::fprintf(stderr, "KV=q8_0 needs a head dim that is a multiple of 32\n");
+    if ((q8 || bf16) && hd % 32) {
+        std::fprintf(stderr, "KV=%s needs a head dim that is a multiple of 32\n", kv.c_str());
         return 2;
     }
     using ember_attention::Q8_BYTES, ember_attention::Q8_VALUES;
     const int64_t head = q8 ? int64_t(hd) / Q8_VALUES * Q8_BYTES : int64_t(hd) * 2;
     const int64_t row = n_kv * head;
     std::mt19937 rng(1);
-    auto pool = [&] { return q8 ? random_q8_pool(keys * row, rng) : random_half_pool(keys * row, rng); };
+    auto pool = [&] { return q8 ? random_q8_pool(keys * row, rng) : random_half_pool(keys * row, rng, bf16); };
+    using ember_attention::KvType;
+    const KvType type = q8 ? KvType::Q8_0 : bf16 ? KvType::BF16 : KvType::F16;
     std::vector<ember_attention::KvPools> pools;
-    for (int l = 0; l < layers; ++l)
-        pools.push_back({pool(), pool(), q8 ? ember_attention::KvType::Q8_0 : ember_attention::KvType::F16,
-                         row, head, keys, n_kv, hd});
+    for (int l = 0; l < layers; ++l) pools.push_back({pool(), pool(), type, row, head, keys, n_kv, hd});
     std::vector<float> q(n_heads * hd), out_a(q.size()), out_b(q.size());
     std::normal_distribution<float> normal;
     for (float& x : q) x = normal(rng);
