@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
 from ember.models import quants
+from ember.models.support.errors import ConfigError
 
 from . import cpu_extension
 
@@ -37,16 +38,15 @@ def available() -> bool:
 
 def kv_row_values(dtype: torch.dtype, head_dim: int) -> int:
     """Elements of `dtype` one KV head's head_dim values take in a pool row: head_dim, or the
-    bytes of its Q8_0 blocks for a uint8 pool (ValueError unless whole blocks; a bfloat16
+    bytes of its Q8_0 blocks for a uint8 pool (ConfigError unless whole blocks; a bfloat16
     pool's dot products also take 32 values at a time)."""
-    if dtype == torch.bfloat16 and head_dim % Q8_0_VALUES:
-        raise ValueError(f"a bfloat16 KV cache needs a head dim that is a multiple of "
-                         f"{Q8_0_VALUES}, not {head_dim}")
+    names = {torch.uint8: "--kv-type q8_0", torch.bfloat16: "--kv-type bf16"}
+    if dtype in names and head_dim % Q8_0_VALUES:
+        raise ConfigError(f"{names[dtype]} needs a head dim that is a multiple of "
+                          f"{Q8_0_VALUES}; this model's is {head_dim}: use --kv-type f16",
+                          setting="kv_type")
     if dtype != torch.uint8:
         return head_dim
-    if head_dim % Q8_0_VALUES:
-        raise ValueError(f"a Q8_0 KV cache needs a head dim that is a multiple of "
-                         f"{Q8_0_VALUES}, not {head_dim}")
     return head_dim // Q8_0_VALUES * Q8_0_BYTES
 
 

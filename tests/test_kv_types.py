@@ -116,3 +116,14 @@ def test_the_kv_plan_is_sized_in_the_type_the_tier_pool_is_built_in():
     assert kv_value_bytes(EngineOptions(kv_type="q8_0"), torch.device("cpu")) == 34 / 32
     host = EngineOptions(kv_type="q8_0", gpu_budget=1 << 30, tier_attention="host")
     assert kv_value_bytes(host, torch.device("cuda")) == 34 / 32  # attention stays on the host
+
+
+@needs_native
+@pytest.mark.parametrize("kv_type", ["q8_0", "bf16"])
+def test_a_head_dim_the_type_cannot_take_is_a_clear_error(tiny_models, kv_type):
+    """Both take 32 values at a time: a model with 16-value heads is refused when the engine
+    is built, with the flag to change, not partway into a reply."""
+    loaded = load_model(tiny_models["llama-silu_glu"][2])
+    assert loaded.config.head_dim == 16
+    with pytest.raises(ConfigError, match=f"--kv-type {kv_type} needs a head dim .* use --kv-type f16"):
+        Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type=kv_type))

@@ -172,6 +172,18 @@ def test_trees_with_branches_are_lossless(tiny_models, plain):
         assert max(spec.speculation["accepted_per_step"]) >= 1
 
 
+@pytest.mark.parametrize("kv_type", ["q8_0", "bf16"])
+def test_speculation_is_lossless_on_every_kv_type(tiny_q4_k_m, kv_type):
+    """A tree's rows read a Q8_0 or bfloat16 cache as a decoded token does, to the bit (on a
+    model whose head dim takes them: 64)."""
+    path = tiny_q4_k_m[2]
+    plain_kv = _engine(path, kv_type=kv_type)
+    spec = _engine(path, kv_type=kv_type, speculate="self", tree="2,2,1,1")
+    for text in PROMPTS:
+        assert _greedy(spec, text, 30) == _greedy(plain_kv, text, 30)
+    assert spec.speculation["verifications"] > 0
+
+
 @pytest.mark.parametrize("weights", ["auto", "fp32"])
 def test_self_drafter_reads_a_head_kept_in_host_ram(tiny_models, weights):
     """On a GPU the runtime may wrap the LM head (HostLMHead); the shortlist reads the real one."""

@@ -467,21 +467,23 @@ def _mixed_engine(loaded, monkeypatch, **extra) -> Engine:
     return engine
 
 
-def test_a_mixed_plan_keeps_each_layers_kv_where_its_attention_runs(tiny_q4_k_m, monkeypatch):
+@pytest.mark.parametrize("kv_type,host_dtype", [("q8_0", torch.uint8), ("bf16", torch.bfloat16)])
+def test_a_mixed_plan_keeps_each_layers_kv_where_its_attention_runs(tiny_q4_k_m, monkeypatch,
+                                                                    kv_type, host_dtype):
     """Tier layers' K/V in a pool of the tier's float16, host layers' in host RAM in
-    --kv-type q8_0 (what the C++ attention reads), each pool holding its layers' share of
-    the plan's blocks; the tier is charged the device pool's bytes, at float16; greedy output
-    is the unsplit q8_0 engine's up to a near-tie."""
+    --kv-type q8_0 or bf16 (what the C++ attention reads), each pool holding its layers'
+    share of the plan's blocks; the tier is charged the device pool's bytes, at float16;
+    greedy output is the unsplit engine's (same --kv-type) up to a near-tie."""
     loaded = load_model(tiny_q4_k_m[2])
-    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type="q8_0"))
+    dense = Engine(loaded, EngineOptions(device="cpu", n_ctx=64, kv_type=kv_type))
     want, gaps = greedy_with_gaps(dense, PROMPT, 8)
-    engine = _mixed_engine(loaded, monkeypatch, kv_type="q8_0")
+    engine = _mixed_engine(loaded, monkeypatch, kv_type=kv_type)
     try:
         kv, on = engine.kv, engine.hybrid.plan.tier_layers()
         _kv_charge_is_the_pool_built(engine, on)
         assert kv.device_pool.k.dtype == torch.float16 == kv.host_pool.k.dtype
-        assert kv.host_layer_pool.k.dtype == torch.uint8
-        cfg = loaded.config  # float16 K and V, not Q8_0's bytes
+        assert kv.host_layer_pool.k.dtype == host_dtype
+        cfg = loaded.config  # float16 K and V, not the host type's bytes
         assert engine.kv_plan.block_bytes == 2 * engine.kv_plan.block_size * cfg.n_kv_heads \
             * cfg.head_dim * 2
         got, _ = greedy_with_gaps(engine, PROMPT, 8)
@@ -494,7 +496,7 @@ def test_a_mixed_plan_keeps_each_layers_kv_where_its_attention_runs(tiny_q4_k_m,
         # the model's own contiguous cache keeps the same split, and computes the same
         model = engine.model
         cache = model.new_cache(32)
-        assert cache.k.dtype == torch.float16 and cache.host_k.dtype == torch.uint8
+        assert cache.k.dtype == torch.float16 and cache.host_k.dtype == host_dtype
         assert cache.k.shape[0] == len(on) and cache.host_k.shape[0] == host
         contiguous = model.logits(model.hidden(torch.tensor(PROMPT), cache))[-1]
         torch.testing.assert_close(contiguous, engine.runner.prefill("again", PROMPT))
