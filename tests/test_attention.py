@@ -176,11 +176,12 @@ def _bf16_dots_or_skip(kernels):
 @needs_kernels
 @pytest.mark.parametrize("n_heads,n_kv,hd,window", [(12, 2, 128, None), (4, 1, 256, 17),
                                                    (16, 8, 64, None), (8, 8, 128, 33),
-                                                   (3, 1, 96, 40)])
+                                                   (3, 1, 96, 40), (2, 1, 512, None)])
 def test_bf16_dot_products_give_the_float_paths_bits(path_and_threads, n_heads, n_kv, hd, window):
     """A decoded row over a bfloat16 pool, with AVX512_BF16's dot products (vdpbf16ps) and
     with the float fmas that write out their arithmetic: the same bits, at every position of
-    a chunk (windows start a row's keys at odd positions) and on 1 or 2 threads."""
+    a chunk (windows start a row's keys at odd positions) and on 1 or 2 threads (512-value
+    heads: the scores past the dot path's 256 take the float path, its values the dots)."""
     kernels = cpu_extension.load()
     before = _bf16_dots_or_skip(kernels)
     try:

@@ -21,15 +21,19 @@ namespace ember_attention {
 
 struct Avx512Bf16Dots : SimdKernels<Avx512> {
     using Base = SimdKernels<Avx512>;
-    static constexpr int MAX_HEADS = 6, MAX_GROUPS = 8;  // reads_in_place: <= 6 heads; hd <= 256
+    // the query pairs a call holds: reads_in_place gives at most 6 heads; head dims to 256
+    static constexpr int MAX_HEADS = 6, MAX_GROUPS = 8;
 
-    // As Base::scores; a bfloat16 row's keys go to the dot products.
+    // As Base::scores; a bfloat16 row's keys go to the dot products (larger heads, which no
+    // model here has, to the float path: the same bits).
     template <class E, class Hook = NoHook>
     static void scores(const float* const* q, int nq, const E* const* k, int x0, int x1, int64_t hd,
                        float scale, float* s, int lds, const Hook& before_tile = {}) {
         if constexpr (!std::is_same_v<E, Bf16Row>) {
             Base::scores(q, nq, k, x0, x1, hd, scale, s, lds, before_tile);
         } else {
+            if (nq > MAX_HEADS || hd > MAX_GROUPS * BF16_PAIRS)
+                return Base::scores(q, nq, k, x0, x1, hd, scale, s, lds, before_tile);
             const int groups = static_cast<int>(hd / BF16_PAIRS);
             __m512i qp[MAX_HEADS * MAX_GROUPS];
             for (int i = 0; i < nq; ++i)
