@@ -65,9 +65,6 @@ def _file_matmul(slot: str, x: torch.Tensor, weights: list[QTensor]) -> torch.Te
     return block_matmul(x, weights)
 
 
-# A reference pass's matmuls go through matmul(slot, x, weights), slot one of "qkv", "o",
-# "gate_up", "down": a caller can watch or change one matmul's input (input thresholds'
-# calibration and their masked reference, offload/body/input_sparsity.py).
 def bf16_flushed(values: torch.Tensor) -> torch.Tensor:
     """float32 values as a bfloat16 pool stores them: rounded to nearest even, subnormals as
     signed zeros (AVX512_BF16's dot products read them as zeros; csrc/attention_math.h)."""
@@ -75,6 +72,9 @@ def bf16_flushed(values: torch.Tensor) -> torch.Tensor:
     return torch.where(values.abs() < tiny, values * 0, values).bfloat16()
 
 
+# A reference pass's matmuls go through matmul(slot, x, weights), slot one of "qkv", "o",
+# "gate_up", "down": a caller can watch or change one matmul's input (input thresholds'
+# calibration and their masked reference, offload/body/input_sparsity.py).
 def _store(pool: torch.Tensor, slot: int, values: torch.Tensor) -> None:
     """One position's K or V (n_kv, hd) into a pool row in the pool's type (a uint8 pool
     holds Q8_0 blocks: the bytes csrc/attention.cpp's store_row writes)."""
