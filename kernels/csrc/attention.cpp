@@ -47,6 +47,9 @@ constexpr int SPREAD_TILE_KEYS = 4; // score tiles this short prefetch as they g
 // the 1.5B's rows: 2 x 128 values x 64 positions); a model with many KV heads (Llama 2 7B's
 // 32) takes them a few at a time rather than a megabyte of scratch per thread.
 constexpr int64_t ITEM_VALUES_BYTES = 64 << 10;
+#ifdef EMBER_ATTENTION_AVX512
+static_assert(CHUNK <= 2 * Avx512Bf16Dots::MAX_PAIRS, "the bfloat16 dot products hold a chunk's weight pairs");
+#endif
 
 // A row's keys in one chunk: x in [a, b) is position c0 + x, pool row at[x - a].
 struct Span {

@@ -23,6 +23,7 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
     using Base = SimdKernels<Avx512>;
     // the query pairs a call holds: reads_in_place gives at most 6 heads; head dims to 256
     static constexpr int MAX_HEADS = 6, MAX_GROUPS = 8;
+    static constexpr int MAX_PAIRS = 32;  // a chunk's positions in pairs (attention.cpp checks)
 
     // As Base::scores; a bfloat16 row's keys go to the dot products (larger heads, which no
     // model here has, to the float path: the same bits).
@@ -59,7 +60,7 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
             const int64_t block = hd % 64 == 0 ? 64 : BF16_PAIRS;
             for (int h = 0; h < nh; h += MAX_HEADS) {
                 const int n = nh - h < MAX_HEADS ? nh - h : MAX_HEADS;
-                uint32_t pairs[MAX_HEADS][32 + 1];  // a chunk's 64 positions, in pairs
+                uint32_t pairs[MAX_HEADS][MAX_PAIRS];
                 for (int i = 0; i < n; ++i)
                     for (int x = a & ~1; x < b; x += 2) pairs[i][x / 2] = weight_pair(p[h + i], x);
                 for (int64_t col = 0; col < hd; col += block) {
@@ -117,7 +118,7 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
     }
 
     template <int G2>
-    static void value_heads(const uint32_t (*pairs)[33], int nh, const Bf16Row* const* v, int a, int b,
+    static void value_heads(const uint32_t (*pairs)[MAX_PAIRS], int nh, const Bf16Row* const* v, int a, int b,
                             int64_t col, float* const* O, const Fold* f) {
         switch (nh) {
             case 1: value_block<G2, 1>(pairs, v, a, b, col, O, f); break;
@@ -134,7 +135,7 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
     // interleave works within 128-bit lanes, so lane 4j + e of the `lo` accumulator holds
     // column 8j + e and of `hi` 8j + 4 + e; they are put back in order at the end.
     template <int G2, int NH>
-    static EMBER_INLINE void value_block(const uint32_t (*pairs)[33], const Bf16Row* const* v, int a, int b,
+    static EMBER_INLINE void value_block(const uint32_t (*pairs)[MAX_PAIRS], const Bf16Row* const* v, int a, int b,
                                          int64_t col, float* const* O, const Fold* f) {
         __m512 acc[NH][2 * G2];
         for (int h = 0; h < NH; ++h)
