@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "attention_simd.h"
@@ -60,9 +59,9 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
             const int64_t block = hd % 64 == 0 ? 64 : BF16_PAIRS;
             for (int h = 0; h < nh; h += MAX_HEADS) {
                 const int n = nh - h < MAX_HEADS ? nh - h : MAX_HEADS;
-                uint32_t pairs[MAX_HEADS][MAX_PAIRS];
+                alignas(64) uint32_t pairs[MAX_HEADS][MAX_PAIRS];
                 for (int i = 0; i < n; ++i)
-                    for (int x = a & ~1; x < b; x += 2) pairs[i][x / 2] = weight_pair(p[h + i], x);
+                    for (int x = a & ~31; x < b; x += 32) weight_pairs(p[h + i] + x, pairs[i] + x / 2);
                 for (int64_t col = 0; col < hd; col += block) {
                     if (block == 64) value_heads<2>(pairs, n, v, a, b, col, O + h, f + h);
                     else value_heads<1>(pairs, n, v, a, b, col, O + h, f + h);
@@ -81,13 +80,12 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
                                _mm512_srli_epi32(even, 16));
     }
 
-    // Weights of positions x (upper half: vdpbf16ps adds it first) and x + 1 (lower), bfloat16
-    // already (exp_sum rounded them); outside the row's keys they are 0 (exp_sum's zeros).
-    static uint32_t weight_pair(const float* p, int x) {
-        uint32_t first, second;
-        std::memcpy(&first, p + x, 4);
-        std::memcpy(&second, p + x + 1, 4);
-        return (first & 0xffff0000u) | (second >> 16);
+    // The weights of 32 positions as 16 pairs: position x in a lane's upper half (vdpbf16ps
+    // adds it first), x + 1 below; bfloat16 already (exp_sum rounded them), so the packing is
+    // exact. Outside the row's keys they are 0 (exp_sum's zeros) where a pair reads them.
+    static EMBER_INLINE void weight_pairs(const float* p, uint32_t* out) {
+        const __m512i packed = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + LANES), _mm512_loadu_ps(p));
+        _mm512_store_si512(out, _mm512_rol_epi32(packed, 16));  // (x + 1, x) -> (x, x + 1)
     }
 
     template <int QN, class Hook>
