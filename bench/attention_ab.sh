@@ -3,7 +3,8 @@
 #   bench/attention_ab.sh A_CSRC B_CSRC KEYS LAYERS ROUNDS
 # e.g. a copy of kernels/csrc from before a change against the working tree, the 1.5B's shape
 # at 6k: bench/attention_ab.sh /tmp/csrc_before kernels/csrc 6144 28 60
-# (SHAPE=32,32,128 for Llama 2 7B's; KV=q8_0 or bf16 for those pools). AVX-512 machines; flags as
+# (SHAPE=32,32,128 for Llama 2 7B's; KV=q8_0 or bf16 for those pools; the driver builds against
+# A's headers, so a tree from before bfloat16 pools (2026-12-04) goes as B). AVX-512 machines; flags as
 # kernels/cpu_extension.py's AVX-512 build, or with BUILD=v3 its AVX2 build's (where the kernel
 # runs the AVX2 path).
 # One run's ratio moves by a few percent on this host: a tree against itself read 0.998-1.029,

@@ -204,7 +204,8 @@ def test_bf16_dot_products_give_the_float_paths_bits(path_and_threads, n_heads, 
 
 def test_bf16_pools_store_rounded_values_without_subnormals():
     """bf16_flushed: nearest-even rounding, subnormals as signed zeros (the dot products would
-    read them as zeros), the kernels' store_row the same bytes (through a decode step)."""
+    read them as zeros). The kernels' store_row writes the same bytes: tests/test_kv_types.py
+    runs a step against its Python chain."""
     x = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1e-39, -1e-39, 3e38, -2.5])
     got = bf16_flushed(x)
     assert got.dtype == torch.bfloat16

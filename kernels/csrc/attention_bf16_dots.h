@@ -159,16 +159,9 @@ struct Avx512Bf16Dots : SimdKernels<Avx512> {
         const __m512i last16 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
         for (int h = 0; h < NH; ++h)
             for (int u = 0; u < G2; ++u)
-                for (int half = 0; half < 2; ++half) {
-                    const __m512 o16 = _mm512_permutex2var_ps(acc[h][2 * u], half ? last16 : first16, acc[h][2 * u + 1]);
-                    float* o = O[h] + col + u * BF16_PAIRS + half * LANES;
-                    const __m512 c = _mm512_set1_ps(f[h].coef);
-                    switch (f[h].how) {
-                        case Merge::FIRST: _mm512_storeu_ps(o, o16); break;
-                        case Merge::SCALE_CHUNK: _mm512_storeu_ps(o, _mm512_fmadd_ps(o16, c, _mm512_loadu_ps(o))); break;
-                        case Merge::SCALE_RUNNING: _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(o), c, o16)); break;
-                    }
-                }
+                for (int half = 0; half < 2; ++half)
+                    merge_into(O[h] + col + u * BF16_PAIRS + half * LANES,
+                               _mm512_permutex2var_ps(acc[h][2 * u], half ? last16 : first16, acc[h][2 * u + 1]), f[h]);
     }
 };
 

@@ -32,6 +32,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "block_formats.h"  // bf16: a bfloat16's value, as the weights' kernels read it
+
 namespace ember_attention {
 
 constexpr int LANES = 16;
@@ -64,12 +66,7 @@ inline uint16_t bf16_bits(float x) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
     return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-inline float bf16_value(uint16_t bits) {
-    const uint32_t u = static_cast<uint32_t>(bits) << 16;
-    float x;
-    std::memcpy(&x, &u, 4);
-    return x;
-}
+inline float bf16_value(uint16_t bits) { return ember_blocks::bf16(reinterpret_cast<const uint8_t*>(&bits)); }
 inline float bf16_round(float x) { return bf16_value(bf16_bits(x)); }
 
 // A KV head's bfloat16 values in a pool row (only ever pointed to: read in place).

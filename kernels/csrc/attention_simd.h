@@ -177,15 +177,17 @@ struct SimdKernels {
             }
         }
         for (int h = 0; h < NH; ++h)
-            for (int w = 0; w < W; ++w) {
-                float* o = O[h] + col + LANES * w;
-                const T c = V::bcast(f[h].coef);
-                switch (f[h].how) {
-                    case Merge::FIRST: V::store(o, acc[h][w]); break;
-                    case Merge::SCALE_CHUNK: V::store(o, V::fma(acc[h][w], c, V::load(o))); break;
-                    case Merge::SCALE_RUNNING: V::store(o, V::fma(V::load(o), c, acc[h][w])); break;
-                }
-            }
+            for (int w = 0; w < W; ++w) merge_into(O[h] + col + LANES * w, acc[h][w], f[h]);
+    }
+
+    // 16 values of a chunk's o joined into O's at `out` as f says (attention_math.h's merge).
+    static EMBER_INLINE void merge_into(float* out, T o, Fold f) {
+        const T c = V::bcast(f.coef);
+        switch (f.how) {
+            case Merge::FIRST: V::store(out, o); break;
+            case Merge::SCALE_CHUNK: V::store(out, V::fma(o, c, V::load(out))); break;
+            case Merge::SCALE_RUNNING: V::store(out, V::fma(V::load(out), c, o)); break;
+        }
     }
 
     // Heads in blocks of up to NH_MAX: each value vector loaded once per block (a load per
