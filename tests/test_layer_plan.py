@@ -109,3 +109,21 @@ def test_a_card_too_small_for_the_budget_is_refused_and_plans_name_theirs():
     past = plan_speeds(64 << 30)
     assert past.tier.memory == 64 << 30 and past.tier.gbps == CARDS["rtx4090"].gbps
     assert plan_speeds(4 << 30, CARDS["rtx4090"]).tier is CARDS["rtx4090"]
+
+
+def test_a_named_card_wins_over_the_cuda_device_and_without_a_name_the_device_prices(
+        monkeypatch):
+    """`--gpu NAME` prices the plan for that card on any machine (a plan for another card,
+    made on a big GPU); unnamed, the CUDA device's own properties do. The device is a
+    stand-in for `torch.cuda.get_device_properties`, so this runs without CUDA."""
+    import types
+
+    import torch
+
+    props = types.SimpleNamespace(name="NVIDIA H200", total_memory=140 << 30,
+                                  memory_clock_rate=2_619_000, memory_bus_width=6144)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    cuda = torch.device("cuda")
+    assert plan_speeds(8 << 30, CARDS["rtx4060"], cuda).tier is CARDS["rtx4060"]
+    own = plan_speeds(8 << 30, None, cuda).tier
+    assert (own.name, own.source, own.memory) == ("NVIDIA H200", "device", 140 << 30)

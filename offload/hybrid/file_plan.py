@@ -22,7 +22,7 @@ def plan_file(cfg, weights, budget: int, n_ctx: int, kv_pool: int, split: str = 
               gpu: str | None = None, device=None, order=None, activity=None,
               kv_layers=None) -> MemoryPlan:
     """The whole-model plan of a file for `budget` tier bytes and a KV pool of `kv_pool`
-    bytes, priced for a CUDA `device`'s own properties, else the card `gpu` names, else the
+    bytes, priced for the card `gpu` names, else a CUDA `device`'s own properties, else the
     table's first card with the budget's memory (`layer_plan.plan_speeds`). `order`: per
     layer, neurons hottest first (a profile's); `activity`: their firing probabilities where
     a predictor lets the host skip cold ones. `kv_layers`: each layer's share of `kv_pool`

@@ -4,10 +4,10 @@ the device itself, or the CPU standing in for one.
 Figures are the vendors' documented ones (NVIDIA's product pages: memory size, memory
 bandwidth, PCIe generation and lanes). A plan prices reads at `ACHIEVED` of the documented
 bandwidth, the same fraction for Ember and for llama.cpp (batch-1 decode of quantized blocks
-reaches about 60-80% of the peak on these cards in either engine). On a real CUDA device its
-own properties win (`device_card`): its memory and, where PyTorch reports the memory clock
-and bus width, its bandwidth; the link is the table's when the name matches, else PCIe 4.0
-x16. The "cpu" profile (`cpu_card`) is the host measured as a tier: the copy bandwidth
+reaches about 60-80% of the peak on these cards in either engine). A card named with `--gpu`
+is priced as named; without one, a real CUDA device's own properties (`device_card`): its
+memory and, where PyTorch reports the memory clock and bus width, its bandwidth; the link is
+the table's when the name matches, else PCIe 4.0 x16. The "cpu" profile (`cpu_card`) is the host measured as a tier: the copy bandwidth
 `ember bench decode` measures, no link to cross.
 """
 

@@ -26,10 +26,11 @@ if TYPE_CHECKING:
 
 
 def plan_speeds(budget: int, card: GpuCard | None = None, device=None) -> DecodeSpeeds:
-    """The card a plan is priced for: a CUDA device's own properties first, else `card`
-    (`--gpu NAME`), else the table's first card with `budget` bytes (the fastest card's
-    figures, at that size, past the table); the host at Ember's measured decode rate."""
-    if device is not None and getattr(device, "type", None) == "cuda":
+    """The card a plan is priced for: `card` (`--gpu NAME`: a named card wins, so a plan
+    for another card can be made anywhere), else a CUDA device's own properties, else the
+    table's first card with `budget` bytes (the fastest card's figures, at that size, past
+    the table); the host at Ember's measured decode rate."""
+    if card is None and device is not None and getattr(device, "type", None) == "cuda":
         import torch
 
         from .gpu_cards import device_card
