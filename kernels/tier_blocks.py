@@ -9,10 +9,13 @@ one place (`block_kernels_on`):
     a CPU tier (the tests' stand-in, and the C++ kernels built)   kernels/block_matmul.py:
         the host's own arithmetic (x rounded to int8 per block, integer dot products), so a
         layer on the CPU tier computes the bits the unsplit model computes;
-    any other device (CUDA)                                        `tier_blocks_matmul`:
+    any other device (CUDA), a decoded token or a draft tree        kernels/tier_blocks_triton.py:
+        one Triton kernel per matrix decodes the blocks in registers and multiplies them
+        into x (float32; the file's bytes read once, GGML's values bit for bit);
+    a prompt's many rows, a type that kernel lacks, or no Triton   `tier_blocks_matmul`:
         a tile of rows at a time, the blocks decoded on the device by torch ops
         (models/quants.py:decode_blocks, GGML's values bit for bit) into the tier's 16-bit
-        type, then one matmul. A fused dequantizing kernel can replace it later.
+        type, then one matmul.
 
 `tier_blocks_matmul_reference` is the same product in float64 on the host, from the blocks'
 values (`quants.dequantize`). Nothing here imports a GPU library: the tensors' device
@@ -30,6 +33,7 @@ from ember.models import quants
 from ember.models.weights import ROW_GROUP, QTensor
 
 from . import block_matmul as bm
+from . import tier_blocks_triton as fused_blocks
 
 TILE_VALUES = 1 << 22  # weight values decoded at a time (16 MB of float32 intermediates)
 FORMAT = "file"
@@ -59,6 +63,7 @@ class TierBlocks:
     parts: tuple[QTensor, ...]  # raw bytes on the tier device
     native: bool  # multiplied by the C++ block kernels (a CPU tier)
     half: torch.dtype  # the decoding path's matmul type
+    fused: bool = False  # a few rows of x go to the fused Triton kernel (tier_blocks_triton)
     fmt: str = FORMAT
     error: float = 0.0  # the file's values themselves
 
@@ -73,7 +78,10 @@ class TierBlocks:
         # rows as the file has them (row groups are the host's one-token layout)
         parts = tuple(QTensor(t.file_layout().raw.reshape(-1).to(device), t.qtype, tuple(t.shape))
                       for t in tensors)
-        return cls(parts, block_kernels_on(device), half)
+        native = block_kernels_on(device)
+        fused = (not native and fused_blocks.usable(device)
+                 and all(fused_blocks.supports(t.qtype) for t in parts))
+        return cls(parts, native, half, fused)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -98,6 +106,8 @@ class TierBlocks:
         """x (T, K) on the tier -> (T, sum N_i) float32 there."""
         if self.native:
             return bm.block_matmul(x.float().contiguous(), list(self.parts))
+        if self.fused and x.shape[0] <= fused_blocks.MAX_ROWS:
+            return fused_matmul(x, self.parts)
         return tier_blocks_matmul(x, self.parts, self.half)
 
     def dequantize(self) -> torch.Tensor:
@@ -113,6 +123,18 @@ def _decoded(t: QTensor, r0: int, r1: int) -> torch.Tensor:
     per_row = k // values
     blocks = t.raw.view(n * per_row, nbytes)[r0 * per_row: r1 * per_row]
     return quants.decode_blocks(blocks, int(t.qtype)).view(r1 - r0, k)
+
+
+def fused_matmul(x: torch.Tensor, parts) -> torch.Tensor:
+    """x (T, K) @ [W_i]^T by the fused Triton kernel, each W_i into its columns of one
+    (T, sum N_i) float32 result (no concatenation)."""
+    y = torch.empty(x.shape[0], sum(t.shape[0] for t in parts), dtype=torch.float32,
+                    device=x.device)
+    col = 0
+    for t in parts:
+        fused_blocks.block_matmul(x, t.raw, t.qtype, t.shape, out=y[:, col:col + t.shape[0]])
+        col += t.shape[0]
+    return y
 
 
 def tier_blocks_matmul(x: torch.Tensor, parts, half: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,179 @@
+"""The file's GGML blocks multiplied on a GPU in one Triton kernel per matrix: each block's
+values decoded in registers as they are read and multiplied into x there, so the tier reads
+exactly the file's bytes once per token and launches one kernel per matrix.
+
+Why: the torch decoding path (`tier_blocks.tier_blocks_matmul`) decodes a tile of rows with
+dozens of small torch ops and writes float32 intermediates before one matmul: on an H200 a
+TinyLlama-1.1B layer took 3 ms that way (about a thousand kernel launches a layer), which made
+the GPU tier slower than the CPU. Here y (T, N) = x (T, K) @ W^T for a few rows of x (a
+decoded token, a draft tree's rows): program (tile, t) decodes BLOCK_N rows of W for
+BLOCK_K values at a time and accumulates w * x[t] elementwise, then sums each row once. A
+row's bits do not depend on T or on the rows beside it (batch invariance: a verified tree's
+rows equal plain decoding's), and each value is decoded as `models/block_decoders.py` decodes
+it (the same float32 operations in the same order), so a one-hot x reads W's values exactly.
+
+Types: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K (what Q4_K_M files are made of); other types, and more
+than `MAX_ROWS` rows of x (a prompt), take the torch decoding path. Triton comes with CUDA
+builds of PyTorch; without a CUDA device the same kernels run in Triton's interpreter (the
+tests' CPU path). `EMBER_TIER_TRITON=0` turns this path off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from gguf import GGMLQuantizationType as Q
+
+# Bound on first use (`_import_triton`): imported at that moment, Triton takes its mode from
+# TRITON_INTERPRET, which the tests set only around their own calls.
+triton = tl = None
+
+MAX_ROWS = 32  # rows of x taken here (a token, a draft tree); more (a prompt) share one matmul
+BLOCK_N = 4  # rows of W a program decodes
+BLOCK_K = 256  # values of a row a program decodes at a time (one K-quant super-block)
+NUM_WARPS = 1  # warps a program runs on
+
+# GGML type -> (values a block holds, bytes a block takes, its code here)
+_TYPES = {int(Q.Q4_0): (32, 18, 0), int(Q.Q5_0): (32, 22, 1), int(Q.Q8_0): (32, 34, 2),
+          int(Q.Q4_K): (256, 144, 3), int(Q.Q6_K): (256, 210, 4)}
+
+
+def usable(device: torch.device) -> bool:
+    """Whether tier blocks on `device` multiply here: Triton present, a CUDA device (or the
+    interpreter's CPU stand-in, for tests), and not turned off."""
+    if os.environ.get("EMBER_TIER_TRITON", "1") == "0":
+        return False
+    if torch.device(device).type != "cuda" and not _interpreted():
+        return False
+    return _import_triton()
+
+
+def _import_triton() -> bool:
+    """Whether Triton imports (it comes with CUDA builds of PyTorch, not with CPU ones)."""
+    global triton, tl
+    if triton is None:
+        try:
+            import triton
+            import triton.language as tl
+        except ImportError:
+            return False
+    return True
+
+
+def _interpreted() -> bool:
+    return bool(os.environ.get("TRITON_INTERPRET"))
+
+
+def supports(qtype: int) -> bool:
+    return int(qtype) in _TYPES
+
+
+def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (T, K) float @ W^T for W (N, K) in GGML type `qtype`, its blocks `raw` (flat uint8,
+    rows as the file has them) on x's device: (T, N) float32, written into `out` where given
+    (a (T, N) float32 view with unit column stride, e.g. columns of a wider result).
+    T <= MAX_ROWS."""
+    n, k = shape
+    values, nbytes, code = _TYPES[int(qtype)]
+    if k % values or raw.numel() != n * k // values * nbytes:
+        raise ValueError(f"blocks of {raw.numel()} bytes are not a ({n}, {k}) type-{qtype} matrix")
+    if raw.storage_offset() % 2:  # the float16 scales are read through a 2-byte view
+        raw = raw.clone()
+    x = x.float().contiguous()
+    t = x.shape[0]
+    if not 0 < t <= MAX_ROWS:
+        raise ValueError(f"{t} rows of x: this kernel takes 1..{MAX_ROWS}")
+    y = torch.empty(t, n, dtype=torch.float32, device=x.device) if out is None else out
+    if y.shape != (t, n) or y.dtype != torch.float32 or (n > 1 and y.stride(1) != 1):
+        raise ValueError(f"out must be ({t}, {n}) float32 with unit column stride")
+    grid = ((n + BLOCK_N - 1) // BLOCK_N, t)
+    _kernel()[grid](x, raw, raw.view(torch.float16), y, n, k, k // values * nbytes, y.stride(0),
+                    CODE=code, VALUES=values, BYTES=nbytes, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                    num_warps=NUM_WARPS)
+    return y
+
+
+_compiled = {}
+
+
+def _kernel():
+    """The kernel, made once per mode: jit-compiled for the GPU, or interpreted on the CPU."""
+    if not _import_triton():
+        raise RuntimeError("the fused tier kernel needs Triton (it comes with CUDA builds of "
+                           "PyTorch); set EMBER_TIER_TRITON=0 to decode with torch ops")
+    interpret = _interpreted()
+    if interpret not in _compiled:
+        if interpret:
+            from triton.runtime.interpreter import InterpretedFunction
+            _compiled[interpret] = InterpretedFunction(_gemv_source)
+        else:
+            _compiled[interpret] = triton.jit(_gemv_source)
+    return _compiled[interpret]
+
+
+def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl.constexpr,
+                 VALUES: tl.constexpr, BYTES: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    # program (tile, t): rows tile*BLOCK_N.. of W against row t of x
+    t = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in = rows < N
+    row_at = rows.to(tl.int64)[:, None] * row_bytes  # byte offset of each row
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_in = k < K
+        xk = tl.load(x_ptr + t * K + k, mask=k_in, other=0.0)
+        mask = row_in[:, None] & k_in[None, :]
+        at = row_at + (k // VALUES * BYTES)[None, :]  # byte offset of each value's block
+        p = (k % VALUES)[None, :]  # each value's place in its block
+        if CODE == 0:  # Q4_0: d @0 | qs[16] @2; value p: nibble p // 16 of qs[p % 16], minus 8
+            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
+            qs = tl.load(w_ptr + at + 2 + p % 16, mask=mask, other=0).to(tl.int32)
+            w = ((qs >> (4 * (p // 16))) & 15) - 8
+            w = w.to(tl.float32) * d
+        elif CODE == 1:  # Q5_0: d @0 | qh u32 @2 (bit p: value p's fifth bit) | qs[16] @6
+            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
+            qh = tl.load(w_ptr + at + 2 + p // 8, mask=mask, other=0).to(tl.int32)
+            qs = tl.load(w_ptr + at + 6 + p % 16, mask=mask, other=0).to(tl.int32)
+            w = (((qs >> (4 * (p // 16))) & 15) | (((qh >> (p % 8)) & 1) << 4)) - 16
+            w = w.to(tl.float32) * d
+        elif CODE == 2:  # Q8_0: d @0 | qs int8[32] @2
+            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
+            q = tl.load(w_ptr + at + 2 + p, mask=mask, other=0).to(tl.int8, bitcast=True)
+            w = q.to(tl.float32) * d
+        elif CODE == 3:  # Q4_K: d @0 | dmin @2 | scales[12] @4 | qs[128] @16
+            # sub-block j = p // 32: low nibbles of qs[32(j//2)..] for even j, high for odd;
+            # 6-bit scale and min from the 12 bytes (block_decoders._k_scale_min)
+            j = p // 32
+            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
+            dmin = tl.load(h_ptr + at // 2 + 1, mask=mask, other=0.0).to(tl.float32)
+            lo = j < 4
+            a = tl.load(w_ptr + at + 4 + j % 4, mask=mask, other=0).to(tl.int32)
+            b = tl.load(w_ptr + at + 8 + j % 4, mask=mask, other=0).to(tl.int32)
+            c = tl.load(w_ptr + at + 12 + j % 4, mask=mask, other=0).to(tl.int32)
+            sc = tl.where(lo, a & 63, (c & 15) | ((a >> 6) << 4))
+            mn = tl.where(lo, b & 63, (c >> 4) | ((b >> 6) << 4))
+            qs = tl.load(w_ptr + at + 16 + 32 * (j // 2) + p % 32, mask=mask, other=0)
+            q = (qs.to(tl.int32) >> (4 * (j % 2))) & 15
+            w = q.to(tl.float32) * (d * sc.to(tl.float32)) - dmin * mn.to(tl.float32)
+        else:  # Q6_K: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d @208
+            # p = 128 half + 32 quarter + l: low 4 bits nibble (quarter // 2) of
+            # ql[64 half + 32 (quarter % 2) + l], high 2 bits bits 2 quarter.. of
+            # qh[32 half + l], minus 32, scaled by scales[8 half + 2 quarter + l // 16]
+            half = p // 128
+            quarter = (p // 32) % 4
+            l = p % 32
+            d = tl.load(h_ptr + (at + 208) // 2, mask=mask, other=0.0).to(tl.float32)
+            ql = tl.load(w_ptr + at + 64 * half + 32 * (quarter % 2) + l, mask=mask, other=0)
+            qh = tl.load(w_ptr + at + 128 + 32 * half + l, mask=mask, other=0)
+            sc = tl.load(w_ptr + at + 192 + 8 * half + 2 * quarter + l // 16, mask=mask,
+                         other=0).to(tl.int8, bitcast=True)
+            q = ((ql.to(tl.int32) >> (4 * (quarter // 2))) & 15) | \
+                (((qh.to(tl.int32) >> (2 * quarter)) & 3) << 4)
+            w = (q - 32).to(tl.float32) * (d * sc.to(tl.float32))
+        acc += w * xk[None, :]
+    y = tl.sum(acc, axis=1)
+    tl.store(y_ptr + t * y_stride + rows, y, mask=row_in)
