@@ -4,11 +4,13 @@
 #   bench/gpu_check.sh [OUT_DIR]          (from the repo root; OUT_DIR defaults to $OUT or
 #                                          /tmp/gpu_check; logs and summary.json go there)
 #
-# Made for a lent machine that has CUDA PyTorch and nothing to download from: the only
-# Python package Ember needs that such an image lacks is `gguf` (pure Python), carried as a
-# wheel in .whl/ (made here beforehand; docs/gpu-tier.md, "Checks for a lent GPU"):
+# Made for a lent machine that has CUDA PyTorch and nothing to download from: the pure-Python
+# and abi3 packages Ember needs that such an image may lack travel as wheels in .whl/ (made
+# here beforehand, and carried: the folder is git-ignored; docs/gpu-tier.md, "Checks for a
+# lent GPU"). A wheel is installed only where its module does not import already:
 #   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl \
+#       gguf pulp psutil safetensors tokenizers llguidance ninja
 # A llama-cpp-python wheel built with CUDA may be carried there too; without one (or with a
 # CPU-only one) the llama.cpp side of each budget is skipped or runs on the CPU, and the
 # summary says which ("llama_cpp"). No model travels (the default model is 253 MB): a
@@ -16,7 +18,8 @@
 # (real shape, real types).
 #
 # Steps: install (wheels, then Ember editable, no index), build the C++ kernels, the tests
-# marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on the GPU, int8/int4
+# marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on the GPU by the
+# fused Triton kernel and by torch ops, int8/int4
 # attention and LM head, three budgets each, a verified tree's rows against plain decode's
 # bit for bit, CUDA graphs of the hot FFN), `bench decode` on CUDA at three GPU budgets
 # (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
@@ -48,9 +51,16 @@ within() {  # NAME CAP COMMAND...: COMMAND for at most CAP s and what is left be
 }
 
 step "install"
-if ls .whl/*.whl >/dev/null 2>&1; then
+missing=()
+for wheel in .whl/*.whl; do
+    [ -f "$wheel" ] || continue
+    module=$(basename "$wheel"); module=${module%%-*}; module=${module,,}
+    $PY -c "import $module" 2>/dev/null || missing+=("$wheel")
+done
+if (( ${#missing[@]} )); then
+    echo "gpu_check: installing ${missing[*]}" >&2
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/ember-site .whl/*.whl || exit 1
+        --target /tmp/ember-site "${missing[@]}" || exit 1
     export PYTHONPATH=/tmp/ember-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
@@ -75,6 +85,7 @@ within kernels 150 $PY -c \
 
 step "tests"
 within tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py tests/test_tier_weights.py \
+    tests/test_tier_blocks_triton.py \
     tests/test_tier_attention.py tests/test_tier_blocks.py tests/test_tier_placement.py \
     -k "not default_model" --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
 tests_rc=$?
