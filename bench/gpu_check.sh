@@ -21,7 +21,8 @@
 # marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on the GPU by the
 # fused Triton kernel and by torch ops, int8/int4
 # attention and LM head, three budgets each, a verified tree's rows against plain decode's
-# bit for bit, CUDA graphs of the hot FFN), `bench decode` on CUDA at three GPU budgets
+# bit for bit, CUDA graphs of the hot FFN), the fused kernel's GB/s per matrix shape
+# (bench/tier_kernel_speed.py), `bench decode` on CUDA at three GPU budgets
 # (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
 # against llama.cpp `-ngl` at the layers the same budget holds, once with the self drafter
 # (its tokens must equal plain decoding's), once with EMBER_CUDA_GRAPHS=1, and on the CPU
@@ -89,6 +90,10 @@ within tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py te
     tests/test_tier_attention.py tests/test_tier_blocks.py tests/test_tier_placement.py \
     -k "not default_model" --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
 tests_rc=$?
+
+step "kernel speed"
+# the fused block kernel's GB/s of the file's bytes at the default tile (bench/tier_kernel_speed.py)
+within kernel_speed 40 $PY -m bench.tier_kernel_speed >"$out/kernel_speed.json" 2>"$out/kernel_speed.log"
 # llama.cpp beside each budget where this image has it (a CUDA build offloads -ngl layers)
 against=()
 if $PY -c "import llama_cpp" 2>/dev/null; then against=(--against llama.cpp); fi
@@ -159,6 +164,14 @@ for f in sorted(out.glob("bench_*.json")):
     if "ember+self" in r:  # speculation through the tier: tokens must equal plain decoding's
         row["self_identical_to_plain"] = r["ember+self"]["identical_to_plain"]
     runs[f.stem[6:]] = row
+kernel = []
+if (out / "kernel_speed.json").exists():
+    for line in (out / "kernel_speed.json").read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        kernel.append({"shape": r["shape"], "gbps": r["default_gbps"]})
 try:
     import llama_cpp
     llama = {"installed": True,
@@ -168,5 +181,6 @@ except ImportError:
              "note": "no llama-cpp-python on this image: carry a CUDA wheel in .whl/"}
 print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__,
                   "tests_rc": tests_rc, "tests": tests, "llama_cpp": llama,
-                  "bench_decode": runs, "seconds": seconds, "timed_out": timed_out}))
+                  "fused_kernel_gbps": kernel, "bench_decode": runs, "seconds": seconds,
+                  "timed_out": timed_out}))
 PY

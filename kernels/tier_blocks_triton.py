@@ -7,7 +7,8 @@ dozens of small torch ops and writes float32 intermediates before one matmul: on
 TinyLlama-1.1B layer took 3 ms that way (about a thousand kernel launches a layer), which made
 the GPU tier slower than the CPU. Here y (T, N) = x (T, K) @ W^T for a few rows of x (a
 decoded token, a draft tree's rows): program (tile, t) decodes BLOCK_N rows of W for
-BLOCK_K values at a time and accumulates w * x[t] elementwise, then sums each row once. A
+BLOCK_K values at a time (each scale read once for the group of values it covers) and
+accumulates w * x[t] elementwise, then sums each row once. A
 row's bits do not depend on T or on the rows beside it (batch invariance: a verified tree's
 rows equal plain decoding's), and each value is decoded as `models/block_decoders.py` decodes
 it (the same float32 operations in the same order), so a one-hot x reads W's values exactly.
@@ -34,9 +35,10 @@ BLOCK_N = 4  # rows of W a program decodes
 BLOCK_K = 256  # values of a row a program decodes at a time (one K-quant super-block)
 NUM_WARPS = 1  # warps a program runs on
 
-# GGML type -> (values a block holds, bytes a block takes, its code here)
-_TYPES = {int(Q.Q4_0): (32, 18, 0), int(Q.Q5_0): (32, 22, 1), int(Q.Q8_0): (32, 34, 2),
-          int(Q.Q4_K): (256, 144, 3), int(Q.Q6_K): (256, 210, 4)}
+# GGML type -> (values a block holds, bytes a block takes, values one scale covers, its code)
+_TYPES = {int(Q.Q4_0): (32, 18, 32, 0), int(Q.Q5_0): (32, 22, 32, 1),
+          int(Q.Q8_0): (32, 34, 32, 2), int(Q.Q4_K): (256, 144, 32, 3),
+          int(Q.Q6_K): (256, 210, 16, 4)}
 
 
 def usable(device: torch.device) -> bool:
@@ -76,7 +78,7 @@ def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape,
     (a (T, N) float32 view with unit column stride, e.g. columns of a wider result).
     T <= MAX_ROWS."""
     n, k = shape
-    values, nbytes, code = _TYPES[int(qtype)]
+    values, nbytes, group, code = _TYPES[int(qtype)]
     if k % values or raw.numel() != n * k // values * nbytes:
         raise ValueError(f"blocks of {raw.numel()} bytes are not a ({n}, {k}) type-{qtype} matrix")
     if raw.storage_offset() % 2:  # the float16 scales are read through a 2-byte view
@@ -90,7 +92,8 @@ def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape,
         raise ValueError(f"out must be ({t}, {n}) float32 with unit column stride")
     grid = ((n + BLOCK_N - 1) // BLOCK_N, t)
     _kernel()[grid](x, raw, raw.view(torch.float16), y, n, k, k // values * nbytes, y.stride(0),
-                    CODE=code, VALUES=values, BYTES=nbytes, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+                    CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, BLOCK_N=BLOCK_N,
+                    BLOCK_K=BLOCK_K,
                     num_warps=NUM_WARPS)
     return y
 
@@ -114,66 +117,70 @@ def _kernel():
 
 
 def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl.constexpr,
-                 VALUES: tl.constexpr, BYTES: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    # program (tile, t): rows tile*BLOCK_N.. of W against row t of x
+                 VALUES: tl.constexpr, BYTES: tl.constexpr, GROUP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Program (tile, t): rows tile*BLOCK_N.. of W against row t of x, BLOCK_K values of a row
+    # at a time as (BLOCK_N, BLOCK_K // GROUP, GROUP) tiles: a group is the values one scale
+    # covers, so scales and mins are loaded once a group (shape (.., .., 1)) and broadcast,
+    # and each value reads only its own code bytes.
     t = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in = rows < N
-    row_at = rows.to(tl.int64)[:, None] * row_bytes  # byte offset of each row
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    row_at = rows.to(tl.int64)[:, None, None] * row_bytes  # byte offset of each row
+    g = tl.arange(0, BLOCK_K // GROUP)[None, :, None]  # a group's place in the tile
+    e = tl.arange(0, GROUP)[None, None, :]  # a value's place in its group
+    acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP, GROUP), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_in = k < K
-        xk = tl.load(x_ptr + t * K + k, mask=k_in, other=0.0)
-        mask = row_in[:, None] & k_in[None, :]
-        at = row_at + (k // VALUES * BYTES)[None, :]  # byte offset of each value's block
-        p = (k % VALUES)[None, :]  # each value's place in its block
+        k_group = k0 + g * GROUP  # first value of each group (K is whole groups)
+        k_in = row_in[:, None, None] & (k_group < K)  # (rows, groups, 1)
+        x_in = (k_group + e) < K
+        xk = tl.load(x_ptr + t * K + k_group + e, mask=x_in, other=0.0)
+        at = row_at + k_group // VALUES * BYTES  # byte offset of each group's block
+        pg = k_group % VALUES  # the group's first place in its block
+        p = pg + e  # each value's place in its block
         if CODE == 0:  # Q4_0: d @0 | qs[16] @2; value p: nibble p // 16 of qs[p % 16], minus 8
-            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
-            qs = tl.load(w_ptr + at + 2 + p % 16, mask=mask, other=0).to(tl.int32)
-            w = ((qs >> (4 * (p // 16))) & 15) - 8
-            w = w.to(tl.float32) * d
+            d = tl.load(h_ptr + at // 2, mask=k_in, other=0.0).to(tl.float32)
+            qs = tl.load(w_ptr + at + 2 + p % 16, mask=k_in, other=0).to(tl.int32)
+            w = (((qs >> (4 * (p // 16))) & 15) - 8).to(tl.float32) * d
         elif CODE == 1:  # Q5_0: d @0 | qh u32 @2 (bit p: value p's fifth bit) | qs[16] @6
-            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
-            qh = tl.load(w_ptr + at + 2 + p // 8, mask=mask, other=0).to(tl.int32)
-            qs = tl.load(w_ptr + at + 6 + p % 16, mask=mask, other=0).to(tl.int32)
-            w = (((qs >> (4 * (p // 16))) & 15) | (((qh >> (p % 8)) & 1) << 4)) - 16
-            w = w.to(tl.float32) * d
+            d = tl.load(h_ptr + at // 2, mask=k_in, other=0.0).to(tl.float32)
+            qh = tl.load(w_ptr + at + 2 + p // 8, mask=k_in, other=0).to(tl.int32)
+            qs = tl.load(w_ptr + at + 6 + p % 16, mask=k_in, other=0).to(tl.int32)
+            q = (((qs >> (4 * (p // 16))) & 15) | (((qh >> (p % 8)) & 1) << 4)) - 16
+            w = q.to(tl.float32) * d
         elif CODE == 2:  # Q8_0: d @0 | qs int8[32] @2
-            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
-            q = tl.load(w_ptr + at + 2 + p, mask=mask, other=0).to(tl.int8, bitcast=True)
+            d = tl.load(h_ptr + at // 2, mask=k_in, other=0.0).to(tl.float32)
+            q = tl.load(w_ptr + at + 2 + p, mask=k_in, other=0).to(tl.int8, bitcast=True)
             w = q.to(tl.float32) * d
         elif CODE == 3:  # Q4_K: d @0 | dmin @2 | scales[12] @4 | qs[128] @16
-            # sub-block j = p // 32: low nibbles of qs[32(j//2)..] for even j, high for odd;
-            # 6-bit scale and min from the 12 bytes (block_decoders._k_scale_min)
-            j = p // 32
-            d = tl.load(h_ptr + at // 2, mask=mask, other=0.0).to(tl.float32)
-            dmin = tl.load(h_ptr + at // 2 + 1, mask=mask, other=0.0).to(tl.float32)
-            lo = j < 4
-            a = tl.load(w_ptr + at + 4 + j % 4, mask=mask, other=0).to(tl.int32)
-            b = tl.load(w_ptr + at + 8 + j % 4, mask=mask, other=0).to(tl.int32)
-            c = tl.load(w_ptr + at + 12 + j % 4, mask=mask, other=0).to(tl.int32)
-            sc = tl.where(lo, a & 63, (c & 15) | ((a >> 6) << 4))
-            mn = tl.where(lo, b & 63, (c >> 4) | ((b >> 6) << 4))
-            qs = tl.load(w_ptr + at + 16 + 32 * (j // 2) + p % 32, mask=mask, other=0)
+            # group = sub-block j: low nibbles of qs[32(j//2)..] for even j, high for odd;
+            # its 6-bit scale and min from the 12 bytes (block_decoders._k_scale_min)
+            j = pg // 32
+            d = tl.load(h_ptr + at // 2, mask=k_in, other=0.0).to(tl.float32)
+            dmin = tl.load(h_ptr + at // 2 + 1, mask=k_in, other=0.0).to(tl.float32)
+            a = tl.load(w_ptr + at + 4 + j % 4, mask=k_in, other=0).to(tl.int32)
+            b = tl.load(w_ptr + at + 8 + j % 4, mask=k_in, other=0).to(tl.int32)
+            c = tl.load(w_ptr + at + 12 + j % 4, mask=k_in, other=0).to(tl.int32)
+            sc = tl.where(j < 4, a & 63, (c & 15) | ((a >> 6) << 4))
+            mn = tl.where(j < 4, b & 63, (c >> 4) | ((b >> 6) << 4))
+            qs = tl.load(w_ptr + at + 16 + 32 * (j // 2) + e, mask=k_in, other=0)
             q = (qs.to(tl.int32) >> (4 * (j % 2))) & 15
             w = q.to(tl.float32) * (d * sc.to(tl.float32)) - dmin * mn.to(tl.float32)
         else:  # Q6_K: ql[128] @0 | qh[64] @128 | scales int8[16] @192 | d @208
             # p = 128 half + 32 quarter + l: low 4 bits nibble (quarter // 2) of
             # ql[64 half + 32 (quarter % 2) + l], high 2 bits bits 2 quarter.. of
-            # qh[32 half + l], minus 32, scaled by scales[8 half + 2 quarter + l // 16]
+            # qh[32 half + l], minus 32; group p // 16 is scales[p // 16]
             half = p // 128
             quarter = (p // 32) % 4
             l = p % 32
-            d = tl.load(h_ptr + (at + 208) // 2, mask=mask, other=0.0).to(tl.float32)
-            ql = tl.load(w_ptr + at + 64 * half + 32 * (quarter % 2) + l, mask=mask, other=0)
-            qh = tl.load(w_ptr + at + 128 + 32 * half + l, mask=mask, other=0)
-            sc = tl.load(w_ptr + at + 192 + 8 * half + 2 * quarter + l // 16, mask=mask,
-                         other=0).to(tl.int8, bitcast=True)
+            d = tl.load(h_ptr + (at + 208) // 2, mask=k_in, other=0.0).to(tl.float32)
+            sc = tl.load(w_ptr + at + 192 + pg // 16, mask=k_in, other=0).to(tl.int8,
+                                                                           bitcast=True)
+            ql = tl.load(w_ptr + at + 64 * half + 32 * (quarter % 2) + l, mask=k_in, other=0)
+            qh = tl.load(w_ptr + at + 128 + 32 * half + l, mask=k_in, other=0)
             q = ((ql.to(tl.int32) >> (4 * (quarter // 2))) & 15) | \
                 (((qh.to(tl.int32) >> (2 * quarter)) & 3) << 4)
             w = (q - 32).to(tl.float32) * (d * sc.to(tl.float32))
-        acc += w * xk[None, :]
-    y = tl.sum(acc, axis=1)
+        acc += w * xk
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
     tl.store(y_ptr + t * y_stride + rows, y, mask=row_in)

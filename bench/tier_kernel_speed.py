@@ -1,0 +1,73 @@
+"""How fast the GPU tier's fused block kernel (kernels/tier_blocks_triton.py) reads the file's
+bytes: GB/s for one decoded token against matrices of a 1.1B and a 7B model's shapes, at the
+default tile or, with --sweep, at each tile of a small grid (rows per program, values per
+step, warps), so the default can be chosen on the card at hand. Random codes with sane
+float16 scales (speed does not depend on the values); each tile's result is checked against
+the default's. One JSON line per matrix.
+
+    python -m bench.tier_kernel_speed [--sweep]      (a CUDA device; bench/gpu_check.sh runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from ember.kernels import tier_blocks_triton as fused
+
+# (rows, columns, type): 1.1B q/o, gate/up, down (Q6_K in some layers), the output layer;
+# a 7B's gate/up
+SHAPES = [(2048, 2048, Q.Q4_K), (5632, 2048, Q.Q4_K), (2048, 5632, Q.Q6_K),
+          (32000, 2048, Q.Q6_K), (11008, 4096, Q.Q4_K)]
+_SCALES_AT = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # float16 fields of a block
+TILES = list(itertools.product((1, 2, 4, 8), (256, 512), (1, 2, 4)))
+
+
+def random_blocks(n: int, k: int, qtype, device) -> torch.Tensor:
+    values, nbytes = fused._TYPES[int(qtype)][:2]
+    raw = torch.randint(0, 256, (n * k // values, nbytes), dtype=torch.uint8, device=device)
+    for at in _SCALES_AT[qtype]:
+        scale = (torch.rand(raw.shape[0], device=device) * 0.01).half()
+        raw[:, at:at + 2] = scale.view(torch.uint8).view(-1, 2)
+    return raw.reshape(-1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="time every tile of the grid too")
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or not fused.usable(torch.device("cuda")):
+        raise SystemExit("needs a CUDA device and Triton")
+    import triton.testing
+
+    default = (fused.BLOCK_N, fused.BLOCK_K, fused.NUM_WARPS)
+    tiles = [default] + [t for t in TILES if t != default] if args.sweep else [default]
+    for n, k, qtype in SHAPES:
+        raw = random_blocks(n, k, qtype, "cuda")
+        x = torch.randn(1, k, device="cuda")
+        row, want = {}, None
+        for tile in tiles:
+            fused.BLOCK_N, fused.BLOCK_K, fused.NUM_WARPS = tile
+            y = fused.block_matmul(x, raw, int(qtype), (n, k))
+            want = y if want is None else want
+            name = "x".join(map(str, tile[:2])) + f"w{tile[2]}"
+            if not torch.allclose(y, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())):
+                row[name] = "differs"
+                continue
+            ms = triton.testing.do_bench(lambda: fused.block_matmul(x, raw, int(qtype), (n, k)),
+                                         warmup=10, rep=40)
+            row[name] = round(raw.numel() / ms / 1e6, 1)  # GB/s
+        fused.BLOCK_N, fused.BLOCK_K, fused.NUM_WARPS = default
+        timed = {t: v for t, v in row.items() if isinstance(v, float)}
+        print(json.dumps({"shape": [n, k, qtype.name], "mb": round(raw.numel() / 1e6, 1),
+                          "default_gbps": next(iter(row.values())),
+                          "best": max(timed.items(), key=lambda kv: kv[1]) if timed else None,
+                          "gbps": row}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
