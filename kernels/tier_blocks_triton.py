@@ -15,20 +15,19 @@ it (the same float32 operations in the same order), so a one-hot x reads W's val
 
 Types: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K (what Q4_K_M files are made of); other types, and more
 than `MAX_ROWS` rows of x (a prompt), take the torch decoding path. Triton comes with CUDA
-builds of PyTorch; without a CUDA device the same kernels run in Triton's interpreter (the
-tests' CPU path). `EMBER_TIER_TRITON=0` turns this path off.
+builds of PyTorch (kernels/triton_support.py: without a CUDA device the same kernel runs in
+Triton's interpreter, the tests' CPU path; `EMBER_TIER_TRITON=0` turns it off).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from gguf import GGMLQuantizationType as Q
 
-# Bound on first use (`_import_triton`): imported at that moment, Triton takes its mode from
-# TRITON_INTERPRET, which the tests set only around their own calls.
-triton = tl = None
+from . import triton_support
+from .triton_support import usable  # noqa: F401  (the tier asks this module)
+
+tl = None  # triton.language, bound by triton_support when the kernel is first compiled
 
 MAX_ROWS = 32  # rows of x taken here (a token, a draft tree); more (a prompt) share one matmul
 BLOCK_N = 4  # rows of W a program decodes
@@ -41,30 +40,10 @@ _TYPES = {int(Q.Q4_0): (32, 18, 32, 0), int(Q.Q5_0): (32, 22, 32, 1),
           int(Q.Q6_K): (256, 210, 16, 4)}
 
 
-def usable(device: torch.device) -> bool:
-    """Whether tier blocks on `device` multiply here: Triton present, a CUDA device (or the
-    interpreter's CPU stand-in, for tests), and not turned off."""
-    if os.environ.get("EMBER_TIER_TRITON", "1") == "0":
-        return False
-    if torch.device(device).type != "cuda" and not _interpreted():
-        return False
-    return _import_triton()
-
-
-def _import_triton() -> bool:
-    """Whether Triton imports (it comes with CUDA builds of PyTorch, not with CPU ones)."""
-    global triton, tl
-    if triton is None:
-        try:
-            import triton
-            import triton.language as tl
-        except ImportError:
-            return False
-    return True
-
-
-def _interpreted() -> bool:
-    return bool(os.environ.get("TRITON_INTERPRET"))
+def available() -> bool:
+    """Whether the fused block kernel can run here: Triton installed (a CUDA device, or the interpreter, is
+    `triton_support.usable`'s question)."""
+    return triton_support.available()
 
 
 def supports(qtype: int) -> bool:
@@ -91,29 +70,11 @@ def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape,
     if y.shape != (t, n) or y.dtype != torch.float32 or (n > 1 and y.stride(1) != 1):
         raise ValueError(f"out must be ({t}, {n}) float32 with unit column stride")
     grid = ((n + BLOCK_N - 1) // BLOCK_N, t)
-    _kernel()[grid](x, raw, raw.view(torch.float16), y, n, k, k // values * nbytes, y.stride(0),
+    _GEMV[grid](x, raw, raw.view(torch.float16), y, n, k, k // values * nbytes, y.stride(0),
                     CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, BLOCK_N=BLOCK_N,
                     BLOCK_K=BLOCK_K,
                     num_warps=NUM_WARPS)
     return y
-
-
-_compiled = {}
-
-
-def _kernel():
-    """The kernel, made once per mode: jit-compiled for the GPU, or interpreted on the CPU."""
-    if not _import_triton():
-        raise RuntimeError("the fused tier kernel needs Triton (it comes with CUDA builds of "
-                           "PyTorch); set EMBER_TIER_TRITON=0 to decode with torch ops")
-    interpret = _interpreted()
-    if interpret not in _compiled:
-        if interpret:
-            from triton.runtime.interpreter import InterpretedFunction
-            _compiled[interpret] = InterpretedFunction(_gemv_source)
-        else:
-            _compiled[interpret] = triton.jit(_gemv_source)
-    return _compiled[interpret]
 
 
 def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl.constexpr,
@@ -184,3 +145,6 @@ def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl
         acc += w * xk
     y = tl.sum(tl.sum(acc, axis=2), axis=1)
     tl.store(y_ptr + t * y_stride + rows, y, mask=row_in)
+
+
+_GEMV = triton_support.Kernel(_gemv_source)

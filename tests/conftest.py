@@ -5,8 +5,16 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from ember.models.testing import synthetic
+
+# The GPU tier's Triton kernels run in Triton's interpreter on a machine without CUDA (their
+# tests opt in with EMBER_TIER_TRITON=cpu). Triton takes that mode when it is first imported,
+# and PyTorch's optimizers import it, so the mode is set for the whole session here
+# (kernels/triton_support.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_KINDS = {
     "gemma3": dict(arch="gemma3"),

@@ -15,10 +15,10 @@ from ember.kernels import attention, fused_ops
 from ember.models import rotary, transformer
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
-# Modules that are not ops: the build, the memory layout of the bundles and of the input-major
-# tiles, the tier's formats, madvise on buffers.
-NOT_OP_MODULES = {"__init__", "cpu_extension", "ffn_bundles", "tier_weights", "tile_layout",
-                  "page_advice"}
+# Modules that are not ops: the build (C++ and Triton), the memory layout of the bundles and of
+# the input-major tiles, the tier's formats, madvise on buffers.
+NOT_OP_MODULES = {"__init__", "cpu_extension", "triton_support", "ffn_bundles", "tier_weights",
+                  "tile_layout", "page_advice"}
 # Public functions that reach the C++ module without being ops: choosing the CPU path, and
 # decoder_step's per-layer entry point (its reference is attention_reference, per layer).
 NOT_OPS = {"available", "cpu_path", "set_cpu_path", "cpu_paths", "layer_attention"}

@@ -28,9 +28,10 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 @pytest.fixture(autouse=True)
 def interpreted(monkeypatch):
-    if DEVICE.type == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("EMBER_TIER_TRITON", raising=False)
+    if DEVICE.type == "cpu":  # Triton's interpreter (tests/conftest.py sets its mode)
+        monkeypatch.setenv("EMBER_TIER_TRITON", "cpu")
+    else:
+        monkeypatch.delenv("EMBER_TIER_TRITON", raising=False)
 
 
 def _tensor(qtype, n, k, seed, device=DEVICE) -> QTensor:
@@ -99,9 +100,8 @@ def test_a_type_the_kernel_lacks_or_the_switch_off_keeps_the_torch_path(monkeypa
                              torch.float32).fused
     monkeypatch.setenv("EMBER_TIER_TRITON", "0")
     assert not TierBlocks.of([_tensor(Q.Q4_K, 8, 256, 7)], DEVICE, torch.float32).fused
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("EMBER_TIER_TRITON")
-    assert not fused.usable(torch.device("cpu"))  # a CPU without the interpreter: C++ or torch
+    assert not fused.usable(torch.device("cpu"))  # a CPU tier unasked: C++ or torch ops
 
 
 def test_calls_the_kernel_cannot_take_say_why():

@@ -1,0 +1,77 @@
+"""Triton for the GPU tier's kernels (kernels/tier_blocks_triton.py, kernels/tier_layer_triton.py):
+whether they can run on a device, and each kernel compiled once per mode.
+
+Triton comes with CUDA builds of PyTorch, not with CPU ones, so it is imported on first use,
+never at import time. `EMBER_TIER_TRITON=0` turns the kernels off (the tier then runs plain
+torch ops); `EMBER_TIER_TRITON=cpu` runs them on CPU tensors too, in Triton's interpreter
+(the tests' CPU path). The interpreter needs TRITON_INTERPRET=1 before anything imports
+Triton (it takes its mode then, and PyTorch's optimizers import it), so tests/conftest.py
+sets it for the whole session on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+ENV = "EMBER_TIER_TRITON"
+_triton = None
+
+
+def interpreted() -> bool:
+    return bool(os.environ.get("TRITON_INTERPRET"))
+
+
+def available() -> bool:
+    """Whether Triton is installed here (without importing it: see the module docstring)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def usable(device: torch.device | str) -> bool:
+    """Whether the tier's Triton kernels run for tensors on `device`: Triton present, and a
+    CUDA device (or, asked for, the interpreter's CPU stand-in), and not turned off."""
+    choice = os.environ.get(ENV, "1")
+    if choice == "0":
+        return False
+    if torch.device(device).type != "cuda" and not (choice == "cpu" and interpreted()):
+        return False
+    return imported() is not None
+
+
+def imported():
+    """The triton module, or None where it does not import."""
+    global _triton
+    if _triton is None:
+        try:
+            import triton
+            import triton.language  # noqa: F401  (the kernels' `tl`)
+        except ImportError:
+            return None
+        _triton = triton
+    return _triton
+
+
+class Kernel:
+    """A kernel's source function, compiled on its first launch (`kernel[grid](...)`): jit
+    for the GPU, or interpreted on the CPU. The source reads `tl` from its module, bound here."""
+
+    def __init__(self, source):
+        self.source = source
+        self._made = {}
+
+    def __getitem__(self, grid):
+        triton = imported()
+        if triton is None:
+            raise RuntimeError("the GPU tier's kernels need Triton (it comes with CUDA builds "
+                               f"of PyTorch); set {ENV}=0 to run plain torch ops")
+        mode = interpreted()
+        if mode not in self._made:
+            self.source.__globals__["tl"] = triton.language
+            if mode:
+                from triton.runtime.interpreter import InterpretedFunction
+                self._made[mode] = InterpretedFunction(self.source)
+            else:
+                self._made[mode] = triton.jit(self.source)
+        return self._made[mode][grid]
