@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import tier_layer_triton, triton_support
 from .attention import attend_reference
 from .fused_ops import (qk_norm_rope_reference, residual_norm_reference,
                         rms_norm_reference)
@@ -197,42 +198,91 @@ def available() -> bool:
     return True
 
 
-def _project_qkv(w: TierAttentionWeights, x: torch.Tensor, cos, sin) -> torch.Tensor:
+def _project_qkv(w: TierAttentionWeights, x: torch.Tensor, cos, sin,
+                 ops: LayerOps) -> torch.Tensor:
     """x (T, hidden) float32 -> qkv (T, q + 2 kv) float32, q/k normed and rotated."""
-    h = rms_norm_reference(x, w.norms["attn_norm"], w.eps)
+    h = ops.rms_norm(x, w.norms["attn_norm"], w.eps)
     qkv = w.qkv(h).float()
     bias = w.norm("qkv_bias")
     if bias is not None:
         qkv = qkv + bias
-    qk_norm_rope_reference(qkv, w.n_heads, w.n_kv, w.head_dim, w.norm("q_norm"),
-                           w.norm("k_norm"), cos, sin, w.interleaved, w.eps)
+    ops.qk_norm_rope_(qkv, w.n_heads, w.n_kv, w.head_dim, w.norm("q_norm"), w.norm("k_norm"),
+                      cos, sin, w.interleaved, w.eps)
     return qkv
 
 
-def _store_kv(w: TierAttentionWeights, qkv: torch.Tensor, k_pool, v_pool, own: torch.Tensor):
-    """Writes the rows' K/V at `own` (in the pool's type); returns q (T, n_heads, hd)."""
-    T, hd = qkv.shape[0], w.head_dim
-    q, k, v = qkv.split((w.n_heads * hd, w.n_kv * hd, w.n_kv * hd), dim=1)
-    k_pool.index_copy_(0, own, k.reshape(T, w.n_kv, hd).to(k_pool.dtype))
-    v_pool.index_copy_(0, own, v.reshape(T, w.n_kv, hd).to(v_pool.dtype))
-    return q.reshape(T, w.n_heads, hd)
+def _store_kv(qkv: torch.Tensor, n_heads: int, n_kv: int, hd: int, k_pool, v_pool,
+              own: torch.Tensor) -> None:
+    """Writes the rows' K/V at `own`, in the pool's type."""
+    T = qkv.shape[0]
+    _q, k, v = qkv.split((n_heads * hd, n_kv * hd, n_kv * hd), dim=1)
+    k_pool.index_copy_(0, own, k.reshape(T, n_kv, hd).to(k_pool.dtype))
+    v_pool.index_copy_(0, own, v.reshape(T, n_kv, hd).to(v_pool.dtype))
 
 
-def _finish(w: TierAttentionWeights, x: torch.Tensor, o: torch.Tensor):
+def _stored_q(w: TierAttentionWeights, qkv: torch.Tensor, k_pool, v_pool, own, ops):
+    """The rows' K/V written at `own` (in the pool's type); returns q (T, n_heads, hd), a view."""
+    ops.store_kv(qkv, w.n_heads, w.n_kv, w.head_dim, k_pool, v_pool, own)
+    return qkv[:, :w.n_heads * w.head_dim].view(qkv.shape[0], w.n_heads, w.head_dim)
+
+
+def _finish(w: TierAttentionWeights, x: torch.Tensor, o: torch.Tensor, ops: LayerOps):
     a = w.o(o).float()
-    return residual_norm_reference(x, a, w.norm("post_attn_norm"), w.norms["ffn_norm"], w.eps)
+    return ops.residual_norm(x, a, w.norm("post_attn_norm"), w.norms["ffn_norm"], w.eps)
+
+
+def _attend_pooled(q, k_pool, v_pool, rows: AttendRows, scale: float, softcap: float):
+    """The rows' keys and values gathered from the pools as float32, then one masked
+    attention (`_attend`): (T, n_heads * hd)."""
+    keys = k_pool.index_select(0, rows.keys).float()  # (S, n_kv, hd)
+    values = v_pool.index_select(0, rows.keys).float()
+    return _attend(q, keys, values, rows.mask, scale, softcap)
+
+
+def _attend_triton(q, k_pool, v_pool, rows: AttendRows, scale: float, softcap: float):
+    """A token or a draft tree read straight from the pools (kernels/tier_layer_triton.py);
+    a prompt's rows through `_attend_pooled`."""
+    if q.shape[0] > tier_layer_triton.ATTEND_ROWS:
+        return _attend_pooled(q, k_pool, v_pool, rows, scale, softcap)
+    return tier_layer_triton.attend(q, k_pool, v_pool, rows.keys, rows.mask, scale, softcap)
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """A tier layer's steps around its matrices: plain torch ops (the references; the host,
+    and the reference layer), or one Triton kernel each on a CUDA tier
+    (kernels/tier_layer_triton.py)."""
+
+    rms_norm: object
+    residual_norm: object
+    qk_norm_rope_: object
+    store_kv: object  # (qkv, n_heads, n_kv, hd, k_pool, v_pool, own) -> None
+    attend: object  # (q, k_pool, v_pool, rows, scale, softcap) -> (T, n_heads * hd)
+
+
+REFERENCE_OPS = LayerOps(rms_norm_reference, residual_norm_reference, qk_norm_rope_reference,
+                         _store_kv, _attend_pooled)
+TRITON_OPS = LayerOps(tier_layer_triton.rms_norm, tier_layer_triton.residual_norm,
+                      tier_layer_triton.qk_norm_rope_, tier_layer_triton.store_kv,
+                      _attend_triton)
+
+
+def layer_ops(device: torch.device) -> LayerOps:
+    """The steps a tier on `device` runs (kernels/triton_support.py says where Triton runs)."""
+    return TRITON_OPS if triton_support.usable(device) else REFERENCE_OPS
 
 
 def tier_attention(w: TierAttentionWeights, x: torch.Tensor, k_pool: torch.Tensor,
                    v_pool: torch.Tensor, rows: AttendRows, cos: torch.Tensor,
-                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   sin: torch.Tensor, ops: LayerOps | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention sub-layer for T rows x (T, hidden) float32 on w's device: (x +
     post-normed attention, the FFN-normed input), both float32. Pools (rows, n_kv, hd) on
-    the same device; cos/sin (T, hd / 2) the rows' rotary tables."""
-    q = _store_kv(w, _project_qkv(w, x, cos, sin), k_pool, v_pool, rows.own)
-    keys = k_pool.index_select(0, rows.keys).float()  # (S, n_kv, hd)
-    values = v_pool.index_select(0, rows.keys).float()
-    return _finish(w, x, _attend(q, keys, values, rows.mask, w.scale, w.softcap))
+    the same device; cos/sin (T, hd / 2) the rows' rotary tables; `ops` the small steps
+    (default: `layer_ops` of w's device)."""
+    ops = ops or layer_ops(w.device)
+    q = _stored_q(w, _project_qkv(w, x, cos, sin, ops), k_pool, v_pool, rows.own, ops)
+    return _finish(w, x, ops.attend(q, k_pool, v_pool, rows, w.scale, w.softcap), ops)
 
 
 def _attend(q, k, v, mask, scale: float, softcap: float) -> torch.Tensor:
@@ -260,7 +310,7 @@ def tier_attention_reference(w: TierAttentionWeights, x: torch.Tensor, k_pool: t
     (`rows.per_row()`) through kernels.attention's reference (what the host runtime computes)."""
     w = w.dequantized()
     x = x.float().cpu()
-    qkv = _project_qkv(w, x, cos.cpu(), sin.cpu())
-    q = _store_kv(w, qkv, k_pool, v_pool, rows.own)
+    qkv = _project_qkv(w, x, cos.cpu(), sin.cpu(), REFERENCE_OPS)
+    q = _stored_q(w, qkv, k_pool, v_pool, rows.own, REFERENCE_OPS)
     o = attend_reference(q, k_pool, v_pool, rows.per_row(), None, w.scale, w.softcap)
-    return _finish(w, x, o)
+    return _finish(w, x, o, REFERENCE_OPS)

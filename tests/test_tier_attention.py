@@ -7,6 +7,7 @@ through it, and what `ember info` plans for the 7B."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,31 @@ def test_batched_tier_attention_is_its_row_by_row_reference(dtype, tol, features
     untouched[rows.own] = False
     assert torch.equal(k_pool[untouched], k_before[untouched])
     assert not torch.equal(k_pool[rows.own], k_before[rows.own])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton comes with CUDA builds of PyTorch")
+@pytest.mark.parametrize("features", [{}, {"bias": True, "qk_norm": True},
+                                      {"sandwich": True, "softcap": 20.0}])
+@pytest.mark.parametrize("case", _rows_cases(), ids=lambda c: c[0])
+def test_the_layer_on_triton_kernels_is_its_reference(features, case, monkeypatch):
+    """What a CUDA tier runs (kernels/tier_layer_triton.py's norms and rotary), here in
+    Triton's interpreter: the same layer as the row-by-row reference."""
+    from ember.kernels.tier_attention import TRITON_OPS, layer_ops
+
+    monkeypatch.setenv("EMBER_TIER_TRITON", "cpu")  # in Triton's interpreter (conftest.py)
+    assert layer_ops(torch.device("cpu")) is TRITON_OPS
+    _name, rows, T, start = case
+    w, g = _layer(torch.float32, **features)
+    x = torch.randn(T, 64, generator=g)
+    cos, sin = _rotary(T, w.head_dim, start)
+    k_pool, v_pool = _pools(w, 40, torch.float32, g)
+    k_ref, v_ref = k_pool.clone(), v_pool.clone()
+    got = tier_attention(w, x, k_pool, v_pool, rows, cos, sin, TRITON_OPS)
+    want = tier_attention_reference(w, x, k_ref, v_ref, rows, cos, sin)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    torch.testing.assert_close(k_pool, k_ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

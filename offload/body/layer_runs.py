@@ -27,8 +27,9 @@ from typing import Callable
 import torch
 
 from ember.kernels import decoder_step
-from ember.kernels.fused_ops import residual_norm, residual_norm_reference
-from ember.kernels.tier_attention import AttendRows, TierAttentionWeights, tier_attention
+from ember.kernels.fused_ops import residual_norm
+from ember.kernels.tier_attention import (AttendRows, TierAttentionWeights, layer_ops,
+                                          tier_attention)
 from ember.models.tree_rows import TreeRows, tree_positions
 
 CPU = torch.device("cpu")
@@ -167,12 +168,13 @@ class TierRun:
     def __init__(self, i: int, weights: TierAttentionWeights, ffn: FFN):
         self.i, self.w, self.ffn = i, weights, ffn
         self.device = weights.device
+        self.ops = layer_ops(self.device)  # the small steps: Triton kernels on a CUDA tier
 
     def __call__(self, x: torch.Tensor, pools, rows: PassRows) -> torch.Tensor:
         w = self.w
-        mid, h = tier_attention(w, x, *pools[self.i], *rows.tier(self.i, self.device))
+        mid, h = tier_attention(w, x, *pools[self.i], *rows.tier(self.i, self.device), self.ops)
         f = self.ffn(h).float()
-        return residual_norm_reference(mid, f, w.norm("post_ffn_norm"), None, w.eps)[0]
+        return self.ops.residual_norm(mid, f, w.norm("post_ffn_norm"), None, w.eps)[0]
 
 
 def segments(runs: list[LayerRun], layers: list[decoder_step.DecoderLayer]) -> list:
