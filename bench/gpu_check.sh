@@ -86,7 +86,7 @@ within kernels 150 $PY -c \
 
 step "tests"
 within tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_tier.py tests/test_tier_weights.py \
-    tests/test_tier_blocks_triton.py \
+    tests/test_tier_blocks_triton.py tests/test_tier_layer_triton.py \
     tests/test_tier_attention.py tests/test_tier_blocks.py tests/test_tier_placement.py \
     -k "not default_model" --junitxml="$out/tests.xml" >"$out/tests.log" 2>&1
 tests_rc=$?

@@ -118,23 +118,30 @@ def test_batched_tier_attention_is_its_row_by_row_reference(dtype, tol, features
                                       {"sandwich": True, "softcap": 20.0}])
 @pytest.mark.parametrize("case", _rows_cases(), ids=lambda c: c[0])
 def test_the_layer_on_triton_kernels_is_its_reference(features, case, monkeypatch):
-    """What a CUDA tier runs (kernels/tier_layer_triton.py's norms and rotary), here in
-    Triton's interpreter: the same layer as the row-by-row reference."""
+    """What a CUDA tier runs (kernels/tier_layer_triton.py: norms, rotary, K/V store,
+    attention), on CUDA where there is a device, else in Triton's interpreter: the same layer
+    as the row-by-row reference."""
     from ember.kernels.tier_attention import TRITON_OPS, layer_ops
 
-    monkeypatch.setenv("EMBER_TIER_TRITON", "cpu")  # in Triton's interpreter (conftest.py)
-    assert layer_ops(torch.device("cpu")) is TRITON_OPS
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        monkeypatch.setenv("EMBER_TIER_TRITON", "cpu")  # in Triton's interpreter (conftest.py)
+    assert layer_ops(device) is TRITON_OPS
     _name, rows, T, start = case
-    w, g = _layer(torch.float32, **features)
+    w, g = _layer(torch.float32, device=device, **features)
     x = torch.randn(T, 64, generator=g)
     cos, sin = _rotary(T, w.head_dim, start)
     k_pool, v_pool = _pools(w, 40, torch.float32, g)
     k_ref, v_ref = k_pool.clone(), v_pool.clone()
-    got = tier_attention(w, x, k_pool, v_pool, rows, cos, sin, TRITON_OPS)
+    on = AttendRows(rows.keys.to(device), rows.own.to(device),
+                    None if rows.mask is None else rows.mask.to(device))
+    k_dev, v_dev = k_pool.to(device), v_pool.to(device)
+    got = tier_attention(w, x.to(device), k_dev, v_dev, on, cos.to(device), sin.to(device),
+                         TRITON_OPS)
     want = tier_attention_reference(w, x, k_ref, v_ref, rows, cos, sin)
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
-    torch.testing.assert_close(k_pool, k_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    torch.testing.assert_close(k_dev.cpu(), k_ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
