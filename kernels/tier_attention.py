@@ -268,8 +268,12 @@ TRITON_OPS = LayerOps(tier_layer_triton.rms_norm, tier_layer_triton.residual_nor
 
 
 def layer_ops(device: torch.device) -> LayerOps:
-    """The steps a tier on `device` runs (kernels/triton_support.py says where Triton runs)."""
-    return TRITON_OPS if triton_support.usable(device) else REFERENCE_OPS
+    """The steps a tier on `device` runs: Triton's where it runs (kernels/triton_support.py)
+    and its kernels pass their check against the references there, else the references."""
+    if triton_support.usable(device) and \
+            triton_support.checked("layer", device, tier_layer_triton.self_check):
+        return TRITON_OPS
+    return REFERENCE_OPS
 
 
 def tier_attention(w: TierAttentionWeights, x: torch.Tensor, k_pool: torch.Tensor,

@@ -34,6 +34,7 @@ from ember.models.weights import ROW_GROUP, QTensor
 
 from . import block_matmul as bm
 from . import tier_blocks_triton as fused_blocks
+from . import triton_support
 
 TILE_VALUES = 1 << 22  # weight values decoded at a time (16 MB of float32 intermediates)
 FORMAT = "file"
@@ -80,7 +81,8 @@ class TierBlocks:
                       for t in tensors)
         native = block_kernels_on(device)
         fused = (not native and fused_blocks.usable(device)
-                 and all(fused_blocks.supports(t.qtype) for t in parts))
+                 and all(fused_blocks.supports(t.qtype) for t in parts)
+                 and triton_support.checked("block", device, fused_blocks.self_check))
         return cls(parts, native, half, fused)
 
     @property

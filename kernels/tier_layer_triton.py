@@ -32,6 +32,49 @@ def _block(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def self_check(device: torch.device) -> bool:
+    """Each kernel on `device` against its plain reference on small inputs (once, through
+    triton_support.checked, before a tier layer uses them)."""
+    from .fused_ops import (qk_norm_rope_reference, residual_norm_reference,
+                            rms_norm_reference)
+
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def close(got, want) -> bool:
+        return torch.allclose(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+    x, a, w, w2 = rand(3, 96), rand(3, 96), rand(96), rand(96)
+    ok = close(rms_norm(x.to(device), w.to(device), 1e-6), rms_norm_reference(x, w, 1e-6))
+    got = residual_norm(x.to(device), a.to(device), w.to(device), w2.to(device), 1e-6)
+    want = residual_norm_reference(x, a, w, w2, 1e-6)
+    ok = ok and close(got[0], want[0]) and close(got[1], want[1])
+    n_heads, n_kv, hd = 4, 2, 64
+    qkv, angle, qn, kn = rand(3, (n_heads + 2 * n_kv) * hd), rand(3, hd // 2), rand(hd), rand(hd)
+    want = qkv.clone()
+    qk_norm_rope_reference(want, n_heads, n_kv, hd, qn, kn, angle.cos(), angle.sin(), False,
+                           1e-6)
+    got = qkv.to(device)
+    qk_norm_rope_(got, n_heads, n_kv, hd, qn.to(device), kn.to(device), angle.cos().to(device),
+                  angle.sin().to(device), False, 1e-6)
+    ok = ok and close(got, want)
+    pools = [torch.zeros(8, n_kv, hd, dtype=torch.float16, device=device) for _ in "kv"]
+    own = torch.tensor([5, 2, 7])
+    store_kv(want, n_heads, n_kv, hd, *pools, own.to(device))
+    k = want[:, n_heads * hd:(n_heads + n_kv) * hd].reshape(3, n_kv, hd).half()
+    ok = ok and torch.equal(pools[0].cpu()[own], k)
+    q = want[:, :n_heads * hd].reshape(3, n_heads, hd)
+    keys, mask = torch.tensor([2, 5, 7]), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]) > 0
+    out = attend(q.to(device), *pools, keys.to(device), mask.to(device), hd ** -0.5, 0.0)
+    kf = pools[0].cpu()[keys].float().repeat_interleave(n_heads // n_kv, dim=1)
+    vf = pools[1].cpu()[keys].float().repeat_interleave(n_heads // n_kv, dim=1)
+    scores = torch.einsum("thd,shd->ths", q, kf) * hd ** -0.5
+    p = torch.softmax(scores.masked_fill(~mask[:, None, :], float("-inf")), dim=-1)
+    return ok and close(out, torch.einsum("ths,shd->thd", p, vf).reshape(3, -1))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (T, D) / rms(x) * weight, per row: float32 (T, D)."""
     x = x.float().contiguous()

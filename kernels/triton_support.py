@@ -12,12 +12,15 @@ sets it for the whole session on a machine without CUDA.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 import torch
 
 ENV = "EMBER_TIER_TRITON"
 _triton = None
+_checked: dict = {}
+log = logging.getLogger("ember.kernels")
 
 
 def interpreted() -> bool:
@@ -38,6 +41,25 @@ def usable(device: torch.device | str) -> bool:
     if torch.device(device).type != "cuda" and not (choice == "cpu" and interpreted()):
         return False
     return imported() is not None
+
+
+def checked(name: str, device: torch.device | str, check) -> bool:
+    """Whether kernels `name` pass `check(device)` (their results against their plain
+    references on small inputs), run once per process and device. Kernels this Triton or this
+    GPU cannot compile, or that compute something else, are then left for the torch ops, with
+    one warning saying why, instead of failing a decode."""
+    key = (name, str(torch.device(device)))
+    if key not in _checked:
+        try:
+            ok, why = bool(check(torch.device(device))), "results differ from the references"
+        except Exception as exc:  # a compiler's or a driver's error, whatever its type
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            ok, why = False, f"{type(exc).__name__}: {first}"
+        if not ok:
+            log.warning("the GPU tier's %s kernels are off on %s (%s); plain torch ops run "
+                        "instead (%s=0 silences this)", name, key[1], why, ENV)
+        _checked[key] = ok
+    return _checked[key]
 
 
 def imported():

@@ -136,3 +136,39 @@ def test_stored_rows_are_torchs_conversion_bit_for_bit(pool_type):
     k_pool.index_copy_(0, own, k.to(pool_type))
     v_pool.index_copy_(0, own, v.to(pool_type))
     assert torch.equal(k_dev.cpu(), k_pool) and torch.equal(v_dev.cpu(), v_pool)
+
+
+def test_the_kernels_pass_their_own_check_and_a_wrong_one_is_caught(monkeypatch):
+    from ember.kernels import tier_blocks_triton
+
+    assert fused.self_check(DEVICE) and tier_blocks_triton.self_check(DEVICE)
+    monkeypatch.setattr(fused, "rms_norm", lambda x, w, eps: x.float() * w)
+    assert not fused.self_check(DEVICE)
+
+
+def test_kernels_that_fail_their_check_leave_the_tier_to_torch_ops(monkeypatch, caplog):
+    """A Triton or a GPU that cannot compile a kernel, or computes something else, costs
+    speed, not a decode: the tier runs the references, and one warning says why."""
+    from ember.kernels import tier_attention, triton_support
+
+    monkeypatch.setattr(triton_support, "_checked", {})
+    calls = []
+
+    def broken(device):
+        calls.append(device)
+        raise RuntimeError("PTX assembly failed\nmore lines")
+
+    monkeypatch.setattr(fused, "self_check", broken)
+    with caplog.at_level("WARNING", logger="ember.kernels"):
+        assert tier_attention.layer_ops(DEVICE) is tier_attention.REFERENCE_OPS
+        assert tier_attention.layer_ops(DEVICE) is tier_attention.REFERENCE_OPS
+    assert len(calls) == 1  # checked once per process and device
+    (record,) = [r for r in caplog.records if "kernels are off" in r.getMessage()]
+    assert "RuntimeError: PTX assembly failed" in record.getMessage()
+    assert "more lines" not in record.getMessage()
+    monkeypatch.setattr(triton_support, "_checked", {})
+    monkeypatch.setattr(fused, "self_check", lambda device: False)
+    assert tier_attention.layer_ops(DEVICE) is tier_attention.REFERENCE_OPS
+    monkeypatch.setattr(triton_support, "_checked", {})
+    monkeypatch.setattr(fused, "self_check", lambda device: True)
+    assert tier_attention.layer_ops(DEVICE) is tier_attention.TRITON_OPS
