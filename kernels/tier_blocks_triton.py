@@ -4,14 +4,14 @@ exactly the file's bytes once per token and launches one kernel per matrix.
 
 Why: the torch decoding path (`tier_blocks.tier_blocks_matmul`) decodes a tile of rows with
 dozens of small torch ops and writes float32 intermediates before one matmul: on an H200 a
-TinyLlama-1.1B layer took 3 ms that way (about a thousand kernel launches a layer), which made
-the GPU tier slower than the CPU. Here y (T, N) = x (T, K) @ W^T for a few rows of x (a
-decoded token, a draft tree's rows): program (tile, t) decodes BLOCK_N rows of W for
-BLOCK_K values at a time (each scale read once for the group of values it covers) and
-accumulates w * x[t] elementwise, then sums each row once. A
-row's bits do not depend on T or on the rows beside it (batch invariance: a verified tree's
-rows equal plain decoding's), and each value is decoded as `models/block_decoders.py` decodes
-it (the same float32 operations in the same order), so a one-hot x reads W's values exactly.
+TinyLlama-1.1B layer took 3 ms that way (about a thousand torch ops a layer), which made the
+GPU tier slower than the CPU. Here y (T, N) = x (T, K) @ W^T for a few rows of x (a decoded
+token, a draft tree's rows): program (tile, t) decodes BLOCK_N rows of W for BLOCK_K values
+at a time (each scale read once for the group of values it covers) and accumulates w * x[t]
+elementwise, then sums each row once. A row's bits do not depend on T or on the rows beside
+it (batch invariance: a verified tree's rows equal plain decoding's), and each value is
+decoded as `models/block_decoders.py` decodes it (the same float32 operations in the same
+order), so a one-hot x reads W's values exactly.
 
 Types: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K (what Q4_K_M files are made of); other types, and more
 than `MAX_ROWS` rows of x (a prompt), take the torch decoding path. Triton comes with CUDA
@@ -41,8 +41,8 @@ _TYPES = {int(Q.Q4_0): (32, 18, 32, 0), int(Q.Q5_0): (32, 22, 32, 1),
 
 
 def available() -> bool:
-    """Whether the fused block kernel can run here: Triton installed (a CUDA device, or the interpreter, is
-    `triton_support.usable`'s question)."""
+    """Whether the fused block kernel can run here: Triton installed (a CUDA device, or the
+    interpreter, is `triton_support.usable`'s question)."""
     return triton_support.available()
 
 
@@ -89,9 +89,8 @@ def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape,
         raise ValueError(f"out must be ({t}, {n}) float32 with unit column stride")
     grid = ((n + BLOCK_N - 1) // BLOCK_N, t)
     _GEMV[grid](x, raw, raw.view(torch.float16), y, n, k, k // values * nbytes, y.stride(0),
-                    CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, BLOCK_N=BLOCK_N,
-                    BLOCK_K=BLOCK_K,
-                    num_warps=NUM_WARPS)
+                CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, BLOCK_N=BLOCK_N,
+                BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
     return y
 
 

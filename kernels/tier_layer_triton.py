@@ -2,14 +2,15 @@
 residual step with the next norm, the q/k head norms with the rotary embedding, the rows' K/V
 stored in the paged pool, and the attention of a token (or a draft tree's rows) over it.
 
-Why: written as torch ops (kernels/fused_ops.py's references) these steps launched about 40 of
+Why: written as torch ops (kernels/fused_ops.py's references) these steps launched most of
 a tier layer's ~56 kernels per decoded token on an H200, and a decode step there was bound by
-launches, not by the GPU; and attention copied every key and value it read to float32
-first (two gathers and two conversions a layer). Each kernel here is one launch per call, one
+launches, not by the GPU; and attention copied every key and value it read to float32 first
+(two gathers and two conversions a layer). Each kernel here is one launch per call, one
 program per row (and head), so a row's result does not depend on the rows beside it (batch
-invariance, as the references); attention reads the pool's own rows in their own type. They compute what the references compute in float32; sums are reduced in
-another order, so results agree to rounding, not bit for bit (tests/test_tier_layer_triton.py).
-kernels/triton_support.py says where they run.
+invariance, as the references); attention reads the pool's own rows in their own type. They
+compute what the references compute in float32; sums are reduced in another order, so results
+agree to rounding, not bit for bit (tests/test_tier_layer_triton.py). The K/V store rounds as
+torch does, bit for bit. kernels/triton_support.py says where they run.
 """
 
 from __future__ import annotations
@@ -153,8 +154,7 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, keys: to
     mask = mask.to(torch.int8).contiguous() if has_mask else keys
     _ATTEND[(t, n_heads)](q, q.stride(0), k_pool.contiguous(), v_pool.contiguous(),
                           keys.contiguous(), mask, out, s, n_heads, n_kv, hd, float(scale),
-                          float(softcap),
-                          HAS_MASK=has_mask, SOFTCAP=bool(softcap),
+                          float(softcap), HAS_MASK=has_mask, SOFTCAP=bool(softcap),
                           BLOCK_S=_KEYS_PER_STEP, BLOCK_D=_block(hd))
     return out
 

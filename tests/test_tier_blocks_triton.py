@@ -1,8 +1,9 @@
 """The fused Triton kernel for the GPU tier's file blocks (kernels/tier_blocks_triton.py), on
 CUDA where there is a device (bench/gpu_check.sh) and else in Triton's interpreter on the CPU
-(the same kernel source): every type it takes reads the file's values exactly (a one-hot x picks a column of W), multiplies as the
-float64 reference does, gives a row the same bits whatever rows share its call, and
-`TierBlocks` sends a decoded token or a draft tree to it and a prompt to the torch path."""
+(the same kernel source): every type it takes reads the file's values exactly (a one-hot x
+picks a column of W), multiplies as the float64 reference does, gives a row the same bits
+whatever rows share its call, and `TierBlocks` sends a decoded token or a draft tree to it
+and a prompt to the torch path."""
 
 from __future__ import annotations
 
