@@ -153,7 +153,7 @@ for f in sorted(out.glob("bench_*.json")):
                    layer_modes=h.get("layer_modes"),
                    attention_on_gpu=h["on_gpu_tier"]["attention_and_kv"],
                    lm_head_on_gpu=h["on_gpu_tier"]["lm_head"], charges=h["charges"],
-                   attention_held=held,
+                   attention_held=held, tier_kernels=h.get("tier_kernels"),
                    layer_ms={k: round(sum(t[k] for t in timing) / len(timing), 4)
                              for k in ("hot", "cold", "wait")} if timing else None)
     if "llama.cpp" in r:

@@ -215,6 +215,12 @@ def check_whole_model_budgets(loaded, want, gaps, prompt, n_ctx, n, monkeypatch)
                 assert "cpu" in plan.layer_modes and set(plan.layer_modes) != {"cpu"}
             if fmt_held := report["tier_attention_weights"]:
                 assert fmt_held["format"] == "file" and fmt_held["error_qkv"]["max"] == 0
+            # what runs the tier's work: the C++ block kernels on a CPU tier, else torch ops
+            # (Triton's kernels only on CUDA, or asked for in the interpreter)
+            native = tier_blocks.block_kernels_on(CPU)
+            assert report["tier_kernels"]["matrices"] == (["c++"] if native else ["torch"])
+            if not native and fmt_held:
+                assert report["tier_kernels"]["layer_steps"] == "torch"
             got, _ = greedy_with_gaps(engine, prompt, n)
             assert_agrees_until_near_tie(want, gaps, got)
         finally:

@@ -107,6 +107,7 @@ class HybridModel:
             # The mapped file's FFN pages let go where the cold side holds the file's blocks.
             "file_bytes_released": self.file_bytes_released,
             "tier_attention_weights": attention_summary(self.attention),
+            "tier_kernels": tier_kernels(self.gpu, self.attention, self.layers),
             "layer_modes": None if self.layer_modes is None else list(self.layer_modes),
         }
 
@@ -129,6 +130,27 @@ def tier_summary(layers: list[HybridFFN]) -> dict:
                      "error_mean": round(sum(errors) / len(errors), 5) if errors else None,
                      "error_max": round(max(errors), 5) if errors else None}
     return out
+
+
+def tier_kernels(device, attention: list | None, layers: list[HybridFFN]) -> dict:
+    """What runs the tier's work: its matrices by the C++ block kernels (a CPU tier), the
+    fused Triton kernel or torch ops (each kind in use), and attention's other steps (norms,
+    rotary, K/V store, attention) by Triton or torch ops (None: attention on the host)."""
+    from ember.kernels.tier_attention import TRITON_OPS, layer_ops
+
+    matrices = [w.qkv for w in attention or []] + [w.o for w in attention or []]
+    for layer in layers:
+        if layer.hot is not None:
+            matrices += [layer.hot.gate_up, layer.hot.down]
+
+    def kind(m) -> str:
+        return "c++" if getattr(m, "native", False) else \
+            "triton" if getattr(m, "fused", False) else "torch"
+
+    steps = None
+    if attention:
+        steps = "triton" if layer_ops(attention[0].device) is TRITON_OPS else "torch"
+    return {"matrices": sorted({kind(m) for m in matrices}), "layer_steps": steps}
 
 
 def attention_summary(layers: list | None) -> dict | None:
