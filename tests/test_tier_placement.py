@@ -219,8 +219,8 @@ def check_whole_model_budgets(loaded, want, gaps, prompt, n_ctx, n, monkeypatch)
             # (Triton's kernels only on CUDA, or asked for in the interpreter)
             native = tier_blocks.block_kernels_on(CPU)
             assert report["tier_kernels"]["matrices"] == (["c++"] if native else ["torch"])
-            if not native and fmt_held:
-                assert report["tier_kernels"]["layer_steps"] == "torch"
+            if fmt_held:
+                assert report["tier_kernels"]["layer_steps"] == ("c++" if native else "torch")
             got, _ = greedy_with_gaps(engine, prompt, n)
             assert_agrees_until_near_tie(want, gaps, got)
         finally:

@@ -135,7 +135,7 @@ def tier_summary(layers: list[HybridFFN]) -> dict:
 def tier_kernels(device, attention: list | None, layers: list[HybridFFN]) -> dict:
     """What runs the tier's work: its matrices by the C++ block kernels (a CPU tier), the
     fused Triton kernel or torch ops (each kind in use), and attention's other steps (norms,
-    rotary, K/V store, attention) by Triton or torch ops (None: attention on the host)."""
+    rotary, K/V store, attention) by C++, Triton or torch ops (None: attention on the host)."""
     from ember.kernels.tier_attention import TRITON_OPS, layer_ops
 
     matrices = [w.qkv for w in attention or []] + [w.o for w in attention or []]
@@ -148,8 +148,9 @@ def tier_kernels(device, attention: list | None, layers: list[HybridFFN]) -> dic
             "triton" if getattr(m, "fused", False) else "torch"
 
     steps = None
-    if attention:
-        steps = "triton" if layer_ops(attention[0].device) is TRITON_OPS else "torch"
+    if attention:  # a CPU tier's layers in the file's blocks run whole in the C++ pass
+        steps = "c++" if getattr(attention[0].qkv, "native", False) else \
+            "triton" if layer_ops(attention[0].device) is TRITON_OPS else "torch"
     return {"matrices": sorted({kind(m) for m in matrices}), "layer_steps": steps}
 
 
