@@ -21,7 +21,7 @@ from ember.models.weights import QTensor
 
 # not imported here: Triton takes its interpreter mode from TRITON_INTERPRET when first imported
 if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton comes with CUDA builds of PyTorch ([test] extra)", allow_module_level=True)
+    pytest.skip("Triton comes with CUDA builds of PyTorch", allow_module_level=True)
 
 TYPES = [Q.Q4_0, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
