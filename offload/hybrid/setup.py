@@ -19,6 +19,7 @@ import torch
 
 from ember.kernels import q8_matmul
 from ember.kernels.page_advice import release_pages
+from ember.kernels.tier_attention import TRITON_OPS, layer_ops
 from ember.models.support.errors import ConfigError
 from ember.models.support.heap import release_free_heap
 from ember.models.transformer import FeedForward, Transformer
@@ -136,8 +137,6 @@ def tier_kernels(device, attention: list | None, layers: list[HybridFFN]) -> dic
     """What runs the tier's work: its matrices by the C++ block kernels (a CPU tier), the
     fused Triton kernel or torch ops (each kind in use), and attention's other steps (norms,
     rotary, K/V store, attention) by C++, Triton or torch ops (None: attention on the host)."""
-    from ember.kernels.tier_attention import TRITON_OPS, layer_ops
-
     matrices = [w.qkv for w in attention or []] + [w.o for w in attention or []]
     for layer in layers:
         if layer.hot is not None:
