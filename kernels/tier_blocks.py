@@ -71,18 +71,22 @@ class TierBlocks:
     @classmethod
     def of(cls, tensors: list[QTensor], device: torch.device | str = "cpu",
            half: torch.dtype = torch.bfloat16) -> "TierBlocks":
-        """The tensors' bytes on `device` (on the CPU the very same bytes: no copy)."""
+        """The tensors' bytes on `device` (on the CPU the very same bytes: no copy). For the
+        fused kernel, neighbours of one type become one matrix (their rows one after the
+        other: gate and up, q and k), so one launch multiplies both."""
         device = torch.device(device)
         k = {t.shape[1] for t in tensors}
         if len(k) != 1:
             raise ValueError(f"weights multiplied together share K, got {sorted(k)}")
         # rows as the file has them (row groups are the host's one-token layout)
-        parts = tuple(QTensor(t.file_layout().raw.reshape(-1).to(device), t.qtype, tuple(t.shape))
-                      for t in tensors)
+        host = [QTensor(t.file_layout().raw.reshape(-1), t.qtype, tuple(t.shape)) for t in tensors]
         native = block_kernels_on(device)
         fused = (not native and fused_blocks.usable(device)
-                 and all(fused_blocks.supports(t.qtype) for t in parts)
+                 and all(fused_blocks.supports(t.qtype) for t in host)
                  and triton_support.checked("block", device, fused_blocks.self_check))
+        if fused:
+            host = _same_types_joined(host)
+        parts = tuple(QTensor(t.raw.to(device), t.qtype, t.shape) for t in host)
         return cls(parts, native, half, fused)
 
     @property
@@ -116,6 +120,19 @@ class TierBlocks:
         """The float32 W (sum N_i, K) on the host: the file's values."""
         return torch.cat([t.dequantize() if t.raw.is_cpu else _decoded(t, 0, t.shape[0]).cpu()
                           for t in self.parts])
+
+
+def _same_types_joined(parts: list[QTensor]) -> list[QTensor]:
+    """Consecutive parts of one GGML type as one (sum of rows, K) part: the same bytes, joined
+    on the host before they go to the tier (so the tier never holds both copies)."""
+    joined: list[QTensor] = []
+    for t in parts:
+        if joined and joined[-1].qtype == t.qtype:
+            last = joined.pop()
+            t = QTensor(torch.cat([last.raw, t.raw]), t.qtype,
+                        (last.shape[0] + t.shape[0], t.shape[1]))
+        joined.append(t)
+    return joined
 
 
 def _decoded(t: QTensor, r0: int, r1: int) -> torch.Tensor:

@@ -114,3 +114,22 @@ def test_calls_the_kernel_cannot_take_say_why():
     with pytest.raises(ValueError, match="out must be"):
         fused.block_matmul(_randn(1, 64, seed=0), t.raw, t.qtype, t.shape,
                            out=torch.empty(1, 9, device=DEVICE))
+
+
+def test_neighbours_of_one_type_become_one_launch(monkeypatch):
+    """Gate and up (q and k) of one type are one matrix for the kernel: the same bytes, one
+    launch; a part of another type stays apart."""
+    monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
+    a, b, c = _tensor(Q.Q4_K, 40, 256, 4), _tensor(Q.Q4_K, 24, 256, 5), _tensor(Q.Q6_K, 8, 256, 6)
+    host = [QTensor(t.raw.cpu(), t.qtype, t.shape) for t in (a, b, c)]
+    w = TierBlocks.of(host, DEVICE, torch.float32)
+    assert [(t.qtype, t.shape) for t in w.parts] == [(Q.Q4_K, (64, 256)), (Q.Q6_K, (8, 256))]
+    assert w.nbytes() == a.nbytes + b.nbytes + c.nbytes
+    calls = []
+    real = fused.block_matmul
+    monkeypatch.setattr(fused, "block_matmul", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x = _randn(2, 256, seed=7)
+    got = w(x)
+    assert len(calls) == 2
+    want = tier_blocks_matmul_reference(x, host)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
