@@ -13,9 +13,9 @@ one place (`block_kernels_on`):
         one Triton kernel per matrix decodes the blocks in registers and multiplies them
         into x (float32; the file's bytes read once, GGML's values bit for bit);
     a prompt's many rows, a type that kernel lacks, or no Triton   `tier_blocks_matmul`:
-        a tile of rows at a time, the blocks decoded on the device by torch ops
-        (models/quants.py:decode_blocks, GGML's values bit for bit) into the tier's 16-bit
-        type, then one matmul.
+        a tile of rows at a time, the blocks decoded on the device (by the fused kernel in
+        one launch where it serves, else by torch ops, models/quants.py:decode_blocks; GGML's
+        values bit for bit either way) into the tier's 16-bit type, then one matmul.
 
 `tier_blocks_matmul_reference` is the same product in float64 on the host, from the blocks'
 values (`quants.dequantize`). Nothing here imports a GPU library: the tensors' device
@@ -114,6 +114,8 @@ class TierBlocks:
             return bm.block_matmul(x.float().contiguous(), list(self.parts))
         if self.fused and x.shape[0] <= fused_blocks.MAX_ROWS:
             return fused_matmul(x, self.parts)
+        if self.fused:  # a prompt: tiles decoded by the fused kernel, one launch each
+            return tier_blocks_matmul(x, self.parts, self.half, _fused_tile)
         return tier_blocks_matmul(x, self.parts, self.half)
 
     def dequantize(self) -> torch.Tensor:
@@ -156,9 +158,19 @@ def fused_matmul(x: torch.Tensor, parts) -> torch.Tensor:
     return y
 
 
-def tier_blocks_matmul(x: torch.Tensor, parts, half: torch.dtype) -> torch.Tensor:
+def _torch_tile(t: QTensor, r0: int, r1: int, half: torch.dtype) -> torch.Tensor:
+    return _decoded(t, r0, r1).to(half)
+
+
+def _fused_tile(t: QTensor, r0: int, r1: int, half: torch.dtype) -> torch.Tensor:
+    return fused_blocks.decode_rows(t.raw, t.qtype, t.shape, r0, r1, half)
+
+
+def tier_blocks_matmul(x: torch.Tensor, parts, half: torch.dtype, tile=_torch_tile
+                       ) -> torch.Tensor:
     """x (T, K) @ [W_i]^T with each W_i decoded a tile of rows at a time on its device into
-    `half`: (T, sum N_i) float32, on the weights' device."""
+    `half` (`tile(t, r0, r1, half)`: torch ops, or the fused kernel's one launch; the same
+    values): (T, sum N_i) float32, on the weights' device."""
     xh = x.to(half)
     outs = []
     for t in parts:
@@ -166,7 +178,7 @@ def tier_blocks_matmul(x: torch.Tensor, parts, half: torch.dtype) -> torch.Tenso
         step = max(1, TILE_VALUES // max(1, k))
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            outs.append(F.linear(xh, _decoded(t, r0, r1).to(half)))
+            outs.append(F.linear(xh, tile(t, r0, r1, half)))
     return torch.cat(outs, dim=1).float() if outs else x.new_zeros(x.shape[0], 0)
 
 

@@ -28,6 +28,7 @@ from . import triton_support
 from .triton_support import usable  # noqa: F401  (the tier asks this module)
 
 tl = None  # triton.language, bound by triton_support when the kernel is first compiled
+bf16_bits = None  # triton_support.bf16_bits, as the kernel calls it (bound with tl)
 
 MAX_ROWS = 32  # rows of x taken here (a token, a draft tree); more (a prompt) share one matmul
 BLOCK_N = 4  # rows of W a program decodes
@@ -89,18 +90,45 @@ def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape,
         raise ValueError(f"out must be ({t}, {n}) float32 with unit column stride")
     grid = ((n + BLOCK_N - 1) // BLOCK_N, t)
     _GEMV[grid](x, raw, raw.view(torch.float16), y, n, k, k // values * nbytes, y.stride(0),
-                CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, BLOCK_N=BLOCK_N,
-                BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
+                CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, DECODE=False,
+                BF16=False, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
     return y
+
+
+def decode_rows(raw: torch.Tensor, qtype: int, shape, r0: int, r1: int,
+                dtype: torch.dtype) -> torch.Tensor:
+    """Rows r0..r1-1 of W (N, K) in GGML type `qtype` (its blocks `raw`, flat uint8) as
+    (r1 - r0, K) values in `dtype`, decoded by the same kernel in one launch: GGML's values,
+    rounded to `dtype` as torch rounds them (a prompt's tiles, then one matmul)."""
+    n, k = shape
+    values, nbytes, group, code = _TYPES[int(qtype)]
+    row_bytes = k // values * nbytes
+    if k % values or raw.numel() != n * row_bytes or not 0 <= r0 < r1 <= n:
+        raise ValueError(f"rows {r0}..{r1} of blocks of {raw.numel()} bytes as a ({n}, {k}) "
+                         f"type-{qtype} matrix")
+    rows = raw[r0 * row_bytes:r1 * row_bytes]  # whole blocks: an even offset
+    if rows.storage_offset() % 2:
+        rows = rows.clone()
+    out = torch.empty(r1 - r0, k, dtype=dtype, device=raw.device)
+    bf16 = dtype == torch.bfloat16  # rounded by hand: as torch rounds, on any backend
+    target = out.view(torch.int16) if bf16 else out
+    grid = ((r1 - r0 + BLOCK_N - 1) // BLOCK_N, 1)
+    _GEMV[grid](target, rows, rows.view(torch.float16), target, r1 - r0, k, row_bytes, k,
+                CODE=code, VALUES=values, BYTES=nbytes, GROUP=group, DECODE=True, BF16=bf16,
+                BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
+    return out
 
 
 def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl.constexpr,
                  VALUES: tl.constexpr, BYTES: tl.constexpr, GROUP: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 DECODE: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     # Program (tile, t): rows tile*BLOCK_N.. of W against row t of x, BLOCK_K values of a row
     # at a time as (BLOCK_N, BLOCK_K // GROUP, GROUP) tiles: a group is the values one scale
     # covers, so scales and mins are loaded once a group (shape (.., .., 1)) and broadcast,
-    # and each value reads only its own code bytes.
+    # and each value reads only its own code bytes. DECODE: the values themselves are
+    # stored to y (rows of y_stride, in y's type; BF16: y is int16 and takes the bfloat16
+    # bits, rounded to nearest even here) instead, and x is not read.
     t = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in = rows < N
@@ -112,7 +140,6 @@ def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl
         k_group = k0 + g * GROUP  # first value of each group (K is whole groups)
         k_in = row_in[:, None, None] & (k_group < K)  # (rows, groups, 1)
         x_in = (k_group + e) < K
-        xk = tl.load(x_ptr + t * K + k_group + e, mask=x_in, other=0.0)
         at = row_at + k_group // VALUES * BYTES  # byte offset of each group's block
         pg = k_group % VALUES  # the group's first place in its block
         p = pg + e  # each value's place in its block
@@ -159,9 +186,16 @@ def _gemv_source(x_ptr, w_ptr, h_ptr, y_ptr, N, K, row_bytes, y_stride, CODE: tl
             q = ((ql.to(tl.int32) >> (4 * (quarter // 2))) & 15) | \
                 (((qh.to(tl.int32) >> (2 * quarter)) & 3) << 4)
             w = (q - 32).to(tl.float32) * (d * sc.to(tl.float32))
-        acc += w * xk
-    y = tl.sum(tl.sum(acc, axis=2), axis=1)
-    tl.store(y_ptr + t * y_stride + rows, y, mask=row_in)
+        if DECODE:
+            at_y = rows.to(tl.int64)[:, None, None] * y_stride + k_group + e
+            if BF16:
+                w = bf16_bits(w)
+            tl.store(y_ptr + at_y, w.to(y_ptr.dtype.element_ty), mask=k_in & x_in)
+        else:
+            acc += w * tl.load(x_ptr + t * K + k_group + e, mask=x_in, other=0.0)
+    if not DECODE:
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+        tl.store(y_ptr + t * y_stride + rows, y, mask=row_in)
 
 
-_GEMV = triton_support.Kernel(_gemv_source)
+_GEMV = triton_support.Kernel(_gemv_source, helpers=("bf16_bits",))

@@ -20,6 +20,7 @@ import torch
 from . import triton_support
 
 tl = None  # triton.language, bound by triton_support when a kernel is first compiled
+bf16_bits = None  # triton_support.bf16_bits, as the kernels call it (bound with tl)
 
 
 def available() -> bool:
@@ -126,8 +127,11 @@ def store_kv(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, k_pool: 
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
         raise ValueError("the pools must be contiguous")
     t = qkv.shape[0]
+    bf16 = k_pool.dtype == torch.bfloat16  # rounded by hand: as torch rounds, on any backend
+    if bf16:
+        k_pool, v_pool = k_pool.view(torch.int16), v_pool.view(torch.int16)
     _STORE_KV[(t, n_kv)](qkv, k_pool, v_pool, own.contiguous(), qkv.shape[1], n_heads, n_kv,
-                         head_dim, BLOCK=_block(head_dim))
+                         head_dim, BF16=bf16, BLOCK=_block(head_dim))
 
 
 ATTEND_ROWS = 32  # rows attended here at most (a token, a draft tree); a prompt takes SDPA
@@ -195,8 +199,10 @@ def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, out_ptr, S
     tl.store(out_ptr + (t * NH + h) * HD + d, acc / total, mask=d_in)
 
 
-def _store_kv_source(qkv_ptr, k_ptr, v_ptr, own_ptr, row_len, NH, NKV, HD, BLOCK: tl.constexpr):
-    # program (t, j): K head j and V head j of row t, to the row's pool slot
+def _store_kv_source(qkv_ptr, k_ptr, v_ptr, own_ptr, row_len, NH, NKV, HD, BF16: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    # program (t, j): K head j and V head j of row t, to the row's pool slot (BF16: the pools
+    # are int16 views taking the bfloat16 bits)
     t = tl.program_id(0)
     j = tl.program_id(1)
     d = tl.arange(0, BLOCK)
@@ -205,6 +211,8 @@ def _store_kv_source(qkv_ptr, k_ptr, v_ptr, own_ptr, row_len, NH, NKV, HD, BLOCK
     dst = (tl.load(own_ptr + t).to(tl.int64) * NKV + j) * HD + d
     k = tl.load(src, mask=inside, other=0.0)
     v = tl.load(src + NKV * HD, mask=inside, other=0.0)
+    if BF16:
+        k, v = bf16_bits(k), bf16_bits(v)
     tl.store(k_ptr + dst, k.to(k_ptr.dtype.element_ty), mask=inside)
     tl.store(v_ptr + dst, v.to(v_ptr.dtype.element_ty), mask=inside)
 
@@ -263,4 +271,4 @@ def _qk_norm_rope_source(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, row_len, NH,
 _RESIDUAL_NORM = triton_support.Kernel(_residual_norm_source)
 _QK_NORM_ROPE = triton_support.Kernel(_qk_norm_rope_source)
 _ATTEND = triton_support.Kernel(_attend_source)
-_STORE_KV = triton_support.Kernel(_store_kv_source)
+_STORE_KV = triton_support.Kernel(_store_kv_source, helpers=("bf16_bits",))

@@ -75,12 +75,25 @@ def imported():
     return _triton
 
 
+def _bf16_bits_source(x):
+    # float32 -> the int16 bits of its bfloat16, rounded to nearest even as torch rounds
+    # (Triton's interpreter truncates instead; by hand, every backend gives torch's bits)
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+HELPERS = {"bf16_bits": _bf16_bits_source}  # functions a kernel may call, by name
+tl = None  # triton.language, bound for the helpers with the kernels'
+
+
 class Kernel:
     """A kernel's source function, compiled on its first launch (`kernel[grid](...)`): jit
-    for the GPU, or interpreted on the CPU. The source reads `tl` from its module, bound here."""
+    for the GPU, or interpreted on the CPU. The source reads `tl`, and the `helpers` it
+    calls (names in HELPERS), from its module: bound here, compiled the same way."""
 
-    def __init__(self, source):
-        self.source = source
+    def __init__(self, source, helpers: tuple[str, ...] = ()):
+        self.source, self.helpers = source, helpers
         self._made = {}
 
     def __getitem__(self, grid):
@@ -90,7 +103,11 @@ class Kernel:
                                f"of PyTorch); set {ENV}=0 to run plain torch ops")
         mode = interpreted()
         if mode not in self._made:
-            self.source.__globals__["tl"] = triton.language
+            for module in (self.source.__globals__, globals()):
+                module["tl"] = triton.language
+            for name in self.helpers:  # plain Python in the interpreter, jit for the GPU
+                self.source.__globals__[name] = HELPERS[name] if mode else \
+                    triton.jit(HELPERS[name])
             if mode:
                 from triton.runtime.interpreter import InterpretedFunction
                 self._made[mode] = InterpretedFunction(self.source)

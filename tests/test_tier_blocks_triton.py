@@ -2,8 +2,8 @@
 CUDA where there is a device (bench/gpu_check.sh) and else in Triton's interpreter on the CPU
 (the same kernel source): every type it takes reads the file's values exactly (a one-hot x
 picks a column of W), multiplies as the float64 reference does, gives a row the same bits
-whatever rows share its call, and `TierBlocks` sends a decoded token or a draft tree to it
-and a prompt to the torch path."""
+whatever rows share its call, decodes a prompt's tiles as torch ops do, and `TierBlocks`
+sends a decoded token or a draft tree to it and a prompt to decoded tiles and a matmul."""
 
 from __future__ import annotations
 
@@ -75,7 +75,20 @@ def test_products_match_float64_and_a_rows_bits_do_not_depend_on_its_neighbours(
         assert torch.equal(fused.block_matmul(x[rows], t.raw, t.qtype, t.shape), many[rows])
 
 
-def test_tier_blocks_send_a_few_rows_to_the_kernel_and_a_prompt_to_the_torch_path(monkeypatch):
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16, torch.float32])
+def test_decoded_tiles_are_the_files_values_in_the_tiers_type(qtype, half):
+    n, k = _shape(qtype)
+    t = _tensor(qtype, n, k, 8)
+    want = _tensor(qtype, n, k, 8, "cpu").dequantize().to(half)
+    assert torch.equal(fused.decode_rows(t.raw, t.qtype, t.shape, 0, n, half).cpu(), want)
+    assert torch.equal(fused.decode_rows(t.raw, t.qtype, t.shape, 5, 17, half).cpu(), want[5:17])
+    with pytest.raises(ValueError, match="rows 9..3"):
+        fused.decode_rows(t.raw, t.qtype, t.shape, 9, 3, half)
+
+
+def test_tier_blocks_send_a_few_rows_to_the_kernel_and_a_prompt_to_tiles_and_a_matmul(
+        monkeypatch):
     monkeypatch.setattr(tier_blocks, "block_kernels_on", lambda device: False)
     a, b = _tensor(Q.Q4_K, 40, 256, 4), _tensor(Q.Q6_K, 24, 256, 5)
     w = TierBlocks.of([a, b], DEVICE, torch.float32)
@@ -89,9 +102,11 @@ def test_tier_blocks_send_a_few_rows_to_the_kernel_and_a_prompt_to_the_torch_pat
     want = tier_blocks_matmul_reference(x, w.parts)
     torch.testing.assert_close(few.cpu(), want[:3], rtol=1e-5,
                                atol=1e-5 * float(want.abs().max()))
-    prompt = w(x)  # past MAX_ROWS: decoded once, one matmul (the tier's half type)
+    prompt = w(x)  # past MAX_ROWS: tiles decoded by the kernel, one matmul each (half type)
     assert len(calls) == 2
     torch.testing.assert_close(prompt.cpu(), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    # the very bits of the torch-op decoding (the same values, then the same matmul)
+    assert torch.equal(prompt, tier_blocks.tier_blocks_matmul(x, w.parts, w.half))
 
 
 def test_a_type_the_kernel_lacks_or_the_switch_off_keeps_the_torch_path(monkeypatch):

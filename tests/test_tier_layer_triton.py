@@ -129,7 +129,7 @@ def test_stored_rows_are_torchs_conversion_bit_for_bit(pool_type):
     qkv = _randn(t, (n_heads + 2 * n_kv) * hd, seed=14) * 3
     own = torch.tensor([7, 2, 5])
     k_pool, v_pool = (torch.zeros(10, n_kv, hd, dtype=pool_type) for _ in "kv")
-    k_dev, v_dev = k_pool.to(DEVICE), v_pool.to(DEVICE)
+    k_dev, v_dev = k_pool.clone().to(DEVICE), v_pool.clone().to(DEVICE)  # not the same tensors
     fused.store_kv(qkv.to(DEVICE), n_heads, n_kv, hd, k_dev, v_dev, own.to(DEVICE))
     k = qkv[:, n_heads * hd:(n_heads + n_kv) * hd].reshape(t, n_kv, hd)
     v = qkv[:, (n_heads + n_kv) * hd:].reshape(t, n_kv, hd)
