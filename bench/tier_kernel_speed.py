@@ -18,6 +18,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from ember.kernels import tier_blocks_triton as fused
+from ember.kernels import triton_support
 
 # (rows, columns, type): 1.1B q/o, gate/up, down (Q6_K in some layers), the output layer;
 # a 7B's gate/up
@@ -40,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true", help="time every tile of the grid too")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or not fused.usable(torch.device("cuda")):
+    if not torch.cuda.is_available() or not triton_support.usable(torch.device("cuda")):
         raise SystemExit("needs a CUDA device and Triton")
     import triton.testing
 

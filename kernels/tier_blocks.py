@@ -81,7 +81,7 @@ class TierBlocks:
         # rows as the file has them (row groups are the host's one-token layout)
         host = [QTensor(t.file_layout().raw.reshape(-1), t.qtype, tuple(t.shape)) for t in tensors]
         native = block_kernels_on(device)
-        fused = (not native and fused_blocks.usable(device)
+        fused = (not native and triton_support.usable(device)
                  and all(fused_blocks.supports(t.qtype) for t in host)
                  and triton_support.checked("block", device, fused_blocks.self_check))
         if fused:

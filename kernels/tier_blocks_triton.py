@@ -25,7 +25,6 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from . import triton_support
-from .triton_support import usable  # noqa: F401  (the tier asks this module)
 
 tl = None  # triton.language, bound by triton_support when the kernel is first compiled
 bf16_bits = None  # triton_support.bf16_bits, as the kernel calls it (bound with tl)

@@ -37,6 +37,7 @@ def _block(n: int) -> int:
 def self_check(device: torch.device) -> bool:
     """Each kernel on `device` against its plain reference on small inputs (once, through
     triton_support.checked, before a tier layer uses them)."""
+    from .attention import attend_reference
     from .fused_ops import (qk_norm_rope_reference, residual_norm_reference,
                             rms_norm_reference)
 
@@ -70,11 +71,8 @@ def self_check(device: torch.device) -> bool:
     q = want[:, :n_heads * hd].reshape(3, n_heads, hd)
     keys, mask = torch.tensor([2, 5, 7]), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]) > 0
     out = attend(q.to(device), *pools, keys.to(device), mask.to(device), hd ** -0.5, 0.0)
-    kf = pools[0].cpu()[keys].float().repeat_interleave(n_heads // n_kv, dim=1)
-    vf = pools[1].cpu()[keys].float().repeat_interleave(n_heads // n_kv, dim=1)
-    scores = torch.einsum("thd,shd->ths", q, kf) * hd ** -0.5
-    p = torch.softmax(scores.masked_fill(~mask[:, None, :], float("-inf")), dim=-1)
-    return ok and close(out, torch.einsum("ths,shd->thd", p, vf).reshape(3, -1))
+    return ok and close(out, attend_reference(q, pools[0].cpu(), pools[1].cpu(),
+                                              [keys[m] for m in mask], None, hd ** -0.5))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

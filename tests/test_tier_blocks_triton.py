@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ember.kernels import tier_blocks
 from ember.kernels import tier_blocks_triton as fused
+from ember.kernels import triton_support
 from ember.kernels.tier_blocks import TierBlocks, tier_blocks_matmul_reference
 from ember.models.quantize import quantize
 from ember.models.weights import QTensor
@@ -117,7 +118,7 @@ def test_a_type_the_kernel_lacks_or_the_switch_off_keeps_the_torch_path(monkeypa
     monkeypatch.setenv("EMBER_TIER_TRITON", "0")
     assert not TierBlocks.of([_tensor(Q.Q4_K, 8, 256, 7)], DEVICE, torch.float32).fused
     monkeypatch.delenv("EMBER_TIER_TRITON")
-    assert not fused.usable(torch.device("cpu"))  # a CPU tier unasked: C++ or torch ops
+    assert not triton_support.usable(torch.device("cpu"))  # a CPU tier unasked: C++ or torch ops
 
 
 def test_calls_the_kernel_cannot_take_say_why():
