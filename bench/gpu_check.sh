@@ -26,7 +26,8 @@
 # (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
 # against llama.cpp `-ngl` at the layers the same budget holds, once with the self drafter
 # (its tokens must equal plain decoding's), once with EMBER_CUDA_GRAPHS=1, and on the CPU
-# without a split; then one JSON line: what passed, tokens/s per run, the plan's per-layer
+# without a split; a profile of decoded tokens with the whole model on the tier
+# (bench/tier_profile.py); then one JSON line: what passed, tokens/s per run, the plan's per-layer
 # modes and bytes, where attention ran and in what format, per-layer hot/cold/wait means.
 # Every step after the install runs under one deadline (DEADLINE_S, 280 s from the start), so
 # the summary prints within 5 minutes; a step cut short reads as rc 124 in its log and the
@@ -121,6 +122,10 @@ if [ -f "$model" ]; then
     bench cuda_512MiB_self --device cuda --gpu-budget 512MiB --speculate self
     EMBER_CUDA_GRAPHS=1 bench cuda_1GiB_graphs --device cuda --gpu-budget 1GiB
     bench cpu_dense --device cpu
+    step "profile"
+    # where a decoded token's time goes with the whole model on the tier (bench/tier_profile.py)
+    within profile 60 $PY -m bench.tier_profile "$model" --gpu-budget 1GiB \
+        >"$out/profile.json" 2>"$out/profile.log"
 fi
 
 step "summary"
@@ -172,6 +177,11 @@ if (out / "kernel_speed.json").exists():
         except ValueError:
             continue
         kernel.append({"shape": r["shape"], "gbps": r["default_gbps"]})
+profile = None
+try:
+    profile = json.loads((out / "profile.json").read_text().strip().splitlines()[-1])
+except (OSError, ValueError, IndexError):
+    pass
 try:
     import llama_cpp
     llama = {"installed": True,
@@ -181,6 +191,6 @@ except ImportError:
              "note": "no llama-cpp-python on this image: carry a CUDA wheel in .whl/"}
 print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__,
                   "tests_rc": tests_rc, "tests": tests, "llama_cpp": llama,
-                  "fused_kernel_gbps": kernel, "bench_decode": runs, "seconds": seconds,
+                  "fused_kernel_gbps": kernel, "bench_decode": runs, "profile": profile, "seconds": seconds,
                   "timed_out": timed_out}))
 PY

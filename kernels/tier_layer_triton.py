@@ -63,12 +63,14 @@ def self_check(device: torch.device) -> bool:
     qk_norm_rope_(got, n_heads, n_kv, hd, qn.to(device), kn.to(device), angle.cos().to(device),
                   angle.sin().to(device), False, 1e-6)
     ok = ok and close(got, want)
+    # the stores and attention from the kernels' own q/k/v, on the device (`got`)
     pools = [torch.zeros(8, n_kv, hd, dtype=torch.float16, device=device) for _ in "kv"]
     own = torch.tensor([5, 2, 7])
-    store_kv(want, n_heads, n_kv, hd, *pools, own.to(device))
-    k = want[:, n_heads * hd:(n_heads + n_kv) * hd].reshape(3, n_kv, hd).half()
+    store_kv(got, n_heads, n_kv, hd, *pools, own.to(device))
+    qkv = got.cpu()
+    k = qkv[:, n_heads * hd:(n_heads + n_kv) * hd].reshape(3, n_kv, hd).half()
     ok = ok and torch.equal(pools[0].cpu()[own], k)
-    q = want[:, :n_heads * hd].reshape(3, n_heads, hd)
+    q = qkv[:, :n_heads * hd].reshape(3, n_heads, hd)
     keys, mask = torch.tensor([2, 5, 7]), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]) > 0
     out = attend(q.to(device), *pools, keys.to(device), mask.to(device), hd ** -0.5, 0.0)
     return ok and close(out, attend_reference(q, pools[0].cpu(), pools[1].cpu(),
