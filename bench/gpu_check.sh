@@ -21,11 +21,13 @@
 # marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on the GPU by the
 # fused Triton kernel and by torch ops, int8/int4
 # attention and LM head, three budgets each, a verified tree's rows against plain decode's
-# bit for bit, CUDA graphs of the hot FFN), the fused kernel's GB/s per matrix shape
+# bit for bit, a decode step replayed from its CUDA graph against the layers launched one by
+# one, bit for bit), the fused kernel's GB/s per matrix shape
 # (bench/tier_kernel_speed.py), `bench decode` on CUDA at three GPU budgets
 # (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
 # against llama.cpp `-ngl` at the layers the same budget holds, once with the self drafter
-# (its tokens must equal plain decoding's), once with EMBER_CUDA_GRAPHS=1, and on the CPU
+# (its tokens must equal plain decoding's), once without CUDA graphs (EMBER_CUDA_GRAPHS=0:
+# every kernel launched from Python), and on the CPU
 # without a split; a profile of decoded tokens with the whole model on the tier
 # (bench/tier_profile.py); then one JSON line: what passed, tokens/s per run, the plan's per-layer
 # modes and bytes, where attention ran and in what format, per-layer hot/cold/wait means.
@@ -120,7 +122,7 @@ if [ -f "$model" ]; then
         bench "cuda_$budget" --device cuda --gpu-budget "$budget" "${against[@]}"
     done
     bench cuda_512MiB_self --device cuda --gpu-budget 512MiB --speculate self
-    EMBER_CUDA_GRAPHS=1 bench cuda_1GiB_graphs --device cuda --gpu-budget 1GiB
+    EMBER_CUDA_GRAPHS=0 bench cuda_1GiB_eager --device cuda --gpu-budget 1GiB
     bench cpu_dense --device cpu
     step "profile"
     # where a decoded token's time goes with the whole model on the tier (bench/tier_profile.py)

@@ -62,11 +62,15 @@ class AttendRows:
 
     keys (S,): the pool rows any row reads, in position order; own (T,): the row each row's
     K/V is written to (each row reads its own too); mask (T, S) bool: which keys each row
-    sees, None when every row sees all of them (one decoded token)."""
+    sees, None when every row sees all of them (one decoded token). span (2,) int64 on the
+    keys' device, one row and no mask: the row reads keys[span[0]:span[0] + span[1]] only,
+    a count the kernel reads on the device (the fixed inputs a CUDA graph replays,
+    offload/body/tier_graph.py)."""
 
     keys: torch.Tensor
     own: torch.Tensor
     mask: torch.Tensor | None
+    span: torch.Tensor | None = None
 
     @staticmethod
     def causal_mask(lo: int, start: int, T: int, window: int | None,
@@ -95,10 +99,18 @@ class AttendRows:
         own = torch.stack([pos[-1] for pos in positions])
         return mask.to(device), own.to(device)
 
+    def spanned(self) -> torch.Tensor:
+        """The keys read when every row reads all of them (no mask): `keys`, or its span
+        (read back to the host: not for a graph's capture)."""
+        if self.span is None:
+            return self.keys
+        lo, n = self.span.tolist()
+        return self.keys[lo:lo + n]
+
     def per_row(self) -> list[torch.Tensor]:
         """Each row's pool rows, in key order (its own last): the reference's form."""
         if self.mask is None:
-            return [self.keys]
+            return [self.spanned()]
         return [self.keys[m] for m in self.mask]
 
 
@@ -234,8 +246,9 @@ def _finish(w: TierAttentionWeights, x: torch.Tensor, o: torch.Tensor, ops: Laye
 def _attend_pooled(q, k_pool, v_pool, rows: AttendRows, scale: float, softcap: float):
     """The rows' keys and values gathered from the pools as float32, then one masked
     attention (`_attend`): (T, n_heads * hd)."""
-    keys = k_pool.index_select(0, rows.keys).float()  # (S, n_kv, hd)
-    values = v_pool.index_select(0, rows.keys).float()
+    read = rows.spanned()
+    keys = k_pool.index_select(0, read).float()  # (S, n_kv, hd)
+    values = v_pool.index_select(0, read).float()
     return _attend(q, keys, values, rows.mask, scale, softcap)
 
 
@@ -244,7 +257,8 @@ def _attend_triton(q, k_pool, v_pool, rows: AttendRows, scale: float, softcap: f
     a prompt's rows through `_attend_pooled`."""
     if q.shape[0] > tier_layer_triton.ATTEND_ROWS:
         return _attend_pooled(q, k_pool, v_pool, rows, scale, softcap)
-    return tier_layer_triton.attend(q, k_pool, v_pool, rows.keys, rows.mask, scale, softcap)
+    return tier_layer_triton.attend(q, k_pool, v_pool, rows.keys, rows.mask, scale, softcap,
+                                    rows.span)
 
 
 @dataclass(frozen=True)

@@ -139,15 +139,23 @@ _KEYS_PER_STEP = 32  # keys a program scores at a time
 
 
 def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, keys: torch.Tensor,
-           mask: torch.Tensor | None, scale: float, softcap: float) -> torch.Tensor:
+           mask: torch.Tensor | None, scale: float, softcap: float,
+           span: torch.Tensor | None = None) -> torch.Tensor:
     """Row t of q (T, n_heads, hd) float32 attends to the pool rows `keys` (S,) it may see
     (mask (T, S) bool, None: all): softmax(q k^T scale, tanh-capped at `softcap` when set) v,
     read from the pools (rows, n_kv, hd) in their own type, with a one-pass online softmax:
-    (T, n_heads * hd) float32. One program per row and head; T <= ATTEND_ROWS."""
+    (T, n_heads * hd) float32. One program per row and head; T <= ATTEND_ROWS.
+
+    span (2,) int64 on the device, with no mask: only keys[span[0]:span[0] + span[1]] are
+    read, their count read by the kernel itself (a CUDA graph replays one launch for every
+    length; offload/body/tier_graph.py)."""
     t, n_heads, hd = q.shape
     n_kv = k_pool.shape[1]
     if not 0 < t <= ATTEND_ROWS:
         raise ValueError(f"{t} rows: this kernel attends 1..{ATTEND_ROWS}")
+    if span is not None and (mask is not None or span.shape != (2,)
+                             or span.dtype != torch.int64):
+        raise ValueError("a span is (first key, keys) int64, without a mask")
     if n_heads % n_kv or k_pool.shape != v_pool.shape or k_pool.shape[2] != hd:
         raise ValueError("pools must be (rows, n_kv, head_dim) with n_heads a multiple of n_kv")
     if q.dtype != torch.float32 or q.stride(2) != 1 or q.stride(1) != hd:
@@ -157,18 +165,22 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, keys: to
     has_mask = mask is not None
     mask = mask.to(torch.int8).contiguous() if has_mask else keys
     _ATTEND[(t, n_heads)](q, q.stride(0), k_pool.contiguous(), v_pool.contiguous(),
-                          keys.contiguous(), mask, out, s, n_heads, n_kv, hd, float(scale),
-                          float(softcap), HAS_MASK=has_mask, SOFTCAP=bool(softcap),
+                          keys.contiguous(), mask, keys if span is None else span, out, s,
+                          n_heads, n_kv, hd, float(scale), float(softcap), HAS_MASK=has_mask,
+                          SPAN=span is not None, SOFTCAP=bool(softcap),
                           BLOCK_S=_KEYS_PER_STEP, BLOCK_D=_block(hd))
     return out
 
 
-def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, out_ptr, S, NH, NKV, HD,
-                   scale, softcap, HAS_MASK: tl.constexpr, SOFTCAP: tl.constexpr,
-                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, span_ptr, out_ptr, S, NH,
+                   NKV, HD, scale, softcap, HAS_MASK: tl.constexpr, SPAN: tl.constexpr,
+                   SOFTCAP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     # program (t, h): query head h of row t against its KV head's keys, BLOCK_S at a time
     t = tl.program_id(0)
     h = tl.program_id(1)
+    if SPAN:  # the keys' first index and count, from the device
+        keys_ptr += tl.load(span_ptr)
+        S = tl.load(span_ptr + 1).to(tl.int32)
     kv_head = h // (NH // NKV)
     d = tl.arange(0, BLOCK_D)
     d_in = d < HD

@@ -60,6 +60,7 @@ class ContiguousKVCache:
         self._layer_rows = [self._rows[id(self._at[i][0])] for i in range(config.n_layers)]
         self.max_len = max_len
         self.length = 0  # tokens committed so far
+        self._tables: dict[int, torch.Tensor] = {}  # slot_table's, made on first use
 
     def reserve(self, n: int) -> None:
         """Check that n more positions fit (the paged cache allocates blocks here)."""
@@ -89,6 +90,14 @@ class ContiguousKVCache:
         so attention that reads keys in place works on both)."""
         k, _, j = self._at[layer]
         return torch.arange(j * self.max_len + lo, j * self.max_len + hi, device=k.device)
+
+    def slot_table(self, layer: int) -> torch.Tensor:
+        """Rows of `pools()` of every position of `layer`: one tensor, never changed (the paged
+        cache's `slot_table` changes with its blocks)."""
+        table = self._tables.get(layer)
+        if table is None:
+            table = self._tables[layer] = self.slots_of(layer, 0, self.max_len)
+        return table
 
     def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every layer and position as (rows, n_kv_heads, head_dim) views (of

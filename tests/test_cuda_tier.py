@@ -228,22 +228,38 @@ def test_the_whole_tier_on_cuda_decodes_as_the_cpu_model_at_three_budgets(tiny_q
     check_budgets(loaded, fmt, want, gaps, PROMPT, 64, 8, device="cuda")
 
 
-def test_cuda_graphs_replay_the_hot_ffns_bits(tiny_q4_k_m, monkeypatch):
-    from ember.kernels import cuda_graphs
-    from ember.models.loader import open_model
+def _greedy_logits(engine: Engine, session: str, prompt: list[int], n: int) -> list:
+    out = [engine.runner.prefill(session, list(prompt))]
+    for _ in range(n):
+        out.append(engine.runner.decode(session, int(out[-1].argmax())))
+    return out
 
-    monkeypatch.setenv(cuda_graphs.ENV, "1")
-    w = open_model(tiny_q4_k_m[2]).weights
-    hot = HotFFNWeights.from_file([w.get("blk.0.ffn_gate.weight"), w.get("blk.0.ffn_up.weight")],
-                                  w.get("blk.0.ffn_down.weight"), "silu_glu", "cuda")
 
-    def fn(x):
-        return hot_ffn(x, hot)
+@pytest.mark.skipif(not file_blocks_model.applies(), reason="C++ kernels not built")
+def test_a_decoded_token_replayed_from_its_cuda_graph_has_the_layers_bits(tiny_q4_k_m,
+                                                                           monkeypatch):
+    """The whole model on the tier: tokens replayed from the decode step's CUDA graph
+    (offload/body/tier_graph.py) give the logits the layers give launched one by one
+    (EMBER_CUDA_GRAPHS=0), bit for bit, across a new KV block, a second conversation and a
+    truncation; the graph was captured once and its memory measured."""
+    from ember.offload.body import tier_graph
 
-    graph = cuda_graphs.graphed(fn, torch.device("cuda"))
-    assert isinstance(graph, cuda_graphs.GraphedRows)
-    for seed in range(3):
-        x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed)).cuda()
-        assert torch.equal(graph(x), fn(x))
-    x = torch.randn(4, 256).cuda()  # a chunk: eager
-    assert torch.equal(graph(x), fn(x))
+    from .test_tier_placement import _budgets, _options
+
+    loaded = load_model(tiny_q4_k_m[2])
+    fits = _budgets(loaded, "file", 64, torch.device("cuda"))["fits"]
+    logits, report = {}, None
+    for graphs in ("0", "1"):
+        monkeypatch.setenv(tier_graph.ENV, graphs)
+        engine = Engine(loaded, _options("file", fits, 64, "cuda"))
+        try:
+            logits[graphs] = [t for s, p in (("a", PROMPT), ("b", PROMPT[:5]), ("a", PROMPT))
+                              for t in _greedy_logits(engine, s, p, 20)]
+            report = engine.model.decode_graphs()
+            if graphs == "0":
+                assert report is None
+        finally:
+            engine.close()
+    assert report["layers"] == [list(range(loaded.config.n_layers))]
+    assert report["captured"] == [True] and report["bytes"] > 0 and report["replays"] >= 50
+    assert all(torch.equal(a, b) for a, b in zip(logits["0"], logits["1"]))

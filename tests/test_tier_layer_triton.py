@@ -113,6 +113,24 @@ def test_attention_over_the_pool_matches_gathered_float32_attention(pool_type, s
     torch.testing.assert_close(unmasked, got[:1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("lo,n", [(0, 1), (0, 70), (13, 33), (40, 60)])
+def test_a_span_of_the_keys_counted_on_the_device_is_that_slice_bit_for_bit(lo, n):
+    """What a CUDA graph replays: the keys' first index and count read by the kernel from a
+    device tensor, over a table longer than them, give the bits of attending to the slice."""
+    n_heads, n_kv, hd = 8, 2, 64
+    k_pool = _randn(128, n_kv, hd, seed=21).half().to(DEVICE)
+    v_pool = _randn(128, n_kv, hd, seed=22).half().to(DEVICE)
+    table = torch.randperm(128, generator=torch.Generator().manual_seed(23))[:100].to(DEVICE)
+    q = _randn(1, n_heads, hd, seed=24).to(DEVICE)
+    span = torch.tensor([lo, n], device=DEVICE)
+    got = fused.attend(q, k_pool, v_pool, table, None, 0.125, 0.0, span=span)
+    want = fused.attend(q, k_pool, v_pool, table[lo:lo + n], None, 0.125, 0.0)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="without a mask"):
+        fused.attend(q, k_pool, v_pool, table, torch.ones(1, 100, dtype=torch.bool,
+                                                          device=DEVICE), 0.125, 0.0, span=span)
+
+
 def test_attention_refuses_what_it_cannot_take():
     pool = torch.zeros(8, 2, 64, device=DEVICE)
     keys = torch.arange(4, device=DEVICE)

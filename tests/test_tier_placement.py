@@ -447,16 +447,14 @@ def test_both_models_satisfy_the_runners_protocol(tiny_q4_k_m):
     assert not [n for n in dir(blocks) if n.startswith("use_") and n != "use_context"]
 
 
-def test_cuda_graphs_stay_off_without_cuda(monkeypatch):
-    """EMBER_CUDA_GRAPHS=1 on a machine or a tier without CUDA: the function itself runs."""
-    from ember.kernels import cuda_graphs
+def test_decode_graphs_are_wanted_on_cuda_only_and_can_be_turned_off(monkeypatch):
+    """A CUDA tier graphs its decode step unless EMBER_CUDA_GRAPHS=0; a CPU tier never."""
+    from ember.offload.body import tier_graph
 
-    fn = lambda x: x * 2  # noqa: E731
-    monkeypatch.setenv(cuda_graphs.ENV, "1")
-    assert cuda_graphs.graphed(fn, CPU) is fn
-    monkeypatch.delenv(cuda_graphs.ENV)
-    assert not cuda_graphs.available()
-    assert cuda_graphs.graphed(fn, torch.device("cuda")) is fn
+    monkeypatch.delenv(tier_graph.ENV, raising=False)
+    assert tier_graph.wanted(torch.device("cuda")) and not tier_graph.wanted(CPU)
+    monkeypatch.setenv(tier_graph.ENV, "0")
+    assert not tier_graph.wanted(torch.device("cuda"))
 
 
 def _mixed_engine(loaded, monkeypatch, **extra) -> Engine:

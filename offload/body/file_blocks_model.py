@@ -30,6 +30,7 @@ from ember.models.tree_rows import TreeRows
 
 from .file_layers import BlockLMHead, FileLayers
 from .layer_runs import LayerRun, NativeRun, PassRows, segments
+from .tier_graph import GraphedTierRuns, graphed_segments
 
 CPU = torch.device("cpu")
 
@@ -106,7 +107,9 @@ class FileBlocksModel:
         # The one-call pass over every layer (`whole.run`), or the segments of a placement
         self.whole = NativeRun(list(range(len(self.layers))), self.layers) \
             if self.runs is None else None
-        self._segments = None if self.runs is None else segments(self.runs, self.layers)
+        # (stretches of layers wholly on a CUDA tier decode a token from a CUDA graph)
+        self._segments = None if self.runs is None else \
+            graphed_segments(segments(self.runs, self.layers))
 
     @classmethod
     def plain(cls, source: ModelSource) -> "FileBlocksModel":
@@ -173,6 +176,18 @@ class FileBlocksModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden)
+
+    def decode_graphs(self) -> dict | None:
+        """The stretches of tier layers a decoded token replays from a CUDA graph
+        (offload/body/tier_graph.py): their layers, the graphs' memory and replays so far
+        (None: no stretch is graphed)."""
+        graphed = [s for s in self._segments or [] if isinstance(s, GraphedTierRuns)]
+        if not graphed:
+            return None
+        return {"layers": [g.layers for g in graphed], "captured": [g.graph_bytes is not None
+                                                                   for g in graphed],
+                "bytes": sum(g.graph_bytes or 0 for g in graphed),
+                "replays": sum(g.replays for g in graphed)}
 
     # -- what it costs ---------------------------------------------------------------------
     def weight_bytes_per_token(self) -> int:

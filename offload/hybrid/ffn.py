@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ember.kernels.cuda_graphs import graphed
 from ember.kernels.hot_ffn import HotFFNWeights, file_types, granule, hot_ffn
 from ember.kernels.tier_blocks import down_columns
 from ember.kernels.sparse_ffn import SparseFFNWeights, sparse_ffn, sparse_ffn_thresholded
@@ -92,9 +91,6 @@ class HybridFFN(nn.Module):
         self.sparse_rows = False
         self.counters = LayerCounters()
         self.transfer: TierTransfer | None = None  # made on first use, for the hot side's device
-        # The hot side's one-row calls replayed from a CUDA graph where asked for
-        # (kernels/cuda_graphs.py); else hot_ffn itself.
-        self._hot_call = None if hot is None else graphed(lambda x: hot_ffn(x, hot), hot.device)
         # The dense module this was split from (set by hybrid.setup; kept on the host only).
         object.__setattr__(self, "source", None)
 
@@ -144,7 +140,9 @@ class HybridFFN(nn.Module):
     # -- the per-token path -------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pending = None
-        if x.shape[0] == 1:
+        # a CUDA graph's capture (offload/body/tier_graph.py) runs no token: not counted
+        decode = x.shape[0] == 1 and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+        if decode:
             self.counters.tokens += 1
         dense = self.dense_fallback()
         if dense is not None:
@@ -156,7 +154,6 @@ class HybridFFN(nn.Module):
             active = self.selector(x_host) if self.selector is not None and x.shape[0] == 1 else None
             pending = self.worker.submit(self._cold_side, x_host, active)
         out = None
-        decode = x.shape[0] == 1
         if self.hot is not None:
             out = self._hot_side(x, decode)
         if pending is not None:
@@ -172,11 +169,11 @@ class HybridFFN(nn.Module):
         if x.device == self.hot.device:
             # x is on the tier already (attention runs there): no copies, and the result
             # stays there for the cold side's sum (on CUDA this times the launches only).
-            out = self._hot_call(x)
+            out = hot_ffn(x, self.hot)
         else:
             if self.transfer is None or self.transfer.device != self.hot.device:
                 self.transfer = TierTransfer(self.hot.device)
-            out = self.transfer.to_host(self._hot_call(self.transfer.to_tier(x))).to(x.device)
+            out = self.transfer.to_host(hot_ffn(self.transfer.to_tier(x), self.hot)).to(x.device)
         if decode:
             self.counters.hot_s += time.perf_counter() - t0
         return out
@@ -187,6 +184,12 @@ class HybridFFN(nn.Module):
         if x_host.shape[0] == 1:
             self.counters.cold_s += time.perf_counter() - t0
         return out
+
+    def runs_only_on(self, device: torch.device) -> bool:
+        """Whether a call does all its work on `device`, nothing on the host (every neuron
+        hot there, no selector): what a CUDA graph of the layer can replay."""
+        return (self.hot is not None and self.hot.device == device and not self.has_cold_side
+                and self.selector is None)
 
     @property
     def has_cold_side(self) -> bool:

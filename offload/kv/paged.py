@@ -236,6 +236,12 @@ class PagedKVCache:
 
     def slots(self, seq: Sequence, layer: int, lo: int, hi: int) -> torch.Tensor:
         """Flat pool slot (block * block_size + offset) of each position lo..hi-1 of a layer."""
+        return self.slot_table(seq, layer)[lo:hi]
+
+    def slot_table(self, seq: Sequence, layer: int) -> torch.Tensor:
+        """The slots of every position a layer's blocks hold, on its pool's device: one
+        tensor, made when first asked for and the same object until the layer's blocks
+        change (a new block, a truncation, a swap), so a caller holding it can tell."""
         flat = seq.slot_cache.get(layer)
         if flat is None:
             bs = self.block_size
@@ -244,7 +250,7 @@ class PagedKVCache:
                                   dtype=torch.long)
             flat = (blocks[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
             flat = seq.slot_cache[layer] = flat.to(self.resident[layer].k.device)
-        return flat[lo:hi]
+        return flat
 
     def commit(self, seq: Sequence, n: int) -> None:
         seq.length += n

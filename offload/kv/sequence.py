@@ -37,6 +37,11 @@ class SequenceKV:
         """Pool rows (of `pools()`) holding positions lo..hi-1 of a layer."""
         return self.cache.slots(self.seq, layer, lo, hi)
 
+    def slot_table(self, layer: int) -> torch.Tensor:
+        """Pool rows of every position the layer's blocks hold: the same object until they
+        change (PagedKVCache.slot_table)."""
+        return self.cache.slot_table(self.seq, layer)
+
     def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The device pool's K and V as (rows, n_kv_heads, head_dim): read in place by slot
         (every layer's, unless the cache keeps host layers apart: see `layer_pools`)."""

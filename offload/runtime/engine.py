@@ -95,6 +95,8 @@ class Engine:
         if self.hybrid is None:
             return None
         report = self.hybrid.report()
+        graphs = getattr(self.model, "decode_graphs", None)
+        report["tier_kernels"]["decode_graphs"] = graphs() if graphs else None
         if self.profile_path is not None:
             report["profile"] = {"path": str(self.profile_path), **(self.profile_quality or {})}
         return report
