@@ -241,7 +241,7 @@ def test_a_decoded_token_replayed_from_its_cuda_graph_has_the_layers_bits(tiny_q
     """The whole model on the tier: tokens replayed from the decode step's CUDA graph
     (offload/body/tier_graph.py) give the logits the layers give launched one by one
     (EMBER_CUDA_GRAPHS=0), bit for bit, across a new KV block, a second conversation and a
-    truncation; the graph was captured once and its memory measured."""
+    truncation; the graph was captured once."""
     from ember.offload.body import tier_graph
 
     from .test_tier_placement import _budgets, _options
@@ -261,5 +261,7 @@ def test_a_decoded_token_replayed_from_its_cuda_graph_has_the_layers_bits(tiny_q
         finally:
             engine.close()
     assert report["layers"] == [list(range(loaded.config.n_layers))]
-    assert report["captured"] == [True] and report["bytes"] > 0 and report["replays"] >= 50
+    # (the graph's bytes are the allocator's growth: 0 where a tiny model's step fits the
+    # segments it holds already; 4 MiB on the 1.1B, bench/gpu_check.sh)
+    assert report["captured"] == [True] and report["replays"] >= 50
     assert all(torch.equal(a, b) for a, b in zip(logits["0"], logits["1"]))

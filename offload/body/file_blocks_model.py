@@ -179,14 +179,16 @@ class FileBlocksModel:
 
     def decode_graphs(self) -> dict | None:
         """The stretches of tier layers a decoded token replays from a CUDA graph
-        (offload/body/tier_graph.py): their layers, the graphs' memory and replays so far
-        (None: no stretch is graphed)."""
+        (offload/body/tier_graph.py): their layers, the graphs' memory (the growth of what
+        the allocator reserved, in its 2 MiB segments), the seconds their capture took and
+        replays so far (None: no stretch is graphed)."""
         graphed = [s for s in self._segments or [] if isinstance(s, GraphedTierRuns)]
         if not graphed:
             return None
-        return {"layers": [g.layers for g in graphed], "captured": [g.graph_bytes is not None
-                                                                   for g in graphed],
+        return {"layers": [g.layers for g in graphed],
+                "captured": [g.graph_bytes is not None for g in graphed],
                 "bytes": sum(g.graph_bytes or 0 for g in graphed),
+                "capture_s": round(sum(g.capture_s for g in graphed), 4),
                 "replays": sum(g.replays for g in graphed)}
 
     # -- what it costs ---------------------------------------------------------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import numpy as np
 import torch
@@ -149,6 +150,7 @@ class GraphedTierRuns:
         self._out: torch.Tensor | None = None
         self._pools: list | None = None  # the pools the graph was captured on
         self.graph_bytes: int | None = None  # the graph's memory pool (None: not captured)
+        self.capture_s = 0.0
         self.replays = 0
 
     def __call__(self, x: torch.Tensor, pools, rows: PassRows) -> torch.Tensor:
@@ -191,7 +193,7 @@ class GraphedTierRuns:
 
     def _capture(self, pools) -> None:
         torch.cuda.synchronize(self.device)
-        before = torch.cuda.memory_reserved(self.device)
+        before, t0 = torch.cuda.memory_reserved(self.device), time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -205,6 +207,7 @@ class GraphedTierRuns:
         self._graph, self._out = graph, out
         self._pools = [pools[i] for i in self.layers]
         self.graph_bytes = torch.cuda.memory_reserved(self.device) - before
+        self.capture_s = time.perf_counter() - t0
 
 
 def graphed_segments(segments: list) -> list:
