@@ -171,6 +171,8 @@ class GraphedTierRuns:
         return out
 
     def _new_inputs(self, hidden: int, rows: PassRows) -> None:
+        # a power of two, at least _FIRST_CAPACITY: what the plan charges at most
+        # (offload/hybrid/component_bytes.py:decode_graph_bytes)
         longest = max(rows.cache.slot_table(i).shape[0] for i in self.layers)
         capacity = _FIRST_CAPACITY
         while capacity < longest:
@@ -192,8 +194,11 @@ class GraphedTierRuns:
         return x
 
     def _capture(self, pools) -> None:
+        t0 = time.perf_counter()
+        # emptied first, as torch.cuda.graph does: what is reserved after is the graph's pool
         torch.cuda.synchronize(self.device)
-        before, t0 = torch.cuda.memory_reserved(self.device), time.perf_counter()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):

@@ -130,7 +130,24 @@ def host_ffn_bytes(cfg: ModelConfig, placement: Placement, cold_dtype: str) -> i
 
 
 def workspace_bytes(cfg: ModelConfig, chunk: int = DEFAULT_PREFILL_CHUNK) -> int:
-    """Activations of one prefill chunk through one layer: the tier's working space."""
+    """The tier's working space: activations of one prefill chunk through one layer, and
+    what a decoded token's CUDA graph keeps (`decode_graph_bytes`)."""
     width = 2 * cfg.hidden_size + (2 if cfg.gated else 1) * cfg.ffn_size
     width = max(width, cfg.n_heads * cfg.head_dim + 2 * cfg.n_kv_heads * cfg.head_dim)
-    return chunk * width * FP32
+    return chunk * width * FP32 + decode_graph_bytes(cfg)
+
+
+_SEGMENT = 2 << 20  # the CUDA caching allocator's segment for blocks under 1 MiB
+
+
+def decode_graph_bytes(cfg: ModelConfig) -> int:
+    """What a decode step's CUDA graph keeps on the tier (offload/body/tier_graph.py): its
+    memory pool, one token's float32 activations through every layer (q/k/v, attention, o,
+    the residual rows and their norms, gate/up, the activation, down) in whole 2 MiB
+    segments (4 MiB for a 1.1B, as measured on an H200), and its fixed inputs' slot tables
+    (8 bytes a layer and position, for the model's own context length)."""
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    token = q + 2 * kv + q + 6 * cfg.hidden_size + 3 * cfg.ffn_size
+    pool = -(-cfg.n_layers * token * FP32 // _SEGMENT) * _SEGMENT
+    positions = 1 << max(10, (cfg.context_length - 1).bit_length())
+    return pool + cfg.n_layers * positions * 8

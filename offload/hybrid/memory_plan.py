@@ -224,7 +224,8 @@ def plan_memory(cfg: ModelConfig, budget: int, sizes: ComponentBytes, split: str
     if budget < space:
         raise ConfigError(f"--gpu-budget {format_size(budget)} is below the minimum "
                           f"{format_size(space)} (working space for a "
-                          f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk); raise it")
+                          f"{DEFAULT_PREFILL_CHUNK}-token prefill chunk and a decoded "
+                          "token's CUDA graph); raise it")
     left = budget - space
     if sizes.model is not None:
         return _plan_layers(cfg, budget, space, sizes, split, neuron_order, speeds, activity)
