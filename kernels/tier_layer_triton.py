@@ -136,6 +136,11 @@ def store_kv(qkv: torch.Tensor, n_heads: int, n_kv: int, head_dim: int, k_pool: 
 
 ATTEND_ROWS = 32  # rows attended here at most (a token, a draft tree); a prompt takes SDPA
 _KEYS_PER_STEP = 32  # keys a program scores at a time
+# Programs a row and head's keys are split over, each with its share of whole steps, their
+# partial softmaxes merged after: a long context's keys read by many programs at once (one
+# program a head read them all before: 199 tok/s on the H200 after 1k tokens, 441 after 64).
+# Fixed, not by T: a row's sums are grouped by its keys alone (batch invariance).
+ATTEND_SPLITS = 16
 
 
 def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, keys: torch.Tensor,
@@ -143,12 +148,13 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, keys: to
            span: torch.Tensor | None = None) -> torch.Tensor:
     """Row t of q (T, n_heads, hd) float32 attends to the pool rows `keys` (S,) it may see
     (mask (T, S) bool, None: all): softmax(q k^T scale, tanh-capped at `softcap` when set) v,
-    read from the pools (rows, n_kv, hd) in their own type, with a one-pass online softmax:
-    (T, n_heads * hd) float32. One program per row and head; T <= ATTEND_ROWS.
+    read from the pools (rows, n_kv, hd) in their own type, with a one-pass online softmax
+    over each of ATTEND_SPLITS stretches of the keys, then their merge: (T, n_heads * hd)
+    float32. T <= ATTEND_ROWS.
 
     span (2,) int64 on the device, with no mask: only keys[span[0]:span[0] + span[1]] are
-    read, their count read by the kernel itself (a CUDA graph replays one launch for every
-    length; offload/body/tier_graph.py)."""
+    read, their count read by the kernels themselves (a CUDA graph replays one launch for
+    every length; offload/body/tier_graph.py)."""
     t, n_heads, hd = q.shape
     n_kv = k_pool.shape[1]
     if not 0 < t <= ATTEND_ROWS:
@@ -160,27 +166,38 @@ def attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, keys: to
         raise ValueError("pools must be (rows, n_kv, head_dim) with n_heads a multiple of n_kv")
     if q.dtype != torch.float32 or q.stride(2) != 1 or q.stride(1) != hd:
         q = q.float().contiguous()  # rows of heads, each contiguous (a view of qkv is)
+    # per row, head and stretch: its weighted values (hd), its top score, its total weight
+    parts = torch.empty(t, n_heads, ATTEND_SPLITS, hd + 2, dtype=torch.float32,
+                        device=q.device)
     out = torch.empty(t, n_heads * hd, dtype=torch.float32, device=q.device)
     s = keys.shape[0]
     has_mask = mask is not None
     mask = mask.to(torch.int8).contiguous() if has_mask else keys
-    _ATTEND[(t, n_heads)](q, q.stride(0), k_pool.contiguous(), v_pool.contiguous(),
-                          keys.contiguous(), mask, keys if span is None else span, out, s,
-                          n_heads, n_kv, hd, float(scale), float(softcap), HAS_MASK=has_mask,
-                          SPAN=span is not None, SOFTCAP=bool(softcap),
-                          BLOCK_S=_KEYS_PER_STEP, BLOCK_D=_block(hd))
+    _ATTEND[(t, n_heads, ATTEND_SPLITS)](
+        q, q.stride(0), k_pool.contiguous(), v_pool.contiguous(), keys.contiguous(), mask,
+        keys if span is None else span, parts, s, n_heads, n_kv, hd, float(scale),
+        float(softcap), HAS_MASK=has_mask, SPAN=span is not None, SOFTCAP=bool(softcap),
+        SPLITS=ATTEND_SPLITS, BLOCK_S=_KEYS_PER_STEP, BLOCK_D=_block(hd))
+    _ATTEND_MERGE[(t, n_heads)](parts, out, hd, SPLITS=ATTEND_SPLITS, BLOCK_D=_block(hd))
     return out
 
 
-def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, span_ptr, out_ptr, S, NH,
-                   NKV, HD, scale, softcap, HAS_MASK: tl.constexpr, SPAN: tl.constexpr,
-                   SOFTCAP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    # program (t, h): query head h of row t against its KV head's keys, BLOCK_S at a time
+def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, span_ptr, parts_ptr, S,
+                   NH, NKV, HD, scale, softcap, HAS_MASK: tl.constexpr, SPAN: tl.constexpr,
+                   SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    # program (t, h, j): query head h of row t against stretch j of its KV head's keys,
+    # BLOCK_S at a time; a stretch is a whole number of steps, the last ones may be empty
     t = tl.program_id(0)
     h = tl.program_id(1)
+    j = tl.program_id(2)
+    row_s = S  # a mask row's length: every key of the table
     if SPAN:  # the keys' first index and count, from the device
         keys_ptr += tl.load(span_ptr)
         S = tl.load(span_ptr + 1).to(tl.int32)
+    per = tl.cdiv(tl.cdiv(S, SPLITS), BLOCK_S) * BLOCK_S
+    first = j * per
+    end = tl.minimum(first + per, S)
     kv_head = h // (NH // NKV)
     d = tl.arange(0, BLOCK_D)
     d_in = d < HD
@@ -188,11 +205,11 @@ def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, span_ptr, 
     top = tl.full((), -3.0e38, tl.float32)  # the running maximum score (finite: no NaN)
     total = tl.zeros((), dtype=tl.float32)
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    for s0 in range(0, S, BLOCK_S):
+    for s0 in range(first, end, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
-        seen = s < S
+        seen = s < end
         if HAS_MASK:
-            seen = seen & (tl.load(mask_ptr + t * S + s, mask=seen, other=0) != 0)
+            seen = seen & (tl.load(mask_ptr + t * row_s + s, mask=seen, other=0) != 0)
         slot = tl.load(keys_ptr + s, mask=seen, other=0).to(tl.int64)
         at = (slot * NKV + kv_head)[:, None] * HD + d[None, :]
         both = seen[:, None] & d_in[None, :]
@@ -208,7 +225,28 @@ def _attend_source(q_ptr, q_stride, k_ptr, v_ptr, keys_ptr, mask_ptr, span_ptr, 
         total = total * shrink + tl.sum(p, axis=0)
         acc = acc * shrink + tl.sum(p[:, None] * v, axis=0)
         top = new_top
-    tl.store(out_ptr + (t * NH + h) * HD + d, acc / total, mask=d_in)
+    part = parts_ptr + ((t * NH + h) * SPLITS + j).to(tl.int64) * (HD + 2)
+    tl.store(part + d, acc, mask=d_in)
+    tl.store(part + HD, top)
+    tl.store(part + HD + 1, total)
+
+
+def _attend_merge_source(parts_ptr, out_ptr, HD, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    # program (t, h): the stretches' partial softmaxes rescaled to their common maximum and
+    # summed (an empty stretch has weight 0: its top is -3e38)
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    nh = tl.num_programs(1)
+    j = tl.arange(0, SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    d_in = d < HD
+    part = parts_ptr + ((t * nh + h) * SPLITS + j).to(tl.int64) * (HD + 2)
+    tops = tl.load(part + HD)
+    weight = tl.exp(tops - tl.max(tops, axis=0))
+    total = tl.sum(tl.load(part + HD + 1) * weight, axis=0)
+    acc = tl.load(part[:, None] + d[None, :], mask=d_in[None, :], other=0.0)
+    acc = tl.sum(acc * weight[:, None], axis=0)
+    tl.store(out_ptr + (t * nh + h) * HD + d, acc / total, mask=d_in)
 
 
 def _store_kv_source(qkv_ptr, k_ptr, v_ptr, own_ptr, row_len, NH, NKV, HD, BF16: tl.constexpr,
@@ -283,4 +321,5 @@ def _qk_norm_rope_source(qkv_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, row_len, NH,
 _RESIDUAL_NORM = triton_support.Kernel(_residual_norm_source)
 _QK_NORM_ROPE = triton_support.Kernel(_qk_norm_rope_source)
 _ATTEND = triton_support.Kernel(_attend_source)
+_ATTEND_MERGE = triton_support.Kernel(_attend_merge_source)
 _STORE_KV = triton_support.Kernel(_store_kv_source, helpers=("bf16_bits",))

@@ -81,16 +81,18 @@ def test_qk_norm_rope_refuses_what_it_cannot_write_in_place():
 
 
 
-@pytest.mark.parametrize("pool_type", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("pool_type,s", [(torch.float16, 70), (torch.bfloat16, 70),
+                                          (torch.float16, 1000)])
 @pytest.mark.parametrize("softcap", [0.0, 30.0])
-def test_attention_over_the_pool_matches_gathered_float32_attention(pool_type, softcap):
+def test_attention_over_the_pool_matches_gathered_float32_attention(pool_type, s, softcap):
     """GQA (6 query heads a KV head, as the 1.5B), 70 listed keys in scattered pool rows (not
-    a whole number of steps), rows with their own masks; against softmax(q k^T) v in float64
-    from the same pool values; a row alone gives the bits it gives among the others."""
-    n_heads, n_kv, hd, s, t = 12, 2, 128, 70, 5
-    k_pool = _randn(100, n_kv, hd, seed=9).to(pool_type)
-    v_pool = _randn(100, n_kv, hd, seed=10).to(pool_type)
-    keys = torch.randperm(100, generator=torch.Generator().manual_seed(11))[:s]
+    a whole number of steps: 3 of the 16 stretches used) or 1000 (all 16), rows with their
+    own masks; against softmax(q k^T) v in float64 from the same pool values; a row alone
+    gives the bits it gives among the others."""
+    n_heads, n_kv, hd, t = 12, 2, 128, 5
+    k_pool = _randn(1200, n_kv, hd, seed=9).to(pool_type)
+    v_pool = _randn(1200, n_kv, hd, seed=10).to(pool_type)
+    keys = torch.randperm(1200, generator=torch.Generator().manual_seed(11))[:s]
     mask = torch.rand(t, s, generator=torch.Generator().manual_seed(12)) < 0.7
     mask[:, 0] = True  # every row sees a key
     q = _randn(t, n_heads, hd, seed=13)
