@@ -31,8 +31,8 @@
 # without a split; a profile of decoded tokens with the whole model on the tier
 # (bench/tier_profile.py); then one JSON line: what passed, tokens/s per run, the plan's per-layer
 # modes and bytes, where attention ran and in what format, per-layer hot/cold/wait means.
-# Every step after the install runs under one deadline (DEADLINE_S, 280 s from the start), so
-# the summary prints within 5 minutes; a step cut short reads as rc 124 in its log and the
+# Every step after the install runs under one deadline (DEADLINE_S, 300 s from the start), so
+# the summary prints within about 5 minutes; a step cut short reads as rc 124 in its log and the
 # summary ("timed_out").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ mkdir -p "$out"
 PY=${PYTHON:-python3}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ember-ext} PYTHONUNBUFFERED=1
 start=$(date +%s)
-deadline=$(( start + ${DEADLINE_S:-280} ))
+deadline=$(( start + ${DEADLINE_S:-300} ))
 step() { echo "gpu_check: $1 ($(( $(date +%s) - start )) s)" >&2; }
 timed_out=()
 within() {  # NAME CAP COMMAND...: COMMAND for at most CAP s and what is left before the deadline
@@ -123,10 +123,11 @@ if [ -f "$model" ]; then
     done
     bench cuda_512MiB_self --device cuda --gpu-budget 512MiB --speculate self
     EMBER_CUDA_GRAPHS=0 bench cuda_1GiB_eager --device cuda --gpu-budget 1GiB
+    bench cuda_1GiB_1k --device cuda --gpu-budget 1GiB --prompt-tokens 1024  # a long context
     bench cpu_dense --device cpu
     step "profile"
     # where a decoded token's time goes with the whole model on the tier (bench/tier_profile.py)
-    within profile 60 $PY -m bench.tier_profile "$model" --gpu-budget 1GiB \
+    within profile 60 $PY -m bench.tier_profile "$model" --gpu-budget 1GiB --prompt-tokens 512 \
         >"$out/profile.json" 2>"$out/profile.log"
 fi
 

@@ -2,7 +2,8 @@
 
 Two generations are profiled (torch.profiler) after a warm-up: the same prompt with 1 and
 with 1 + N new tokens; their difference, divided by N, is what one decoded token costs
-(the prompt's prefill cancels out):
+(the prompt's prefill cancels out), and the first, divided by the prompt's length, what a
+prompt token costs ("prompt", the same fields):
 
     wall_ms          the host's wall time a token
     gpu_busy_ms      the device's kernel and copy time a token (the rest is the GPU waiting)
@@ -54,7 +55,12 @@ def _profiled(engine: Engine, prompt: list[int], new: int, cuda: bool) -> dict:
     return {"wall_us": wall * 1e6, "gpu": gpu, "gpu_n": gpu_n, "cpu": cpu, "cpu_n": cpu_n}
 
 
+_NOTHING = {"wall_us": 0.0, "gpu": Counter(), "gpu_n": Counter(), "cpu": Counter(),
+            "cpu_n": Counter()}
+
+
 def _per_token(a: dict, b: dict, n: int, top: int = 10) -> dict:
+    """What b took beyond a, per token of the n it added."""
     def diff(key: str) -> Counter:
         out = Counter(b[key])
         out.subtract(a[key])
@@ -84,7 +90,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens profiled")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
-    engine = Engine.load(args.model, EngineOptions(device=args.device, n_ctx=1024,
+    n_ctx = max(1024, args.prompt_tokens + args.tokens + 8)
+    engine = Engine.load(args.model, EngineOptions(device=args.device, n_ctx=n_ctx,
                                                    gpu_budget=parse_size(args.gpu_budget, "--gpu-budget")))
     try:
         prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_tokens)]
@@ -92,7 +99,8 @@ def main() -> None:
         a = _profiled(engine, prompt, 1, cuda)
         b = _profiled(engine, prompt, 1 + args.tokens, cuda)
         row = {"model": args.model, "device": args.device, "gpu_budget": args.gpu_budget,
-               "tokens": args.tokens, **_per_token(a, b, args.tokens)}
+               "tokens": args.tokens, **_per_token(a, b, args.tokens),
+               "prompt": {"tokens": args.prompt_tokens, **_per_token(_NOTHING, a, len(prompt))}}
         report = engine.hybrid_report()
         if report:
             row["tier_kernels"] = report.get("tier_kernels")

@@ -83,3 +83,39 @@ def test_split_layers_are_not_graphed(tiny_q4_k_m, monkeypatch):
         assert "split" in modes
     finally:
         engine.close()
+
+
+def test_a_step_that_cannot_be_captured_runs_as_it_is_with_one_warning(
+        tiny_q4_k_m, monkeypatch, caplog):
+    """A capture that fails (a kernel or a copy a graph cannot hold) costs speed, not the
+    token: one warning, then the layers run as they are, with the same logits."""
+    loaded = load_model(tiny_q4_k_m[2])
+    fits = _budgets(loaded, "bf16", 64)["fits"]
+    plain = _engine(loaded, fits, False, monkeypatch)
+    graphed = _engine(loaded, fits, True, monkeypatch)
+    stretch = next(s for s in graphed.model._segments if isinstance(s, tier_graph.GraphedTierRuns))
+    stretch.capture = True  # as on CUDA; the capture itself refuses
+
+    class Refused:
+        def __enter__(self):
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+        def __exit__(self, *exc):
+            return False
+
+    for name in ("synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: Refused())
+    try:
+        with caplog.at_level("WARNING", logger="ember.offload"):
+            got = _logits(graphed, "a", PROMPT, 5)
+        want = _logits(plain, "a", PROMPT, 5)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        warned = [r.getMessage() for r in caplog.records if "not graphed" in r.getMessage()]
+        assert len(warned) == 1 and "not permitted" in warned[0] and "more" not in warned[0]
+        assert not stretch.capture and graphed.model.decode_graphs()["captured"] == [False]
+    finally:
+        plain.close()
+        graphed.close()
