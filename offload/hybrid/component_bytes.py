@@ -141,13 +141,18 @@ _SEGMENT = 2 << 20  # the CUDA caching allocator's segment for blocks under 1 Mi
 
 
 def decode_graph_bytes(cfg: ModelConfig) -> int:
-    """What a decode step's CUDA graph keeps on the tier (offload/body/tier_graph.py): its
-    memory pool, one token's float32 activations through every layer (q/k/v, attention, o,
-    the residual rows and their norms, gate/up, the activation, down) in whole 2 MiB
-    segments (4 MiB for a 1.1B, as measured on an H200), and its fixed inputs' slot tables
-    (8 bytes a layer and position, for the model's own context length)."""
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    token = q + 2 * kv + q + 6 * cfg.hidden_size + 3 * cfg.ffn_size
-    pool = -(-cfg.n_layers * token * FP32 // _SEGMENT) * _SEGMENT
-    positions = 1 << max(10, (cfg.context_length - 1).bit_length())
-    return pool + cfg.n_layers * positions * 8
+    """What a decode step's CUDA graph keeps on the tier (offload/body/tier_graph.py), for a
+    model's config: `graph_bytes`."""
+    return graph_bytes(cfg.n_layers, cfg.hidden_size, cfg.ffn_size, cfg.n_heads * cfg.head_dim,
+                       cfg.n_kv_heads * cfg.head_dim, cfg.context_length)
+
+
+def graph_bytes(n_layers: int, hidden: int, ffn: int, q: int, kv: int, context: int) -> int:
+    """A decode step's CUDA graph: its memory pool, one token's float32 activations through
+    every layer (q/k/v, attention, o, the residual rows and their norms, gate/up, the
+    activation, down) in whole 2 MiB segments (4 MiB for a 1.1B, as measured on an H200),
+    and its fixed inputs' slot tables (8 bytes a layer and position of the context)."""
+    token = q + 2 * kv + q + 6 * hidden + 3 * ffn
+    pool = -(-n_layers * token * FP32 // _SEGMENT) * _SEGMENT
+    positions = 1 << max(10, (context - 1).bit_length())
+    return pool + n_layers * positions * 8

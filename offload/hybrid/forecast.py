@@ -21,6 +21,7 @@ from ember.models.support.errors import ConfigError
 from ember.placement.layer_modes import solve_greedy
 from ember.placement.layer_modes_ilp import solve_layers
 
+from .component_bytes import graph_bytes
 from .decode_costs import DecodeSpeeds, host_weight_bytes, layer_problem
 from .gpu_cards import GpuCard, card_for_budget, check_budget
 from .llama_offload import llama_cpp_offload
@@ -30,10 +31,12 @@ PREFILL_CHUNK = 512  # Ember's prefill chunk: its working space on the tier
 PREDICTOR_RANK = 256  # the widest predictor `ember profile` trains (predictors/train.py)
 
 
-def workspace(s: PaperShape) -> int:
-    """Activations of one prefill chunk through one layer (memory_plan.workspace_bytes)."""
+def workspace(s: PaperShape, context: int = 4096) -> int:
+    """Activations of one prefill chunk through one layer and the decode step's CUDA graph
+    (memory_plan.workspace_bytes)."""
     width = max(2 * s.hidden + 2 * s.ffn, s.hidden + 2 * s.kv_dim + s.hidden)
-    return PREFILL_CHUNK * width * 4
+    return PREFILL_CHUNK * width * 4 + graph_bytes(s.layers, s.hidden, s.ffn, s.hidden,
+                                                   s.kv_dim, context)
 
 
 def ember_plan(s: PaperShape, quant: str, card: GpuCard, budget: int, ctx: int,
