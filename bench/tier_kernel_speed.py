@@ -25,7 +25,9 @@ from ember.kernels import triton_support
 SHAPES = [(2048, 2048, Q.Q4_K), (5632, 2048, Q.Q4_K), (2048, 5632, Q.Q6_K),
           (32000, 2048, Q.Q6_K), (11008, 4096, Q.Q4_K)]
 _SCALES_AT = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # float16 fields of a block
-TILES = list(itertools.product((1, 2, 4, 8), (256, 512), (1, 2, 4)))
+# rows per program, values a step (1024 and 2048: a 1.1B's whole rows of 2048 in one or two
+# steps, more loads in flight a program), warps
+TILES = list(itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048), (1, 2, 4)))
 
 
 def random_blocks(n: int, k: int, qtype, device) -> torch.Tensor:
