@@ -15,24 +15,24 @@
 # CPU-only one) the llama.cpp side of each budget is skipped or runs on the CPU, and the
 # summary says which ("llama_cpp"). No model travels (the default model is 253 MB): a
 # random-weight TinyLlama-1.1B-shaped Q4_K_M file is written on the spot by bench.make_model
-# (real shape, real types).
+# (real shape, real types), and a Llama-2-7B-shaped one of random codes (seconds).
 #
 # Steps: install (wheels, then Ember editable, no index), build the C++ kernels, the tests
-# marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on the GPU by the
-# fused Triton kernel and by torch ops, int8/int4
-# attention and LM head, three budgets each, a verified tree's rows against plain decode's
-# bit for bit, a decode step replayed from its CUDA graph against the layers launched one by
-# one, bit for bit), the fused kernel's GB/s per matrix shape
-# (bench/tier_kernel_speed.py), `bench decode` on CUDA at three GPU budgets
-# (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV and head), each
-# against llama.cpp `-ngl` at the layers the same budget holds, once with the self drafter
-# (its tokens must equal plain decoding's), once without CUDA graphs (EMBER_CUDA_GRAPHS=0:
-# every kernel launched from Python), and on the CPU
-# without a split; a profile of decoded tokens with the whole model on the tier
-# (bench/tier_profile.py); then one JSON line: what passed, tokens/s per run, the plan's per-layer
-# modes and bytes, where attention ran and in what format, per-layer hot/cold/wait means.
-# Every step after the install runs under one deadline (DEADLINE_S, 300 s from the start), so
-# the summary prints within about 5 minutes; a step cut short reads as rc 124 in its log and the
+# marked `cuda` (tests/test_cuda_tier.py) plus the tier tests (the file's blocks decoded on
+# the GPU by the fused Triton kernel and by torch ops, int8/int4 attention and LM head, three
+# budgets each, a verified tree's rows against plain decode's bit for bit, a decoded token
+# replayed from its CUDA graph against the layers launched one by one, bit for bit), the
+# fused kernel's GB/s per matrix shape (bench/tier_kernel_speed.py), `bench decode` on CUDA
+# at three GPU budgets (256 MiB, 512 MiB, 1 GiB: the last holds the whole 1.1B model, its KV
+# and head), each against llama.cpp `-ngl` at the layers the same budget holds, once with the
+# self drafter (its tokens must equal plain decoding's), once without CUDA graphs
+# (EMBER_CUDA_GRAPHS=0: every kernel launched from Python), once after a 1,024-token prompt,
+# and on the CPU without a split; the 7B at 8 GiB (all of it) and 3 GiB; a profile of a
+# prompt and of decoded tokens with the whole 1.1B on the tier (bench/tier_profile.py); then
+# one JSON line: what passed, tokens/s per run, the plan's per-layer modes and bytes, where
+# attention ran and in what format, per-layer hot/cold/wait means.
+# Every step after the install runs under one deadline (DEADLINE_S, 360 s from the start), so
+# the summary prints within about 6 minutes; a step cut short reads as rc 124 in its log and the
 # summary ("timed_out").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ mkdir -p "$out"
 PY=${PYTHON:-python3}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ember-ext} PYTHONUNBUFFERED=1
 start=$(date +%s)
-deadline=$(( start + ${DEADLINE_S:-300} ))
+deadline=$(( start + ${DEADLINE_S:-360} ))
 step() { echo "gpu_check: $1 ($(( $(date +%s) - start )) s)" >&2; }
 timed_out=()
 within() {  # NAME CAP COMMAND...: COMMAND for at most CAP s and what is left before the deadline
@@ -125,6 +125,17 @@ if [ -f "$model" ]; then
     EMBER_CUDA_GRAPHS=0 bench cuda_1GiB_eager --device cuda --gpu-budget 1GiB
     bench cuda_1GiB_1k --device cuda --gpu-budget 1GiB --prompt-tokens 1024  # a long context
     bench cpu_dense --device cpu
+    step "7B"
+    # the 7B shape of the GPU plan's headline case, random codes (seconds, not a quantizer's
+    # minutes): the whole model on an 8 GiB budget, and half of it on 3 GiB (the rest on the
+    # host's cores)
+    model7=/tmp/ember-gpu-check-7b-q4_k_m.gguf
+    [ -f "$model7" ] || within make_7b 60 $PY -m bench.make_model llama2-7b "$model7" \
+        --quantizer random >"$out/make_7b.log" 2>&1
+    if [ -f "$model7" ]; then
+        bench 7b_8GiB --model "$model7" --device cuda --gpu-budget 8GiB
+        bench 7b_3GiB --model "$model7" --device cuda --gpu-budget 3GiB
+    fi
     step "profile"
     # where a decoded token's time goes with the whole model on the tier (bench/tier_profile.py)
     within profile 60 $PY -m bench.tier_profile "$model" --gpu-budget 1GiB --prompt-tokens 512 \

@@ -1,7 +1,7 @@
 """Write a random-weight LLaMA-architecture GGUF model of a real size, for speed and memory runs.
 
     .venv/bin/python -m bench.make_model SHAPE OUT.gguf [--quant Q4_K_M] [--seed 0]
-        [--quantizer auto|ember|llama.cpp] [--force]
+        [--quantizer auto|ember|llama.cpp|random] [--force]
 
 SHAPE is one of `bench.model_shapes.SHAPES` (tinyllama-1.1b, llama2-7b, llama2-13b, tiny). The
 weights are seeded normal noise (std 0.02, norms 1.0), so the text the model writes is noise,
@@ -16,6 +16,9 @@ Quantizers: with `llama_cpp` (llama-cpp-python) importable, `auto` writes an F16
 OUT and converts it with llama.cpp's own quantizer (its error-minimizing K-quants); otherwise,
 or with `--quantizer ember`, Ember's round-to-nearest quantizer (`ember.models.quantize`) writes
 the mix directly, choosing each tensor's type as llama.cpp would (`model_shapes.tensor_type`).
+`--quantizer random` writes random codes under fixed scales that keep the weights near the
+same spread instead: no float weights made or quantized, a 7B in seconds where quantizing
+takes minutes (a lent GPU's short time); as noisy a model, with the same types and bytes.
 """
 
 from __future__ import annotations
@@ -30,12 +33,22 @@ from pathlib import Path
 
 import numpy as np
 
+from gguf import GGML_QUANT_SIZES
+
 from .model_shapes import (BOS_ID, EOS_ID, MIXES, SHAPES, UNK_ID, Mix, Shape, T, llama_vocab,
                            tensor_nbytes, tensor_type)
 
 WEIGHT_STD = 0.02
 CHUNK_ELEMENTS = 1 << 23   # float32 values generated and quantized at a time (32 MiB)
-QUANTIZERS = ("auto", "ember", "llama.cpp")
+QUANTIZERS = ("auto", "ember", "llama.cpp", "random")
+# --quantizer random: each type's float16 fields (byte offset in a block, value), chosen so
+# that the codes' weights spread about as far as WEIGHT_STD (for a K-quant the 6-bit or
+# 8-bit sub-block scales are random too)
+# and their mean near 0 (a K-quant's min offsets the mean code times the mean scale)
+_RANDOM_SCALES = {T.Q4_0: ((0, 0.005),), T.Q5_0: ((0, 0.0025),),
+                  T.Q5_1: ((0, 0.002), (2, -0.031)), T.Q8_0: ((0, 3e-4),),
+                  T.Q4_K: ((0, 7.7e-5), (2, 5.8e-4)), T.Q5_K: ((0, 3.8e-5), (2, 5.9e-4)),
+                  T.Q6_K: ((208, 1.5e-5),)}
 
 
 class UsageError(Exception):
@@ -78,13 +91,29 @@ def tensor_bytes(name: str, shape: tuple[int, ...], qtype: T, seed: int) -> np.n
     return out
 
 
+def random_codes(name: str, shape: tuple[int, ...], qtype: T, seed: int) -> np.ndarray:
+    """The stored bytes of one tensor of random codes (`--quantizer random`)."""
+    rng = np.random.default_rng(tensor_seed(seed, name))
+    n = int(np.prod(shape))
+    if len(shape) == 1:   # norms: the multiplier 1.0
+        return np.ones(n, dtype=np.float32).view(np.uint8)
+    if qtype in (T.F16, T.F32):
+        values = rng.standard_normal(n, dtype=np.float32) * WEIGHT_STD
+        return values.astype(np.float16 if qtype == T.F16 else np.float32).view(np.uint8)
+    out = rng.integers(0, 256, size=tensor_nbytes(shape, qtype), dtype=np.uint8)
+    blocks = out.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    for at, scale in _RANDOM_SCALES[qtype]:
+        blocks[:, at:at + 2] = np.array([scale], dtype=np.float16).view(np.uint8)
+    return out
+
+
 def plan(shape: Shape, mix: Mix) -> list[tuple[str, tuple[int, ...], T]]:
     return [(name, dims, tensor_type(mix, name, dims, shape.layers))
             for name, dims in shape.tensors()]
 
 
 def write_gguf(path: Path, shape: Shape, mix: Mix, seed: int, quantized_by: str,
-               progress=None) -> int:
+               progress=None, tensor_data=tensor_bytes) -> int:
     """Write the model at `path` with each tensor stored as `plan` says. Returns its size."""
     import gguf
 
@@ -99,7 +128,7 @@ def write_gguf(path: Path, shape: Shape, mix: Mix, seed: int, quantized_by: str,
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for i, (name, dims, qtype) in enumerate(tensors):
-        w.write_tensor_data(tensor_bytes(name, dims, qtype, seed))
+        w.write_tensor_data(tensor_data(name, dims, qtype, seed))
         if progress is not None:
             progress(i + 1, len(tensors), name)
     w.close()
@@ -156,15 +185,19 @@ def make_model(shape_name: str, out: str | Path, quant: str = "Q4_K_M", seed: in
                quantizer: str = "auto", force: bool = False, log=print) -> Path:
     """Check the arguments, write the model; returns its path. Bad input: UsageError."""
     shape, mix, out, llama_cpp = _check(shape_name, out, quant, quantizer, force)
-    used = "llama.cpp" if llama_cpp is not None else "ember"
-    how = ("llama.cpp's llama_model_quantize, from an F16 file" if llama_cpp is not None else
-           "Ember's round-to-nearest ember.models.quantize")
+    used = "llama.cpp" if llama_cpp is not None else \
+        "random" if quantizer == "random" else "ember"
+    how = {"llama.cpp": "llama.cpp's llama_model_quantize, from an F16 file",
+           "ember": "Ember's round-to-nearest ember.models.quantize",
+           "random": "random codes under fixed scales, nothing quantized"}[used]
     log(f"quantizer: {used} ({how})")
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     f16 = out.with_name(f".{out.name}.f16-{os.getpid()}.tmp")
     started = time.monotonic()
     try:
-        if llama_cpp is None:
+        if used == "random":
+            write_gguf(partial, shape, mix, seed, used, _progress, random_codes)
+        elif llama_cpp is None:
             write_gguf(partial, shape, mix, seed, used, _progress)
         else:
             write_gguf(f16, shape, MIXES["F16"], seed, used, _progress)
@@ -200,7 +233,7 @@ def _check(shape_name: str, out, quant: str, quantizer: str, force: bool):
     if out.exists() and not force:
         raise UsageError(f"{out} already exists (pass --force to overwrite it)")
     llama_cpp = None
-    if quantizer != "ember":
+    if quantizer not in ("ember", "random"):
         llama_cpp = llama_cpp_module()
         if llama_cpp is None and quantizer == "llama.cpp":
             raise UsageError("--quantizer llama.cpp needs the llama-cpp-python package "
@@ -228,7 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--quant", default="Q4_K_M", help=f"one of: {', '.join(MIXES)} (default Q4_K_M)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--quantizer", default="auto", help="auto (llama.cpp if importable, else "
-                   "ember), ember or llama.cpp")
+                   "ember), ember, llama.cpp or random (random codes: seconds, not minutes)")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     args = p.parse_args(argv)
     try:

@@ -76,6 +76,27 @@ def test_tiny_model_tokenizes_and_gives_finite_logits(tiny_files):
         assert torch.isfinite(logits).all() and logits.std() > 0
 
 
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_random_codes_make_the_same_file_but_its_values_in_seconds(tiny_files, mix, tmp_path):
+    """`--quantizer random`: the same tensors, types and shapes as the quantized file, its
+    weights spread about as far (no NaN, no blow-up through the layers), values of its own."""
+    lines = []
+    path = mm.make_model("tiny", tmp_path / "tiny.gguf", mix, quantizer="random",
+                         log=lines.append)
+    assert lines[0] == "quantizer: random (random codes under fixed scales, nothing quantized)"
+    want, got = GGUFFile(tiny_files[mix]), GGUFFile(path)
+    assert got.get("general.quantized_by") == "random"
+    assert {n: (i.qtype, i.shape) for n, i in got.tensors.items()} == \
+        {n: (i.qtype, i.shape) for n, i in want.tensors.items()}
+    for name in ("blk.0.ffn_gate.weight", "output.weight"):
+        w = open_model(path).weights.load(name)
+        assert torch.isfinite(w).all() and 0.005 < float(w.std()) < 0.1
+    model = load_model(path).model
+    ids = torch.tensor([1, 40, 41, 42])
+    logits = model.logits(model.hidden(ids, model.new_cache(16)))
+    assert torch.isfinite(logits).all() and logits.std() > 0
+
+
 def test_q4_k_m_rule_picks_llama_cpp_layers():
     def more(n):
         return [i for i in range(n) if use_more_bits(i, n)]
