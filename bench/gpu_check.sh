@@ -97,6 +97,9 @@ tests_rc=$?
 step "kernel speed"
 # the fused block kernel's GB/s of the file's bytes at the default tile (bench/tier_kernel_speed.py)
 within kernel_speed 40 $PY -m bench.tier_kernel_speed >"$out/kernel_speed.json" 2>"$out/kernel_speed.log"
+# and at 1-32 rows of x, against the prompt path (where a short prompt should switch)
+within kernel_rows 40 $PY -m bench.tier_kernel_speed --rows >"$out/kernel_rows.json" \
+    2>"$out/kernel_rows.log"
 # llama.cpp beside each budget where this image has it (a CUDA build offloads -ngl layers)
 against=()
 if $PY -c "import llama_cpp" 2>/dev/null; then against=(--against llama.cpp); fi
@@ -191,6 +194,13 @@ if (out / "kernel_speed.json").exists():
         except ValueError:
             continue
         kernel.append({"shape": r["shape"], "gbps": r["default_gbps"]})
+rows = []
+if (out / "kernel_rows.json").exists():
+    for line in (out / "kernel_rows.json").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
 profile = None
 try:
     profile = json.loads((out / "profile.json").read_text().strip().splitlines()[-1])
@@ -205,6 +215,7 @@ except ImportError:
              "note": "no llama-cpp-python on this image: carry a CUDA wheel in .whl/"}
 print(json.dumps({"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__,
                   "tests_rc": tests_rc, "tests": tests, "llama_cpp": llama,
-                  "fused_kernel_gbps": kernel, "bench_decode": runs, "profile": profile, "seconds": seconds,
+                  "fused_kernel_gbps": kernel, "rows_ms_fused_tiled": rows,
+                  "bench_decode": runs, "profile": profile, "seconds": seconds,
                   "timed_out": timed_out}))
 PY

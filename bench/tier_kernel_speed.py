@@ -5,7 +5,7 @@ step, warps), so the default can be chosen on the card at hand. Random codes wit
 float16 scales (speed does not depend on the values); each tile's result is checked against
 the default's. One JSON line per matrix.
 
-    python -m bench.tier_kernel_speed [--sweep]      (a CUDA device; bench/gpu_check.sh runs it)
+    python -m bench.tier_kernel_speed [--sweep | --rows]   (a CUDA device; gpu_check.sh runs it)
 """
 
 from __future__ import annotations
@@ -39,13 +39,41 @@ def random_blocks(n: int, k: int, qtype, device) -> torch.Tensor:
     return raw.reshape(-1)
 
 
+def rows_crossover(do_bench, device: str = "cuda") -> None:
+    """For each shape and T rows of x (a short prompt): ms of the fused kernel (each row's
+    program decodes the weights again) and of the prompt path (each tile of rows decoded once
+    by the kernel into bfloat16, then one matmul), to place the switch between the two
+    (kernels/tier_blocks.py uses the fused kernel up to MAX_ROWS rows)."""
+    from ember.kernels.tier_blocks import _fused_tile, tier_blocks_matmul
+    from ember.models.weights import QTensor
+
+    for n, k, qtype in SHAPES:
+        raw = random_blocks(n, k, qtype, device)
+        part = [QTensor(raw, int(qtype), (n, k))]
+        out = {}
+        for t in (1, 2, 4, 8, 16, 32):
+            x = torch.randn(t, k, device=device)
+            fused_ms = do_bench(lambda: fused.block_matmul(x, raw, int(qtype), (n, k)),
+                                warmup=5, rep=20)
+            tiled_ms = do_bench(lambda: tier_blocks_matmul(x, part, torch.bfloat16, _fused_tile),
+                                warmup=5, rep=20)
+            out[t] = [round(fused_ms, 4), round(tiled_ms, 4)]
+        print(json.dumps({"shape": [n, k, qtype.name], "rows_ms_fused_tiled": out}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true", help="time every tile of the grid too")
+    ap.add_argument("--rows", action="store_true",
+                    help="instead: ms at 1-32 rows of x, the fused kernel against the prompt path")
     args = ap.parse_args()
     if not torch.cuda.is_available() or not triton_support.usable(torch.device("cuda")):
         raise SystemExit("needs a CUDA device and Triton")
     import triton.testing
+
+    if args.rows:
+        rows_crossover(triton.testing.do_bench)
+        return
 
     default = (fused.BLOCK_N, fused.BLOCK_K, fused.NUM_WARPS)
     tiles = [default] + [t for t in TILES if t != default] if args.sweep else [default]
