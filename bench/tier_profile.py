@@ -10,7 +10,8 @@ prompt token costs ("prompt", the same fields):
     launches         kernels launched a token; syncs and copies: the host calls that wait
     top_gpu / top_cpu  the kernels and host calls that take most of a token's time
 
-    python -m bench.tier_profile MODEL [--gpu-budget 1GiB] [--tokens 16] [--device cuda]
+    python -m bench.tier_profile MODEL [--gpu-budget 1GiB] [--prompt-tokens 64] [--tokens 16]
+        [--device cuda]
 
 (bench/gpu_check.sh runs it on a lent GPU; on a machine without CUDA it profiles the host
 only, which is how it is tried here.)
@@ -26,10 +27,10 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ember.models.support.sizes import parse_size
 from ember.offload.options.engine_options import EngineOptions
 from ember.offload.options.sampling import SamplingParams
 from ember.offload.runtime.engine import Engine
-from ember.models.support.sizes import parse_size
 
 GREEDY = SamplingParams(temperature=0.0)
 # host calls that wait for the device (a copy to the host ends with one)
