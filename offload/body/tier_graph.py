@@ -67,17 +67,13 @@ class StepInputs:
         self.layers, self.device, self.capacity = layers, device, capacity
         self._index = {layer: j for j, layer in enumerate(layers)}
         self.rotary = rows.rotary  # the model's tables (a new context makes new ones)
-        distinct: list = []
-        for i in layers:
-            if not any(r is rows.rotary[i] for r in distinct):
-                distinct.append(rows.rotary[i])
-        self._rotaries = distinct
-        self._rotary_of = {i: next(k for k, r in enumerate(distinct) if r is rows.rotary[i])
-                           for i in layers}
+        at_id: dict[int, int] = {}  # per distinct table (layers share them): its index
+        self._rotary_of = {i: at_id.setdefault(id(rows.rotary[i]), len(at_id)) for i in layers}
+        self._rotaries = list({id(rows.rotary[i]): rows.rotary[i] for i in layers}.values())
         # a window per layer as a number (no window: longer than any context)
         self._windows = np.array([rows.windows[i] or 1 << 62 for i in layers], dtype=np.int64)
         n = len(layers)
-        halves = [r.head_dim // 2 for r in distinct]
+        halves = [r.head_dim // 2 for r in self._rotaries]
         self.x = torch.zeros(1, hidden, device=device)
         # per rotary table its cos row then its sin row, side by side
         self.floats = torch.zeros(2 * sum(halves), device=device)
@@ -95,15 +91,20 @@ class StepInputs:
         self._host_ints = torch.zeros(n, 3, dtype=torch.int64, pin_memory=pinned)
         self._host_floats = torch.zeros(self.floats.shape[0], pin_memory=pinned)
 
-    def fits(self, rows: PassRows) -> bool:
-        """Whether these buffers serve the pass: the same rotary tables and every layer's slot
-        table within their capacity."""
-        return rows.rotary is self.rotary and all(
-            rows.cache.slot_table(i).shape[0] <= self.capacity for i in self.layers)
-
-    def fill(self, x: torch.Tensor, rows: PassRows) -> None:
-        """This token's inputs written in. The host buffers are rewritten next token only
-        after the pass's hidden row came back to the host, which waits for these copies."""
+    def fill(self, x: torch.Tensor, rows: PassRows) -> bool:
+        """This token's inputs written in; False when these buffers cannot serve the pass
+        (new rotary tables, a slot table past their capacity: make new ones). The host
+        buffers are rewritten next token only after the pass's hidden row came back to the
+        host, which waits for these copies."""
+        if rows.rotary is not self.rotary:
+            return False
+        for j, layer in enumerate(self.layers):
+            table = rows.cache.slot_table(layer)
+            if table is not self._held[j]:
+                if table.shape[0] > self.capacity:
+                    return False
+                self.tables[j, :table.shape[0]].copy_(table, non_blocking=True)
+                self._held[j] = table  # held: a new table is a new object
         start = rows.start
         first = np.maximum(0, start + 1 - self._windows)
         ints = self._host_ints.numpy()
@@ -115,11 +116,6 @@ class StepInputs:
             floats[at:at + h] = cos[0]
             floats[at + h:at + 2 * h] = sin[0]
             at += 2 * h
-        for j, layer in enumerate(self.layers):
-            table = rows.cache.slot_table(layer)
-            if table is not self._held[j]:
-                self.tables[j, :table.shape[0]].copy_(table, non_blocking=True)
-                self._held[j] = table  # held: a new table is a new object
         self.ints.copy_(self._host_ints, non_blocking=True)
         self.floats.copy_(self._host_floats, non_blocking=True)
         self.x.copy_(x, non_blocking=True)
@@ -158,9 +154,9 @@ class GraphedTierRuns:
             for run in self.runs:
                 x = run(x, pools, rows)
             return x
-        if self._inputs is None or not self._inputs.fits(rows):
+        if self._inputs is None or not self._inputs.fill(x, rows):
             self._new_inputs(x.shape[1], rows)
-        self._inputs.fill(x, rows)
+            self._inputs.fill(x, rows)
         if self._graph is not None and self._same_pools(pools):
             self._graph.replay()
             self.replays += 1

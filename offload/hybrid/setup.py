@@ -108,7 +108,7 @@ class HybridModel:
             # The mapped file's FFN pages let go where the cold side holds the file's blocks.
             "file_bytes_released": self.file_bytes_released,
             "tier_attention_weights": attention_summary(self.attention),
-            "tier_kernels": tier_kernels(self.gpu, self.attention, self.layers),
+            "tier_kernels": tier_kernels(self.attention, self.layers),
             "layer_modes": None if self.layer_modes is None else list(self.layer_modes),
         }
 
@@ -133,7 +133,7 @@ def tier_summary(layers: list[HybridFFN]) -> dict:
     return out
 
 
-def tier_kernels(device, attention: list | None, layers: list[HybridFFN]) -> dict:
+def tier_kernels(attention: list | None, layers: list[HybridFFN]) -> dict:
     """What runs the tier's work: its matrices by the C++ block kernels (a CPU tier), the
     fused Triton kernel or torch ops (each kind in use), and attention's other steps (norms,
     rotary, K/V store, attention) by C++, Triton or torch ops (None: attention on the host)."""

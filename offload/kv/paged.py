@@ -155,7 +155,7 @@ class PagedKVCache:
             return
         for layer in range(self.n_layers):
             k, v = self.rows[layer]
-            table = self.slots(seq, layer, 0, max(max(m) for m in moves) + 1)
+            table = self.slot_table(seq, layer)[:max(max(m) for m in moves) + 1]
             s_slots = table[[m[0] for m in moves]]
             d_slots = table[[m[1] for m in moves]]
             k.index_copy_(0, d_slots, k.index_select(0, s_slots))
@@ -234,14 +234,11 @@ class PagedKVCache:
             self._busy.discard(seq.id)
         self._touch(seq)
 
-    def slots(self, seq: Sequence, layer: int, lo: int, hi: int) -> torch.Tensor:
-        """Flat pool slot (block * block_size + offset) of each position lo..hi-1 of a layer."""
-        return self.slot_table(seq, layer)[lo:hi]
-
     def slot_table(self, seq: Sequence, layer: int) -> torch.Tensor:
-        """The slots of every position a layer's blocks hold, on its pool's device: one
-        tensor, made when first asked for and the same object until the layer's blocks
-        change (a new block, a truncation, a swap), so a caller holding it can tell."""
+        """The flat pool slot (block * block_size + offset) of every position a layer's
+        blocks hold, on its pool's device (positions lo..hi-1: `[lo:hi]`): one tensor, made
+        when first asked for and the same object until the layer's blocks change (a new
+        block, a truncation, a swap), so a caller holding it can tell."""
         flat = seq.slot_cache.get(layer)
         if flat is None:
             bs = self.block_size

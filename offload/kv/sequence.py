@@ -28,14 +28,14 @@ class SequenceKV:
         self.cache.reserve(self.seq, n)
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        slots = self.cache.slots(self.seq, layer, start, start + k.shape[0])
+        slots = self.cache.slot_table(self.seq, layer)[start:start + k.shape[0]]
         k_pool, v_pool = self.cache.rows[layer]
         k_pool.index_copy_(0, slots, k)
         v_pool.index_copy_(0, slots, v)
 
     def slots_of(self, layer: int, lo: int, hi: int) -> torch.Tensor:
         """Pool rows (of `pools()`) holding positions lo..hi-1 of a layer."""
-        return self.cache.slots(self.seq, layer, lo, hi)
+        return self.cache.slot_table(self.seq, layer)[lo:hi]
 
     def slot_table(self, layer: int) -> torch.Tensor:
         """Pool rows of every position the layer's blocks hold: the same object until they
